@@ -1,0 +1,10 @@
+"""tracklane's trainer-side half: the verl-compatible ``Tracking`` facade and the async pipeline."""
+
+from .errors import CodecError, ConfigError, MissingExtraError, SinkError, TracklaneError
+from .report import LaneReport, PipelineReport
+from .tracking import Tracking
+
+__all__ = [
+    "Tracking", "PipelineReport", "LaneReport",
+    "TracklaneError", "ConfigError", "MissingExtraError", "CodecError", "SinkError",
+]

@@ -1,0 +1,70 @@
+"""Starting the asynchronous path: Ray, one lane actor per tracker, the buffer and the shipper."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Mapping
+
+from workers.lane_actor import LaneActor, opening_bytes
+from workers.sink import Sink
+
+from .buffer import RecordBuffer
+from .config import AsyncLogConfig
+from .lane import Lane
+from .params import is_secret_key
+from .records import RunSpec
+from .report import PipelineReport
+from .shipper import Shipper
+
+# Tracker SDK settings the actors must see even if Ray started before they were set.
+_FORWARDED_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "SWANLAB_", "TENSORBOARD_", "VERL_")
+
+
+class AsyncPipeline:
+    def __init__(self, cfg: AsyncLogConfig, run: RunSpec, backends: dict[str, tuple[type[Sink], dict[str, Any]]],
+                 env: Mapping[str, str]) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if not ray.is_initialized():
+            ray.init(**{"num_cpus": 1, "include_dashboard": False, "log_to_driver": True, **cfg.ray_init})
+        state_dir = cfg.state_dir or os.path.join(tempfile.gettempdir(), "tracklane", run.run_id)
+        os.makedirs(state_dir, exist_ok=True)
+        options = {
+            "num_cpus": 0,  # lane actors only do I/O
+            "max_restarts": cfg.max_restarts,
+            "max_task_retries": 0,  # re-sending in order is ours to do, not Ray's
+            # Paths (TENSORBOARD_DIR, the file logger, sqlite) are the trainer's: stay on its node.
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
+            "runtime_env": {"env_vars": _forwarded_env(env)},
+            **cfg.actor_options,
+        }
+        actor_class = ray.remote(LaneActor)
+        self.lanes: dict[str, Lane] = {}
+        for name, (cls, settings) in backends.items():
+            opening = opening_bytes(name, run, settings, state_dir, cfg.sink_retries, cfg.retry_backoff_s)
+            actor = actor_class.options(**options).remote(name, opening)
+            self.lanes[name] = Lane(name, actor, cfg.lane_max_bytes, cfg.max_inflight_batches,
+                                    dead_after_s=max(30.0, cfg.startup_timeout_s / 2),
+                                    startup_timeout_s=cfg.startup_timeout_s)
+        self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
+        self._shipper = Shipper(cfg, self.buffer, self.lanes)
+        self._shipper.start()
+
+    def put(self, item: tuple, size: int) -> None:
+        self.buffer.put(item, size)
+
+    def drop_late(self) -> None:
+        self._shipper.late_drops += 1
+
+    def flush(self, timeout: float) -> PipelineReport:
+        return self._shipper.flush(timeout)
+
+    def close(self, exit_code: int, timeout: float) -> PipelineReport:
+        return self._shipper.close(exit_code, timeout)
+
+
+def _forwarded_env(env: Mapping[str, str]) -> dict[str, str]:
+    # Secrets are not forwarded: Ray keeps runtime_env in its metadata; actors inherit them from Ray's own env.
+    return {k: v for k, v in env.items() if k.startswith(_FORWARDED_ENV_PREFIXES) and not is_secret_key(k)}

@@ -1,0 +1,115 @@
+"""Typed settings read once from a verl-style config: ``trainer.log_async`` and ``trainer.async_log``.
+
+Every tuning key has a default, a docstring and a check; an unknown or ill-typed
+key raises ``ConfigError`` naming it, before anything starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+OVERFLOW_POLICIES = ("drop_oldest", "block")
+
+
+@dataclass(slots=True, kw_only=True)
+class AsyncLogConfig:
+    """Tuning of the asynchronous pipeline (``trainer.async_log``)."""
+
+    queue_max_bytes: int = 64 * 2**20
+    """Bound on records buffered on the trainer side before the shipper takes them."""
+    lane_max_bytes: int = 64 * 2**20
+    """Bound on encoded bytes each lane holds that its tracker has not acknowledged."""
+    flush_interval_s: float = 0.5
+    """The shipper sends a batch at least this often while records wait."""
+    max_batch_bytes: int = 4 * 2**20
+    """A batch is sent as soon as this many (estimated) bytes are buffered."""
+    max_inflight_batches: int = 2
+    """Batches submitted to a lane's actor and not yet acknowledged; the rest wait on the trainer side."""
+    overflow: str = "drop_oldest"
+    """What a full buffer or lane does: "drop_oldest" (never wait) or "block" (wait up to block_timeout_s, then drop oldest)."""
+    block_timeout_s: float = 5.0
+    """Longest wait under the "block" policy."""
+    compression_level: int = 3
+    """zstd level for batches (1 fastest .. 19 smallest)."""
+    finish_timeout_s: float = 60.0
+    """Deadline for finish(): draining every lane and closing every tracker."""
+    startup_timeout_s: float = 120.0
+    """Deadline for the lane actors to open their trackers at start."""
+    sink_retries: int = 3
+    """Attempts after a tracker write fails, with doubling backoff, before the batch is counted failed."""
+    retry_backoff_s: float = 0.5
+    """First backoff between retries of a failed tracker write."""
+    max_restarts: int = 5
+    """Restarts Ray may give a lane actor that died; unacknowledged batches are re-sent after each."""
+    health_metrics: bool = True
+    """Log the pipeline's own figures as ``tracklane/*`` metrics."""
+    state_dir: str | None = None
+    """Where lane actors keep their acknowledgement state (default: a folder under the system temp dir)."""
+    actor_options: dict[str, Any] = field(default_factory=dict)
+    """Extra Ray actor options for the lane actors (e.g. {"num_cpus": 0, "resources": {...}})."""
+    ray_init: dict[str, Any] = field(default_factory=dict)
+    """Arguments for ray.init() when Ray is not running yet (defaults: num_cpus=1, no dashboard)."""
+
+    def __post_init__(self) -> None:
+        for name in ("queue_max_bytes", "lane_max_bytes", "max_batch_bytes", "max_inflight_batches"):
+            _positive(name, getattr(self, name))
+        for name in ("flush_interval_s", "block_timeout_s", "finish_timeout_s", "startup_timeout_s", "retry_backoff_s"):
+            _positive(name, getattr(self, name), allow_zero=name in ("block_timeout_s", "retry_backoff_s"))
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ConfigError(f"trainer.async_log.overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.overflow!r}")
+        if not 1 <= self.compression_level <= 22:
+            raise ConfigError(f"trainer.async_log.compression_level must be in 1..22, got {self.compression_level}")
+        if self.sink_retries < 0 or self.max_restarts < 0:
+            raise ConfigError("trainer.async_log.sink_retries and max_restarts must be >= 0")
+        if self.max_batch_bytes > self.lane_max_bytes:
+            raise ConfigError("trainer.async_log.max_batch_bytes must not exceed lane_max_bytes")
+
+
+def _positive(name: str, value: Any, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"trainer.async_log.{name} must be a number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"trainer.async_log.{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(AsyncLogConfig)}
+
+
+def async_log_config(section: Mapping[str, Any] | None) -> AsyncLogConfig:
+    """Build the config from ``trainer.async_log`` (a plain mapping), refusing unknown keys."""
+    section = dict(section or {})
+    unknown = sorted(set(section) - set(_FIELD_TYPES))
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) trainer.async_log.{', trainer.async_log.'.join(unknown)}; "
+            f"valid keys: {', '.join(_FIELD_TYPES)}"
+        )
+    for name in ("actor_options", "ray_init"):
+        if name in section and not isinstance(section[name], Mapping):
+            raise ConfigError(f"trainer.async_log.{name} must be a mapping, got {section[name]!r}")
+        if name in section:
+            section[name] = dict(section[name])
+    return AsyncLogConfig(**section)
+
+
+def trainer_section(config: Any) -> dict[str, Any]:
+    """``config["trainer"]`` as a plain dict ({} when absent), for dicts and OmegaConf alike."""
+    if config is None:
+        return {}
+    try:
+        trainer = config["trainer"]
+    except (KeyError, TypeError, IndexError):  # OmegaConf's missing-key error is a KeyError
+        return {}
+    if trainer is None:
+        return {}
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(trainer, DictConfig):
+        trainer = OmegaConf.to_container(trainer, resolve=True)
+    if not isinstance(trainer, Mapping):
+        raise ConfigError(f"config['trainer'] must be a mapping, got {type(trainer).__name__}")
+    return dict(trainer)

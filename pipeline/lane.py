@@ -1,0 +1,214 @@
+"""The trainer-side end of one lane: the batches its tracker has not acknowledged yet.
+
+Used only by the shipper thread. A lane submits at most ``max_inflight`` batches to its
+actor, each naming the batch sent before it, so the actor can refuse gaps and skip
+re-sends. If the actor dies, Ray restarts it; the lane probes until it answers, then
+re-sends every unacknowledged batch in order. The lane's bytes are bounded; when full,
+its oldest batches not yet submitted are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, RayActorError
+
+from .report import LaneReport
+
+_LAGS_KEPT = 10_000
+
+
+@dataclass(slots=True)
+class Entry:
+    """One encoded batch as a lane holds it."""
+
+    seq: int
+    ref: Any  # ray.ObjectRef of the encoded bytes, shared by every lane
+    nbytes: int
+    records: int
+    oldest_log_time: float  # time.time() of the batch's first log() call
+
+
+class Lane:
+    def __init__(self, name: str, actor: Any, max_bytes: int, max_inflight: int, dead_after_s: float,
+                 startup_timeout_s: float) -> None:
+        self.name = name
+        self.actor = actor
+        self._max_bytes = max_bytes
+        self._max_inflight = max_inflight
+        self._dead_after_s = dead_after_s
+        self._window: OrderedDict[int, Entry] = OrderedDict()  # unacknowledged, in seq order
+        self._bytes = 0
+        self._acked = 0
+        self._last_sent = 0  # seq of the last batch submitted in the current epoch
+        self._epoch = 0  # bumped on every recovery: answers to older calls only acknowledge
+        self._calls: dict[Any, tuple[int, int]] = {}  # result ref -> (epoch, seq)
+        self._dead = False
+        self._failed_before = 0  # failures counted by earlier incarnations of the actor
+        # The first answer we wait for is the actor opening its tracker.
+        self._probe: Any = actor.ready.remote()
+        self._probe_deadline = time.monotonic() + startup_timeout_s
+        self._lags: deque[float] = deque(maxlen=_LAGS_KEPT)
+        self.report = LaneReport(name=name)
+        self.opened: bool | None = None
+
+    # -- feeding -------------------------------------------------------------------------
+    def has_room(self, nbytes: int) -> bool:
+        return self._dead or self._bytes + nbytes <= self._max_bytes
+
+    def offer(self, entry: Entry) -> None:
+        if self._dead:
+            self.report.dropped_records += entry.records
+            return
+        while self._bytes + entry.nbytes > self._max_bytes and self._drop_oldest_unsent():
+            pass
+        if self._bytes + entry.nbytes > self._max_bytes:  # everything held is already submitted
+            self.report.dropped_records += entry.records
+            return
+        self._window[entry.seq] = entry
+        self._bytes += entry.nbytes
+
+    def _drop_oldest_unsent(self) -> bool:
+        for seq, entry in self._window.items():
+            if seq > self._last_sent:
+                del self._window[seq]
+                self._bytes -= entry.nbytes
+                self.report.dropped_records += entry.records
+                return True
+        return False
+
+    # -- progress ------------------------------------------------------------------------
+    def waitables(self) -> list[Any]:
+        refs = list(self._calls)
+        if self._probe is not None:
+            refs.append(self._probe)
+        return refs
+
+    def pump(self) -> None:
+        """Collect answers, recover from a dead actor, submit what the window allows. Never blocks."""
+        if self._calls:
+            done, _ = ray.wait(list(self._calls), num_returns=len(self._calls), timeout=0)
+            for ref in done:
+                self._answer(ref)
+        if self._probe is not None:
+            self._check_probe()
+        if self._probe is None and not self._dead:
+            self._submit()
+
+    def _answer(self, ref: Any) -> None:
+        epoch, seq = self._calls.pop(ref)
+        try:
+            result = ray.get(ref)
+        except RayActorError as exc:
+            if epoch == self._epoch:
+                self._actor_lost(exc)
+            return
+        self._acknowledge(result)
+        if result.get("gap") and epoch == self._epoch:
+            self._restart_sending()
+
+    def _acknowledge(self, result: dict[str, Any]) -> None:
+        applied = int(result["applied"])
+        now = time.time()
+        while self._window:
+            seq, entry = next(iter(self._window.items()))
+            if seq > applied:
+                break
+            del self._window[seq]
+            self._bytes -= entry.nbytes
+            self._lags.append(now - entry.oldest_log_time)
+        self._acked = max(self._acked, applied)
+        self._last_sent = max(self._last_sent, self._acked)
+        if "failed_records" in result:
+            self.report.failed_records = self._failed_before + int(result["failed_records"])
+        if result.get("error"):
+            self.report.error = result["error"]
+
+    def _actor_lost(self, exc: Exception) -> None:
+        if isinstance(exc, ActorDiedError):  # Ray will not restart it: the lane is dead for good
+            self._die(f"actor died: {type(exc).__name__}")
+            return
+        self.report.restarts += 1
+        self._failed_before = self.report.failed_records
+        self.report.error = f"actor restarting after {type(exc).__name__}"
+        self._probe_deadline = time.monotonic() + self._dead_after_s
+        self._restart_sending()
+        self._probe = self.actor.ready.remote()
+
+    def _check_probe(self) -> None:
+        done, _ = ray.wait([self._probe], timeout=0)
+        if not done:
+            if time.monotonic() > self._probe_deadline:
+                self._die("actor did not answer before its deadline")
+            return
+        try:
+            info = ray.get(self._probe)
+        except ActorDiedError as exc:
+            self._die(f"actor died: {type(exc).__name__}")
+            return
+        except RayActorError:
+            self._probe = self.actor.ready.remote()  # still restarting: ask again
+            return
+        self._probe = None
+        self.opened = bool(info["opened"])
+        if info.get("error"):
+            self.report.error = f"open: {info['error']}"
+        self._acknowledge(info)
+
+    def _restart_sending(self) -> None:
+        self._epoch += 1
+        self._calls.clear()
+        self._last_sent = self._acked
+
+    def _submit(self) -> None:
+        for seq, entry in self._window.items():
+            if len(self._calls) >= self._max_inflight:
+                return
+            if seq <= self._last_sent:
+                continue
+            ref = self.actor.apply.remote(seq, self._last_sent, entry.ref)
+            self._calls[ref] = (self._epoch, seq)
+            self._last_sent = seq
+
+    def _die(self, why: str) -> None:
+        self._dead = True
+        self._probe = None
+        self._calls.clear()
+        self.report.error = why
+        self.report.dropped_records += sum(e.records for e in self._window.values())
+        self._window.clear()
+        self._bytes = 0
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def dead(self) -> bool:
+        return self._dead
+
+    def settled(self, through_seq: int) -> bool:
+        """True once nothing up to ``through_seq`` waits in this lane (acknowledged, dropped, or dead)."""
+        return self._dead or not any(seq <= through_seq for seq in self._window)
+
+    @property
+    def unacked_bytes(self) -> int:
+        return self._bytes
+
+    def lag_s(self) -> float:
+        if not self._window:
+            return 0.0
+        return time.time() - next(iter(self._window.values())).oldest_log_time
+
+    def snapshot(self) -> LaneReport:
+        lags = sorted(self._lags)
+        r = self.report
+        r.acked_seq = self._acked
+        r.unacked_batches = len(self._window)
+        r.unacked_records = sum(e.records for e in self._window.values())
+        r.lag_s = self.lag_s()
+        r.lag_p50_s = lags[len(lags) // 2] if lags else 0.0
+        r.lag_p99_s = lags[min(len(lags) - 1, int(len(lags) * 0.99))] if lags else 0.0
+        return dataclasses.replace(r)

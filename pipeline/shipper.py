@@ -1,0 +1,252 @@
+"""The shipper thread: buffer -> batches -> msgpack + zstd -> Ray -> every lane.
+
+Everything slow happens here, never on the caller's thread: cleaning values,
+encoding, compression, ``ray.put``, actor calls, collecting acknowledgements,
+re-sending after an actor restart, and the flush/close barriers. Shutdown is a
+request like a flush, with a deadline: drain, close each tracker, kill the actors.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from .buffer import RecordBuffer
+from .codec import encode_batch
+from .config import AsyncLogConfig
+from .lane import Entry, Lane
+from .records import Batch, Metrics
+from .report import PipelineReport
+from .values import MetricCleaner
+
+log = logging.getLogger("tracklane")
+
+_IDLE_WAIT_S = 0.2  # longest sleep while nothing is due; bounds how stale health figures get
+_BUSY_WAIT_S = 0.02  # sleep while a barrier is pending or answers are awaited
+
+
+@dataclass(slots=True, kw_only=True)
+class _Barrier:
+    """A flush() or finish() waiting for the lanes; answered with a report."""
+
+    closing: bool
+    exit_code: int
+    drain_deadline: float
+    deadline: float
+    started: float = field(default_factory=time.monotonic)
+    target: int | None = None  # last seq that must be settled
+    calls: dict[str, Any] = field(default_factory=dict)  # lane -> ref of flush()/close()
+    done: threading.Event = field(default_factory=threading.Event)
+    report: PipelineReport | None = None
+
+
+class Shipper:
+    def __init__(self, cfg: AsyncLogConfig, buffer: RecordBuffer, lanes: dict[str, Lane]) -> None:
+        self._cfg = cfg
+        self._buffer = buffer
+        self._lanes = lanes
+        self._cleaner = MetricCleaner()
+        self._seq = 0
+        self._barriers: list[_Barrier] = []  # guarded by the buffer's lock
+        self._finished = False
+        self._last_step = 0
+        self.late_drops = 0  # records logged after finish()
+        self._thread = threading.Thread(target=self._run, name="tracklane-shipper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # -- called from the trainer's thread (they only post a request and wait) ------------
+    def flush(self, timeout: float) -> PipelineReport:
+        return self._await(self._post(closing=False, exit_code=0, timeout=timeout, drain_share=1.0), timeout)
+
+    def close(self, exit_code: int, timeout: float) -> PipelineReport:
+        # Keep a quarter of the deadline (up to 15 s) for the trackers to close properly.
+        share = 1.0 - min(0.25, 15.0 / max(timeout, 1e-9))
+        return self._await(self._post(closing=True, exit_code=exit_code, timeout=timeout, drain_share=share), timeout)
+
+    def _post(self, *, closing: bool, exit_code: int, timeout: float, drain_share: float) -> _Barrier:
+        now = time.monotonic()
+        barrier = _Barrier(closing=closing, exit_code=exit_code,
+                           drain_deadline=now + timeout * drain_share, deadline=now + timeout)
+        with self._buffer.ready:
+            self._barriers.append(barrier)
+            self._buffer.ready.notify()
+        return barrier
+
+    def _await(self, barrier: _Barrier, timeout: float) -> PipelineReport:
+        if not self._thread.is_alive() and not barrier.done.is_set():
+            return self._report(barrier, timed_out=True)
+        if barrier.done.wait(timeout + 5.0) and barrier.report is not None:
+            return barrier.report
+        log.warning("tracklane: the shipper thread did not answer within %.1f s", timeout)
+        return self._report(barrier, timed_out=True)
+
+    # -- the thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._finished:
+                self._sleep()
+                self._ship(force=bool(self._barriers))
+                for lane in self._lanes.values():
+                    lane.pump()
+                self._serve_barriers()
+        except Exception:  # never let the thread die silently: answer every waiter
+            log.exception("tracklane: the shipper thread failed")
+            for barrier in self._take_barriers():
+                barrier.report = self._report(barrier, timed_out=True)
+                barrier.done.set()
+
+    def _sleep(self) -> None:
+        wait = min(self._buffer.due(self._cfg.flush_interval_s), _IDLE_WAIT_S)
+        refs = [ref for lane in self._lanes.values() for ref in lane.waitables()]
+        if self._barriers or refs:
+            wait = min(wait, _BUSY_WAIT_S if self._barriers else 0.05)
+        if wait <= 0:
+            return
+        if refs:
+            ray.wait(refs, num_returns=1, timeout=wait)  # wakes as soon as any actor answers
+        else:
+            with self._buffer.ready:
+                self._buffer.ready.wait(wait)
+
+    def _ship(self, force: bool) -> None:
+        while self._buffer and (force or self._buffer.due(self._cfg.flush_interval_s) == 0):
+            items = self._buffer.take(self._cfg.max_batch_bytes)
+            records = self._records(items)
+            if records:
+                self._send(records)
+
+    def _records(self, items: list[tuple]) -> list[Metrics]:
+        records = []
+        for step, values, when, only in items:
+            clean = self._cleaner.clean(values)
+            if clean:
+                records.append(Metrics(step=step, values=clean, time=when, only=only))
+                self._last_step = step
+        if records and self._cfg.health_metrics:
+            records.append(Metrics(step=self._last_step, values=self._health(), time=time.time()))
+        return records
+
+    def _health(self) -> dict[str, float | int]:
+        lanes = self._lanes.values()
+        figures: dict[str, float | int] = {
+            "tracklane/queue_bytes": self._buffer.nbytes,
+            "tracklane/dropped_records": self._buffer.dropped + self.late_drops
+            + sum(lane.report.dropped_records for lane in lanes),
+            "tracklane/skipped_values": self._cleaner.skipped,
+            "tracklane/lag_s": max((lane.lag_s() for lane in lanes), default=0.0),
+        }
+        for lane in lanes:
+            figures[f"tracklane/lane/{lane.name}/lag_s"] = lane.lag_s()
+            figures[f"tracklane/lane/{lane.name}/unacked_bytes"] = lane.unacked_bytes
+            figures[f"tracklane/lane/{lane.name}/failed_records"] = lane.report.failed_records
+        return figures
+
+    def _send(self, records: list[Metrics]) -> None:
+        self._seq += 1
+        blob = encode_batch(Batch(seq=self._seq, created=time.time(), records=records), self._cfg.compression_level)
+        entry = Entry(seq=self._seq, ref=ray.put(blob), nbytes=len(blob), records=len(records),
+                      oldest_log_time=min(r.time for r in records))
+        for lane in self._lanes.values():
+            if self._cfg.overflow == "block":
+                self._wait_for_room(lane, entry.nbytes)
+            lane.offer(entry)
+
+    def _wait_for_room(self, lane: Lane, nbytes: int) -> None:
+        deadline = time.monotonic() + self._cfg.block_timeout_s
+        while not lane.has_room(nbytes) and time.monotonic() < deadline:
+            refs = lane.waitables()
+            if refs:
+                ray.wait(refs, num_returns=1, timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+            else:
+                time.sleep(0.01)
+            lane.pump()
+
+    # -- barriers ------------------------------------------------------------------------
+    def _take_barriers(self) -> list[_Barrier]:
+        with self._buffer.ready:
+            barriers, self._barriers = self._barriers, []
+        return barriers
+
+    def _serve_barriers(self) -> None:
+        if not self._barriers:
+            return
+        now = time.monotonic()
+        for barrier in list(self._barriers):
+            if barrier.target is None:
+                barrier.target = self._seq
+            if not barrier.calls and (self._all_settled(barrier.target) or now >= barrier.drain_deadline):
+                barrier.calls = self._call_lanes(barrier)
+            if barrier.calls and (self._calls_done(barrier) or now >= barrier.deadline):
+                self._answer(barrier, timed_out=now >= barrier.deadline)
+
+    def _all_settled(self, target: int) -> bool:
+        return all(lane.settled(target) for lane in self._lanes.values())
+
+    def _call_lanes(self, barrier: _Barrier) -> dict[str, Any]:
+        calls = {}
+        for name, lane in self._lanes.items():
+            if not lane.dead:
+                method = lane.actor.close if barrier.closing else lane.actor.flush
+                calls[name] = method.remote(barrier.exit_code) if barrier.closing else method.remote()
+        return calls or {"": None}  # nothing to call: the barrier is answered at once
+
+    def _calls_done(self, barrier: _Barrier) -> bool:
+        refs = [ref for ref in barrier.calls.values() if ref is not None]
+        return not refs or len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) == len(refs)
+
+    def _answer(self, barrier: _Barrier, timed_out: bool) -> None:
+        results = self._collect(barrier.calls)
+        for name, result in results.items():
+            report = self._lanes[name].report
+            report.failed_records = max(report.failed_records, int(result.get("failed_records", 0)))
+            report.where = result.get("where", report.where)
+            report.snapshot = result.get("snapshot", report.snapshot)
+            if result.get("error"):
+                report.error = result["error"]
+        for name in barrier.calls:
+            if name and name not in results:
+                self._lanes[name].report.error = "did not answer before the deadline"
+        unsettled = not self._all_settled(barrier.target or self._seq)
+        barrier.report = self._report(barrier, timed_out=timed_out or unsettled)
+        if barrier.closing:
+            self._kill_actors()
+            self._finished = True
+        with self._buffer.ready:
+            self._barriers.remove(barrier)
+        barrier.done.set()
+
+    def _collect(self, calls: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        results = {}
+        for name, ref in calls.items():
+            if ref is None:
+                continue
+            if ray.wait([ref], timeout=0)[0]:
+                try:
+                    results[name] = ray.get(ref)
+                except Exception as exc:  # the actor died while closing
+                    results[name] = {"error": f"{type(exc).__name__} while closing"}
+        return results
+
+    def _kill_actors(self) -> None:
+        for lane in self._lanes.values():
+            try:
+                ray.kill(lane.actor, no_restart=True)
+            except Exception:  # already gone
+                pass
+
+    def _report(self, barrier: _Barrier, timed_out: bool) -> PipelineReport:
+        return PipelineReport(
+            lanes={name: lane.snapshot() for name, lane in self._lanes.items()},
+            buffered_records=len(self._buffer),
+            dropped_records=self._buffer.dropped + self.late_drops,
+            skipped_values=self._cleaner.skipped,
+            elapsed_s=time.monotonic() - barrier.started,
+            timed_out=timed_out,
+        )

@@ -1,0 +1,77 @@
+"""The synchronous path (``log_async: false``): the same sinks, called in-process, in turn.
+
+This is the baseline the benchmarks compare against, and the fallback where Ray is
+not wanted. Each sink is isolated: its failure is caught, counted and warned about
+once, and never stops the others or the training loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .records import Metrics
+from .report import LaneReport, PipelineReport
+from .values import MetricCleaner
+
+log = logging.getLogger("tracklane")
+
+
+class SyncFanout:
+    def __init__(self, sinks: dict[str, Any]) -> None:
+        self._sinks = sinks
+        self._reports = {name: LaneReport(name=name) for name in sinks}
+        self._open: set[str] = set()
+        self._cleaner = MetricCleaner()
+        for name, sink in sinks.items():
+            if self._guard(name, 0, sink.open, None):
+                self._open.add(name)
+
+    def log(self, step: int, values: dict, when: float, only: list[str] | None) -> None:
+        record = Metrics(step=step, values=self._cleaner.clean(values), time=when, only=only)
+        if not record.values:
+            return
+        for name, sink in self._sinks.items():
+            if only and name not in only:
+                continue
+            if name in self._open:
+                self._guard(name, 1, sink.write, [record])
+            else:
+                self._reports[name].failed_records += 1
+
+    def flush(self) -> PipelineReport:
+        started = time.monotonic()
+        for name in self._open:
+            self._guard(name, 0, self._sinks[name].flush)
+        return self.report(started)
+
+    def close(self, exit_code: int) -> PipelineReport:
+        started = time.monotonic()
+        for name, sink in self._sinks.items():
+            if name in self._open:
+                self._guard(name, 0, sink.close, exit_code)
+            self._reports[name].where = sink.where()
+            snapshot = getattr(sink, "snapshot", None)
+            if callable(snapshot):
+                self._reports[name].snapshot = snapshot()
+        self._open.clear()
+        return self.report(started)
+
+    def report(self, started: float) -> PipelineReport:
+        return PipelineReport(lanes=dict(self._reports), skipped_values=self._cleaner.skipped,
+                              elapsed_s=time.monotonic() - started)
+
+    def _guard(self, name: str, records: int, call: Any, *args: Any) -> bool:
+        try:
+            call(*args)
+            return True
+        except Exception as exc:  # a tracker's failure must never reach the training loop
+            report = self._reports[name]
+            report.failed_records += records
+            first = report.error is None
+            report.error = f"{type(exc).__name__}: {exc}"
+            if first:
+                log.warning("tracklane: backend %s failed (%s); counting its failures from now on",
+                            name, report.error, exc_info=True)
+            return False

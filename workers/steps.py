@@ -1,0 +1,22 @@
+"""Grouping of metric records by step, which every tracker wants."""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from pipeline.records import Metrics
+
+
+def merge_by_step(records: Iterable[Metrics]) -> Iterator[tuple[int, dict[str, float | int]]]:
+    """Yield (step, values) once per run of consecutive records sharing a step, merged in order."""
+    step: int | None = None
+    merged: dict[str, float | int] = {}
+    for record in records:
+        if record.step != step:
+            if step is not None:
+                yield step, merged
+            step, merged = record.step, dict(record.values)
+        else:
+            merged.update(record.values)
+    if step is not None:
+        yield step, merged
