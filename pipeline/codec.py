@@ -38,7 +38,7 @@ def encode_batch(batch: Batch, level: int = 3) -> bytes:
     """msgpack + zstd encoding of one batch (runs on the shipper thread, never the caller's)."""
     wire = [MAGIC, VERSION, batch.seq, batch.created, [_record_to_wire(r) for r in batch.records]]
     packed = msgpack.packb(wire, use_bin_type=True)
-    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(packed)
+    return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(packed)
 
 
 def _record_to_wire(record: Record) -> list:

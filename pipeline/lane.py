@@ -94,7 +94,8 @@ class Lane:
         if self._calls:
             done, _ = ray.wait(list(self._calls), num_returns=len(self._calls), timeout=0)
             for ref in done:
-                self._answer(ref)
+                if ref in self._calls:  # a recovery during this loop forgets older calls
+                    self._answer(ref)
         if self._probe is not None:
             self._check_probe()
         if self._probe is None and not self._dead:

@@ -89,18 +89,20 @@ class Shipper:
 
     # -- the thread ----------------------------------------------------------------------
     def _run(self) -> None:
-        try:
-            while not self._finished:
+        failures = 0
+        while not self._finished:
+            try:
                 self._sleep()
                 self._ship(force=bool(self._barriers))
                 for lane in self._lanes.values():
                     lane.pump()
                 self._serve_barriers()
-        except Exception:  # never let the thread die silently: answer every waiter
-            log.exception("tracklane: the shipper thread failed")
-            for barrier in self._take_barriers():
-                barrier.report = self._report(barrier, timed_out=True)
-                barrier.done.set()
+                failures = 0
+            except Exception:  # a bug here must not end delivery: log it, back off, go on
+                failures += 1
+                if failures == 1:
+                    log.exception("tracklane: the shipper thread hit an error; retrying")
+                time.sleep(min(1.0, 0.01 * failures))
 
     def _sleep(self) -> None:
         wait = min(self._buffer.due(self._cfg.flush_interval_s), _IDLE_WAIT_S)
@@ -169,11 +171,6 @@ class Shipper:
             lane.pump()
 
     # -- barriers ------------------------------------------------------------------------
-    def _take_barriers(self) -> list[_Barrier]:
-        with self._buffer.ready:
-            barriers, self._barriers = self._barriers, []
-        return barriers
-
     def _serve_barriers(self) -> None:
         if not self._barriers:
             return

@@ -28,7 +28,9 @@ class SyncFanout:
             if self._guard(name, 0, sink.open, None):
                 self._open.add(name)
 
-    def log(self, step: int, values: dict, when: float, only: list[str] | None) -> None:
+    def put(self, item: tuple, size: int) -> None:
+        """Write one captured ``(step, values, time, only)`` into every sink, in turn."""
+        step, values, when, only = item
         record = Metrics(step=step, values=self._cleaner.clean(values), time=when, only=only)
         if not record.values:
             return

@@ -51,6 +51,7 @@ class Tracking:
             from .sync_fanout import SyncFanout
 
             self._pipe = SyncFanout({name: cls(self.run, settings) for name, (cls, settings) in backends.items()})
+        self._put = self._pipe.put  # bound once: log() is the hot path
         self._report: PipelineReport | None = None
         self._warned_late = False
         _finish_at_exit(self)
@@ -60,14 +61,9 @@ class Tracking:
         try:
             if self._report is not None:
                 return self._drop_late()
-            if type(step) is not int:
-                step = int(step)
             values, size = capture(data if type(data) is dict else dict(data))
-            only = [backend] if isinstance(backend, str) else (list(backend) if backend is not None else None)
-            if self.log_async:
-                self._pipe.put((step, values, time.time(), only), size)
-            else:
-                self._pipe.log(step, values, time.time(), only)
+            only = None if backend is None else ([backend] if isinstance(backend, str) else list(backend))
+            self._put((step if type(step) is int else int(step), values, time.time(), only), size)
         except Exception:  # bad input must never stop the training loop
             log.warning("tracklane: log() could not take data of type %s at step %r", type(data).__name__, step,
                         exc_info=True)

@@ -1,0 +1,67 @@
+"""Shared fixtures: one Ray session for the whole test run, trackers kept offline and inside tmp."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.mlflow_server import mlflow_server_uri  # noqa: F401  (a fixture, re-exported)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for every test that needs it: startup costs seconds on this machine."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def offline_trackers(tmp_path, monkeypatch):
+    """Every tracker offline and writing under tmp_path; returns the folders used."""
+    dirs = {name: tmp_path / name for name in ("wandb", "wandb-data", "wandb-cache", "wandb-config",
+                                                "swanlog", "swanlab-home", "tensorboard")}
+    for folder in dirs.values():
+        folder.mkdir()
+    env = {
+        "WANDB_MODE": "offline", "WANDB_DIR": dirs["wandb"], "WANDB_DATA_DIR": dirs["wandb-data"],
+        "WANDB_CACHE_DIR": dirs["wandb-cache"], "WANDB_CONFIG_DIR": dirs["wandb-config"],
+        "WANDB_SILENT": "true", "SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": dirs["swanlog"],
+        "SWANLAB_SAVE_DIR": dirs["swanlab-home"], "TENSORBOARD_DIR": dirs["tensorboard"],
+        "VERL_FILE_LOGGER_PATH": tmp_path / "metrics.jsonl",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, str(value))
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    dirs["file"] = tmp_path / "metrics.jsonl"
+    dirs["mlflow_uri"] = env["MLFLOW_TRACKING_URI"]
+    return dirs
+
+
+def verl_metrics(step: int, keys: int = 100) -> dict:
+    """A verl-shaped metrics dict: families as verl names them, numpy floats, ints, a NaN."""
+    import numpy as np
+
+    families = ["actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "critic/score/mean",
+                "critic/rewards/max", "response_length/mean", "timing_s/gen", "timing_s/update_actor",
+                "timing_per_token_ms/gen", "perf/throughput", "val-core/gsm8k/acc/mean@4"]
+    out: dict = {}
+    for i in range(keys):
+        name = families[i % len(families)] + ("" if i < len(families) else f"_{i}")
+        value = (step + 1) * 0.001 * (i + 1)
+        out[name] = np.float64(value) if i % 3 == 0 else value
+    out["training/global_step"] = step
+    out["actor/pg_clipfrac"] = float("nan") if step % 7 == 0 else 0.5
+    return out
+
+
+def same_value(a: float, b: float) -> bool:
+    """Equality that treats NaN as equal to NaN (and tolerates float32 storage when asked)."""
+    if a != a and b != b:
+        return True
+    return a == b

@@ -1,0 +1,182 @@
+"""The asynchronous path end to end through Ray: every record arrives once, failures stay in their lane."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import ray
+
+from pipeline import Tracking
+from tests.conftest import same_value, verl_metrics
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def _config(**async_log) -> dict:
+    settings = {"flush_interval_s": 0.05, "sink_retries": 1, "retry_backoff_s": 0.01, **async_log}
+    memory = settings.pop("memory_sink", {})
+    return {"trainer": {"log_async": True, "async_log": settings, "memory_sink": memory}}
+
+
+def _file_steps(path) -> list[dict]:
+    lines = [json.loads(line) for line in open(path, encoding="utf-8")]
+    return [line for line in lines if line["step"] is not None]
+
+
+def _user_values(values: dict) -> dict:
+    return {k: v for k, v in values.items() if not k.startswith("tracklane/")}
+
+
+def test_every_record_arrives_once_in_order(offline_trackers):
+    """300 steps x ~100 keys reach the memory and file lanes exactly, in order, NaN included."""
+    logged = {}
+    with Tracking("proj", "exp", ["memory", "file"], config=_config()) as tracking:
+        for step in range(300):
+            data = verl_metrics(step)
+            logged[step] = {k: float(v) for k, v in data.items()}
+            tracking.log(data, step=step)
+    report = tracking.finish()
+    assert report.complete, report.summary()
+    memory = {}
+    for record in report.lanes["memory"].records():
+        memory.setdefault(record.step, {}).update(_user_values(record.values))
+    lines = _file_steps(offline_trackers["file"])
+    assert [line["step"] for line in lines] == sorted({line["step"] for line in lines}) == list(range(300))
+    for got in (memory, {line["step"]: _user_values(line["data"]) for line in lines}):
+        assert set(got) == set(logged)
+        for step, values in logged.items():
+            assert set(got[step]) == set(values)
+            assert all(same_value(got[step][k], v) for k, v in values.items()), step
+
+
+def test_health_metrics_are_logged(offline_trackers):
+    """The pipeline's own figures arrive as tracklane/* metrics."""
+    with Tracking("proj", "exp", ["file"], config=_config()) as tracking:
+        for step in range(20):
+            tracking.log({"x": step}, step=step)
+    keys = set().union(*(line["data"] for line in _file_steps(offline_trackers["file"])))
+    assert {"tracklane/lag_s", "tracklane/queue_bytes", "tracklane/dropped_records",
+            "tracklane/lane/file/unacked_bytes"} <= keys
+
+
+def test_failing_tracker_does_not_stop_the_others(offline_trackers):
+    """A sink that raises on every write leaves the file lane complete, and its failures are reported."""
+    tracking = Tracking("proj", "exp", ["memory", "file"], config=_config(memory_sink={"fail_writes": True}))
+    for step in range(50):
+        tracking.log({"x": float(step)}, step=step)
+    report = tracking.finish()
+    assert report.lanes["file"].complete
+    assert [line["step"] for line in _file_steps(offline_trackers["file"])] == list(range(50))
+    failed = report.lanes["memory"]
+    assert failed.failed_records >= 50 and "told to fail every write" in failed.error
+    assert not report.complete and "memory" in report.summary()
+
+
+def test_killed_actor_is_restarted_without_duplicates(offline_trackers):
+    """An actor killed mid-run is restarted; the file still holds every step exactly once."""
+    tracking = Tracking("proj", "exp", ["file"], config=_config())
+    lane = tracking._pipe.lanes["file"]
+    pid = ray.get(lane.actor.ready.remote())["pid"]
+    for step in range(400):
+        tracking.log({"x": float(step), "y": step}, step=step)
+        if step == 150:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.002)
+    report = tracking.finish(timeout=60)
+    assert report.lanes["file"].restarts >= 1, report.summary()
+    assert report.complete, report.summary()
+    steps = [line["step"] for line in _file_steps(offline_trackers["file"])]
+    assert steps == list(range(400))
+
+
+def test_drop_oldest_bounds_a_slow_lane(offline_trackers):
+    """A slow tracker with a small lane drops its oldest batches, counts every one, and never exceeds its bound."""
+    bound = 128 * 1024
+    config = _config(lane_max_bytes=bound, max_batch_bytes=32 * 1024, memory_sink={"delay_s": 0.3})
+    tracking = Tracking("proj", "exp", ["memory", "file"], config=config)
+    tracking.flush(timeout=120)  # both actors up: the file lane must not fill while starting
+    rng = np.random.default_rng(0)
+    for step in range(300):
+        tracking.log({f"k{i}": float(v) for i, v in enumerate(rng.random(100))}, step=step)
+        time.sleep(0.005)
+    report = tracking.finish(timeout=60)
+    memory, file = report.lanes["memory"], report.lanes["file"]
+    assert memory.dropped_records > 0
+    # Exact accounting: each batch carried one health record; every record either arrived or was counted.
+    batches = file.acked_seq
+    assert len(memory.records()) + memory.dropped_records == 300 + batches
+    file_lines = _file_steps(offline_trackers["file"])
+    assert file.complete and [line["step"] for line in file_lines] == list(range(300))
+    unacked = [line["data"]["tracklane/lane/memory/unacked_bytes"] for line in file_lines
+               if "tracklane/lane/memory/unacked_bytes" in line["data"]]
+    assert unacked and max(unacked) <= bound
+
+
+def test_block_policy_waits_no_longer_than_the_deadline(offline_trackers):
+    """Under "block", a full buffer makes log() wait at most block_timeout_s, then drops and counts."""
+    config = _config(overflow="block", block_timeout_s=0.3, queue_max_bytes=8 * 1024, lane_max_bytes=8 * 1024,
+                     max_batch_bytes=4 * 1024, max_inflight_batches=1, memory_sink={"delay_s": 1.0})
+    tracking = Tracking("proj", "exp", ["memory"], config=config)
+    waits = []
+    for step in range(60):
+        started = time.monotonic()
+        tracking.log({f"k{i}": float(i) for i in range(60)}, step=step)
+        waits.append(time.monotonic() - started)
+    report = tracking.finish(timeout=20)
+    assert max(waits) >= 0.2  # it did block
+    assert max(waits) <= 0.3 + 0.25, max(waits)  # never beyond the deadline (plus scheduling slack)
+    assert report.dropped_records + report.lanes["memory"].dropped_records > 0
+
+
+def test_backend_argument_routes_records(offline_trackers):
+    """log(..., backend=[...]) reaches only the named trackers, as in verl."""
+    with Tracking("proj", "exp", ["memory", "file"], config=_config()) as tracking:
+        tracking.log({"both": 1.0}, step=0)
+        tracking.log({"file_only": 2.0}, step=1, backend=["file"])
+    report = tracking.finish()
+    memory_keys = set().union(*(r.values for r in report.lanes["memory"].records()))
+    assert "both" in memory_keys and "file_only" not in memory_keys
+    file_keys = set().union(*(line["data"] for line in _file_steps(offline_trackers["file"])))
+    assert {"both", "file_only"} <= file_keys
+
+
+def test_finish_is_idempotent_and_late_logs_are_counted(offline_trackers):
+    """finish() twice returns the same report; a log() after finish is dropped, counted and does not raise."""
+    tracking = Tracking("proj", "exp", ["memory"], config=_config())
+    tracking.log({"x": 1.0}, step=0)
+    first = tracking.finish()
+    tracking.log({"x": 2.0}, step=1)
+    assert tracking.finish() is first and first.dropped_records == 1
+
+
+def test_flush_is_a_barrier(offline_trackers):
+    """flush() returns once everything logged before it is in the tracker."""
+    tracking = Tracking("proj", "exp", ["file"], config=_config(flush_interval_s=5.0))
+    for step in range(10):
+        tracking.log({"x": float(step)}, step=step)
+    report = tracking.flush(timeout=30)
+    assert report.lanes["file"].unacked_records == 0 and not report.timed_out
+    assert [line["step"] for line in _file_steps(offline_trackers["file"])] == list(range(10))
+    tracking.finish()
+
+
+def test_unfinished_tracking_is_finished_at_exit(tmp_path):
+    """A script that never calls finish() still delivers every step before the interpreter exits."""
+    path = tmp_path / "metrics.jsonl"
+    script = textwrap.dedent(f"""
+        from pipeline import Tracking
+        t = Tracking("p", "e", ["file"], config={{"trainer": {{"log_async": True}}}})
+        for step in range(50):
+            t.log({{"x": float(step)}}, step=step)
+    """)
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(path)}
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=180, cwd=tmp_path)
+    assert [line["step"] for line in _file_steps(path)] == list(range(50))

@@ -1,0 +1,83 @@
+"""Config: verl-style dicts and OmegaConf accepted; bad keys, values and backends refused with clear errors."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from pipeline import ConfigError, MissingExtraError, Tracking
+from pipeline.config import AsyncLogConfig, async_log_config, trainer_section
+from pipeline.params import REDACTED, flatten_params, plain_config
+from workers.sink import Sink, check_installed
+
+
+def test_defaults():
+    """An absent trainer.async_log gives the documented defaults."""
+    cfg = async_log_config(None)
+    assert cfg == AsyncLogConfig() and cfg.overflow == "drop_oldest" and cfg.flush_interval_s == 0.5
+
+
+def test_unknown_key_is_named():
+    """A misspelt tuning key is refused, naming it and the valid keys."""
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) trainer.async_log.flush_intervall; valid keys: queue_max_bytes"):
+        async_log_config({"flush_intervall": 1})
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"overflow": "spill"}, "overflow must be one of drop_oldest, block"),
+    ({"queue_max_bytes": 0}, "queue_max_bytes must be > 0"),
+    ({"flush_interval_s": "fast"}, "flush_interval_s must be a number"),
+    ({"compression_level": 40}, "compression_level must be in 1..22"),
+    ({"max_batch_bytes": 10, "lane_max_bytes": 5}, "max_batch_bytes must not exceed lane_max_bytes"),
+    ({"actor_options": [1]}, "actor_options must be a mapping"),
+])
+def test_bad_values(section, message):
+    """Each ill-typed or out-of-range value is refused with a message naming the key."""
+    with pytest.raises(ConfigError, match=message):
+        async_log_config(section)
+
+
+def test_omegaconf_config():
+    """trainer.log_async and trainer.async_log are read from an OmegaConf object like from a dict."""
+    conf = OmegaConf.create({"trainer": {"log_async": True, "async_log": {"flush_interval_s": 2.0}}})
+    trainer = trainer_section(conf)
+    assert trainer["log_async"] is True and async_log_config(trainer["async_log"]).flush_interval_s == 2.0
+    assert trainer_section({"data": {}}) == {} and trainer_section(None) == {}
+
+
+def test_unknown_backend_names_valid_ones():
+    """An unknown backend raises ValueError listing the valid backend names."""
+    with pytest.raises(ValueError, match="unknown backend 'neptune'; valid backends are: console, wandb, mlflow, swanlab, tensorboard, file"):
+        Tracking("p", "e", ["console", "neptune"])
+
+
+def test_missing_extra_names_pip_extra():
+    """A backend whose SDK is absent raises an ImportError that names the pip extra to install."""
+
+    class Absent(Sink):
+        name, sdk_module, extra = "absent", "no_such_tracker_sdk", "absent"
+
+    with pytest.raises(ImportError, match=r"pip install 'tracklane\[absent\]'"):
+        check_installed(Absent)
+
+
+def test_bad_async_key_fails_before_anything_starts():
+    """A bad trainer.async_log key fails the constructor, even in sync mode."""
+    with pytest.raises(ConfigError, match="unknown key"):
+        Tracking("p", "e", "console", config={"trainer": {"async_log": {"nope": 1}}})
+
+
+def test_secrets_redacted_and_ordinary_keys_kept():
+    """Keys holding api_key/password/secret or ending in token are redacted; max_token_len is not."""
+    params = plain_config(OmegaConf.create({
+        "trainer": {"wandb_api_key": "sk-1", "hf_token": "hf-2", "max_token_len": 4096},
+        "db": {"password": "p", "client_secret": "s", "tokenizer": "gpt2"},
+    }))
+    assert params["trainer"] == {"wandb_api_key": REDACTED, "hf_token": REDACTED, "max_token_len": 4096}
+    assert params["db"] == {"password": REDACTED, "client_secret": REDACTED, "tokenizer": "gpt2"}
+
+
+def test_flatten_params_like_verl():
+    """Params flatten with '/', and lists expand into list_len plus one key per item, as verl does."""
+    flat = flatten_params({"a": {"b": 1, "c": [10, {"d": 2}]}, "e": {}})
+    assert flat == {"a/b": 1, "a/c/list_len": 2, "a/c/0": 10, "a/c/1/d": 2, "e": "{}"}
