@@ -1,0 +1,75 @@
+"""The synchronous path (log_async false, verl's default): same sinks in-process, failures isolated."""
+
+from __future__ import annotations
+
+import json
+
+from pipeline import Tracking
+from tests.conftest import same_value, verl_metrics
+
+
+def test_console_prints_verl_lines(capsys):
+    """The console backend prints one verl-style line per step: step:N - key:value - ..."""
+    with Tracking("p", "e", "console") as tracking:
+        tracking.log({"actor/pg_loss": 0.25, "n": 3, "nested": {"a": 1.5}}, step=7)
+    assert "step:7 - actor/pg_loss:0.25 - n:3 - nested/a:1.5" in capsys.readouterr().out
+
+
+def test_every_value_arrives(offline_trackers):
+    """300 steps x ~100 keys arrive in the memory and file sinks exactly as logged."""
+    tracking = Tracking("p", "e", ["memory", "file"], config={"trainer": {"log_async": False}})
+    logged = {}
+    for step in range(300):
+        data = verl_metrics(step)
+        logged[step] = {k: float(v) for k, v in data.items()}
+        tracking.log(data, step=step)
+    report = tracking.finish()
+    assert report.complete, report.summary()
+    memory = {r.step: r.values for r in report.lanes["memory"].records()}
+    lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")][1:]
+    for got in (memory, {line["step"]: line["data"] for line in lines}):
+        assert list(got) == list(range(300))
+        for step, values in logged.items():
+            assert set(got[step]) == set(values) and all(same_value(got[step][k], v) for k, v in values.items())
+
+
+def test_file_header_holds_redacted_config(offline_trackers):
+    """The file's first line carries the config once, with secrets redacted."""
+    config = {"trainer": {"wandb_api_key": "sk-secret", "lr": 0.1}}
+    Tracking("p", "e", "file", config=config).finish()
+    text = open(offline_trackers["file"], encoding="utf-8").read()
+    header = json.loads(text.splitlines()[0])
+    assert header["step"] is None and header["config"]["trainer"]["lr"] == 0.1
+    assert "sk-secret" not in text
+
+
+def test_failing_sink_does_not_stop_others(offline_trackers, caplog):
+    """A sink raising on every write is counted and warned once; the file sink still gets every step."""
+    config = {"trainer": {"memory_sink": {"fail_writes": True}}}
+    tracking = Tracking("p", "e", ["memory", "file"], config=config)
+    for step in range(20):
+        tracking.log({"x": float(step)}, step=step)
+    report = tracking.finish()
+    assert report.lanes["memory"].failed_records == 20 and report.lanes["file"].complete
+    assert sum("backend memory failed" in r.getMessage() for r in caplog.records) == 1
+    lines = open(offline_trackers["file"], encoding="utf-8").read().splitlines()[1:]
+    assert [json.loads(line)["step"] for line in lines] == list(range(20))
+
+
+def test_sink_failing_to_open_is_reported(offline_trackers):
+    """A tracker that cannot open is reported and its records counted as failed; the run goes on."""
+    tracking = Tracking("p", "e", ["memory", "file"], config={"trainer": {"memory_sink": {"fail_open": True}}})
+    tracking.log({"x": 1.0}, step=0)
+    report = tracking.finish()
+    assert report.lanes["memory"].failed_records == 1 and "fail on open" in report.lanes["memory"].error
+
+
+def test_bad_input_never_raises(offline_trackers, caplog):
+    """Garbage data, steps and backends are warned about and skipped; the loop keeps running."""
+    tracking = Tracking("p", "e", ["memory"])
+    tracking.log(None, step=1)
+    tracking.log({"x": 1.0}, step="not a step")
+    tracking.log({"x": 2.0, "s": "x" * 10_000_000, "o": object()}, step=2)
+    report = tracking.finish()
+    assert [(r.step, r.values) for r in report.lanes["memory"].records()] == [(2, {"x": 2.0})]
+    assert report.skipped_values == 2
