@@ -49,6 +49,7 @@ class Lane:
         self._epoch = 0  # bumped on every recovery: answers to older calls only acknowledge
         self._calls: dict[Any, tuple[int, int]] = {}  # result ref -> (epoch, seq)
         self._dead = False
+        self._frozen = False  # set when the tracker is being closed
         self._failed_before = 0  # failures counted by earlier incarnations of the actor
         # The first answer we wait for is the actor opening its tracker.
         self._probe: Any = actor.ready.remote()
@@ -98,7 +99,7 @@ class Lane:
                     self._answer(ref)
         if self._probe is not None:
             self._check_probe()
-        if self._probe is None and not self._dead:
+        if self._probe is None and not self._dead and not self._frozen:
             self._submit()
 
     def _answer(self, ref: Any) -> None:
@@ -184,6 +185,10 @@ class Lane:
         self.report.dropped_records += sum(e.records for e in self._window.values())
         self._window.clear()
         self._bytes = 0
+
+    def freeze(self) -> None:
+        """Submit nothing more: the tracker is about to be closed."""
+        self._frozen = True
 
     # -- state ---------------------------------------------------------------------------
     @property

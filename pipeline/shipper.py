@@ -54,6 +54,7 @@ class Shipper:
         self._seq = 0
         self._barriers: list[_Barrier] = []  # guarded by the buffer's lock
         self._finished = False
+        self._closing = False  # set once trackers are being closed: nothing more is shipped
         self._last_step = 0
         self.late_drops = 0  # records logged after finish()
         self._thread = threading.Thread(target=self._run, name="tracklane-shipper", daemon=True)
@@ -118,7 +119,7 @@ class Shipper:
                 self._buffer.ready.wait(wait)
 
     def _ship(self, force: bool) -> None:
-        while self._buffer and (force or self._buffer.due(self._cfg.flush_interval_s) == 0):
+        while not self._closing and self._buffer and (force or self._buffer.due(self._cfg.flush_interval_s) == 0):
             items = self._buffer.take(self._cfg.max_batch_bytes)
             records = self._records(items)
             if records:
@@ -176,7 +177,8 @@ class Shipper:
             return
         now = time.monotonic()
         for barrier in list(self._barriers):
-            if barrier.target is None:
+            if barrier.target is None:  # everything logged before the request goes out first
+                self._ship(force=True)
                 barrier.target = self._seq
             if not barrier.calls and (self._all_settled(barrier.target) or now >= barrier.drain_deadline):
                 barrier.calls = self._call_lanes(barrier)
@@ -189,6 +191,9 @@ class Shipper:
     def _call_lanes(self, barrier: _Barrier) -> dict[str, Any]:
         calls = {}
         for name, lane in self._lanes.items():
+            if barrier.closing:
+                self._closing = True
+                lane.freeze()  # nothing may reach a tracker after its close
             if not lane.dead:
                 method = lane.actor.close if barrier.closing else lane.actor.flush
                 calls[name] = method.remote(barrier.exit_code) if barrier.closing else method.remote()
