@@ -1,0 +1,1 @@
+"""Figures that show the training loop is unaffected by logging."""
