@@ -1,9 +1,15 @@
 """The producer's buffer: where ``log()`` leaves records for the shipper thread.
 
-Bounded by (estimated) bytes. The caller's side is an append under a lock; when the
-bound is hit the overflow policy applies: ``drop_oldest`` evicts the oldest records at
-once, ``block`` waits up to a deadline for the shipper to make room and then evicts.
-Every eviction is counted.
+The caller's side is one deque append and a counter update, no lock: a lock, a
+condition or any extra Python on that path costs microseconds on this kind of machine.
+The bound is on estimated bytes. Only when it (or a full batch) is reached does the
+caller take the slow path: wake the shipper, or apply the overflow policy
+(``drop_oldest`` evicts the oldest records at once; ``block`` waits up to a deadline for
+the shipper to make room, then evicts). Every eviction is counted.
+
+Items are tuples whose last field is their estimated size and whose third is the
+``time.time()`` of the call. The byte counters assume one producer thread (rank 0's
+trainer); more threads are safe, only the byte bound becomes approximate.
 """
 
 from __future__ import annotations
@@ -11,80 +17,83 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any
+
+_SIZE = -1
+_TIME = 2
 
 
 class RecordBuffer:
-    """A byte-bounded FIFO shared by one producer thread (or several) and the shipper."""
-
     def __init__(self, max_bytes: int, batch_bytes: int, policy: str, block_timeout_s: float) -> None:
-        self._items: deque[tuple[Any, int]] = deque()
-        self._bytes = 0
+        self._items: deque[tuple] = deque()
+        self._produced = 0  # bytes appended, written by the producer only
+        self._evicted = 0  # bytes dropped by the producer (under the lock)
+        self._consumed = 0  # bytes taken by the shipper (under the lock)
         self._max_bytes = max_bytes
         self._batch_bytes = batch_bytes
         self._block = policy == "block"
         self._block_timeout_s = block_timeout_s
+        self._woken = False  # the shipper was told a batch is full and has not taken it yet
         self._lock = threading.Lock()
         self.ready = threading.Condition(self._lock)
-        """Notified when a full batch is waiting (and by flush/stop requests)."""
+        """Notified when a full batch waits, and by flush/close requests."""
         self._room = threading.Condition(self._lock)
         self.dropped = 0
-        self.first_time = 0.0
-        """monotonic time at which the oldest waiting record arrived (0 when empty)."""
 
-    def put(self, record: Any, size: int) -> None:
-        """Append; never raises. Runs on the caller's thread, so it does no more than it must."""
+    def put(self, item: tuple) -> None:
+        """Append one item; never raises. The caller's hot path: keep it this short."""
+        self._items.append(item)
+        self._produced += item[_SIZE]
+        pending = self._produced - self._consumed - self._evicted
+        if pending >= self._batch_bytes:
+            self._slow_path(pending)
+
+    def _slow_path(self, pending: int) -> None:
         with self._lock:
-            if self._bytes + size > self._max_bytes:
-                self._make_room(size)
-            if not self._items:
-                self.first_time = time.monotonic()
-            self._items.append((record, size))
-            before = self._bytes
-            self._bytes = before + size
-            if before < self._batch_bytes <= self._bytes:
+            if pending > self._max_bytes:
+                self._make_room()
+            if not self._woken:
+                self._woken = True
                 self.ready.notify()
 
-    def _make_room(self, size: int) -> None:
+    def _make_room(self) -> None:
         if self._block:
             deadline = time.monotonic() + self._block_timeout_s
-            while self._bytes + size > self._max_bytes and self._items:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
+            while self.nbytes > self._max_bytes and (left := deadline - time.monotonic()) > 0:
                 self.ready.notify()
                 self._room.wait(left)
-        while self._bytes + size > self._max_bytes and self._items:
-            _, old = self._items.popleft()
-            self._bytes -= old
+        while self.nbytes > self._max_bytes and len(self._items) > 1:
+            self._evicted += self._items.popleft()[_SIZE]
             self.dropped += 1
 
-    def take(self, max_bytes: int) -> list[Any]:
-        """Remove and return the oldest records, up to ``max_bytes`` (at least one). Caller holds no lock."""
+    def take(self, max_bytes: int) -> list[tuple]:
+        """Remove and return the oldest items, up to ``max_bytes`` (at least one)."""
         with self._lock:
-            out: list[Any] = []
+            out: list[tuple] = []
             taken = 0
-            while self._items and (not out or taken + self._items[0][1] <= max_bytes):
-                record, size = self._items.popleft()
-                out.append(record)
-                taken += size
-            self._bytes -= taken
-            self.first_time = time.monotonic() if self._items else 0.0
+            while self._items and (not out or taken + self._items[0][_SIZE] <= max_bytes):
+                item = self._items.popleft()
+                out.append(item)
+                taken += item[_SIZE]
+            self._consumed += taken
+            self._woken = False
             if out:
                 self._room.notify_all()
             return out
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        return self._produced - self._consumed - self._evicted
 
     def __len__(self) -> int:
         return len(self._items)
 
     def due(self, flush_interval_s: float) -> float:
-        """Seconds until the oldest record must be shipped (inf when empty, 0 when overdue or a batch is full)."""
-        if not self._items:
+        """Seconds until the oldest item must be shipped (inf when empty, 0 when overdue or a batch is full)."""
+        try:
+            oldest = self._items[0][_TIME]
+        except IndexError:
             return float("inf")
-        if self._bytes >= self._batch_bytes:
+        if self.nbytes >= self._batch_bytes:
             return 0.0
-        return max(0.0, self.first_time + flush_interval_s - time.monotonic())
+        return max(0.0, oldest + flush_interval_s - time.time())
+

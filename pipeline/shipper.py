@@ -22,7 +22,7 @@ from .config import AsyncLogConfig
 from .lane import Entry, Lane
 from .records import Batch, Metrics
 from .report import PipelineReport
-from .values import MetricCleaner
+from .values import MetricCleaner, to_record
 
 log = logging.getLogger("tracklane")
 
@@ -127,11 +127,11 @@ class Shipper:
 
     def _records(self, items: list[tuple]) -> list[Metrics]:
         records = []
-        for step, values, when, only in items:
-            clean = self._cleaner.clean(values)
-            if clean:
-                records.append(Metrics(step=step, values=clean, time=when, only=only))
-                self._last_step = step
+        for item in items:
+            record = to_record(item, self._cleaner)
+            if record is not None:
+                records.append(record)
+                self._last_step = record.step
         if records and self._cfg.health_metrics:
             records.append(Metrics(step=self._last_step, values=self._health(), time=time.time()))
         return records

@@ -11,9 +11,8 @@ import logging
 import time
 from typing import Any
 
-from .records import Metrics
 from .report import LaneReport, PipelineReport
-from .values import MetricCleaner
+from .values import MetricCleaner, to_record
 
 log = logging.getLogger("tracklane")
 
@@ -28,12 +27,12 @@ class SyncFanout:
             if self._guard(name, 0, sink.open, None):
                 self._open.add(name)
 
-    def put(self, item: tuple, size: int) -> None:
-        """Write one captured ``(step, values, time, only)`` into every sink, in turn."""
-        step, values, when, only = item
-        record = Metrics(step=step, values=self._cleaner.clean(values), time=when, only=only)
-        if not record.values:
+    def put(self, item: tuple) -> None:
+        """Write one ``(step, values, time, backend, size)`` from log() into every sink, in turn."""
+        record = to_record(item, self._cleaner)
+        if record is None:
             return
+        only = record.only
         for name, sink in self._sinks.items():
             if only and name not in only:
                 continue

@@ -24,7 +24,7 @@ from .config import async_log_config, trainer_section
 from .params import plain_config
 from .records import RunSpec
 from .report import PipelineReport
-from .values import capture
+from .values import BYTES_PER_ENTRY
 
 log = logging.getLogger("tracklane")
 
@@ -54,17 +54,18 @@ class Tracking:
         self._put = self._pipe.put  # bound once: log() is the hot path
         self._report: PipelineReport | None = None
         self._warned_late = False
+        self._rejected = 0  # log() calls whose data was not a mapping
         _finish_at_exit(self)
 
     def log(self, data: dict, step: int, backend: str | list[str] | None = None) -> None:
-        """Hand over the metrics of one step. In async mode this only copies ``data`` and returns."""
+        """Hand over the metrics of one step. In async mode this is a shallow copy and an append."""
         try:
             if self._report is not None:
                 return self._drop_late()
-            values, size = capture(data if type(data) is dict else dict(data))
-            only = None if backend is None else ([backend] if isinstance(backend, str) else list(backend))
-            self._put((step if type(step) is int else int(step), values, time.time(), only), size)
-        except Exception:  # bad input must never stop the training loop
+            values = data.copy() if type(data) is dict else dict(data)
+            self._put((step, values, time.time(), backend, len(values) * BYTES_PER_ENTRY))
+        except Exception:  # bad input must never stop the training loop; it is counted
+            self._rejected += 1
             log.warning("tracklane: log() could not take data of type %s at step %r", type(data).__name__, step,
                         exc_info=True)
 
@@ -72,7 +73,9 @@ class Tracking:
         """Wait (up to ``timeout``) until every tracker acknowledged what was logged so far."""
         if self._report is not None:
             return self._report
-        return self._pipe.flush(timeout) if self.log_async else self._pipe.flush()
+        report = self._pipe.flush(timeout) if self.log_async else self._pipe.flush()
+        report.dropped_records += self._rejected
+        return report
 
     def finish(self, exit_code: int = 0, timeout: float | None = None) -> PipelineReport:
         """Drain with a deadline, close every tracker (exit code / run status) and report. Idempotent."""
@@ -80,6 +83,7 @@ class Tracking:
             return self._report
         deadline = self._cfg.finish_timeout_s if timeout is None else timeout
         report = self._pipe.close(exit_code, deadline) if self.log_async else self._pipe.close(exit_code)
+        report.dropped_records += self._rejected
         self._report = report
         _unfinished.discard(self)
         if report.complete:

@@ -1,4 +1,4 @@
-"""Values from the trainer: copied safely on the caller's thread, made plain numbers on the shipper's."""
+"""Values from the trainer made plain numbers on the shipper's side: numpy, tensors, nested dicts, junk."""
 
 from __future__ import annotations
 
@@ -10,50 +10,34 @@ import sys
 import numpy as np
 import torch
 
-from pipeline.values import MetricCleaner, capture
+from pipeline.values import MetricCleaner, to_record
 
 
-def test_capture_copies_plain_dicts():
-    """A flat dict of floats is copied, so the caller may reuse or change it after log()."""
-    data = {"a": 1.0, "b": np.float32(2.5), "c": 3}
-    values, size = capture(data)
-    data["a"] = 99.0
-    assert values == {"a": 1.0, "b": np.float32(2.5), "c": 3} and size > 0
+def test_numbers_numpy_and_tensors():
+    """numpy scalars, bools, 0-d tensors and size-1 arrays become Python numbers; NaN and +-Inf are kept."""
+    out = MetricCleaner().clean({"f": np.float64(0.25), "f32": np.float32(0.5), "i": np.int64(3), "b": True,
+                                 "t": torch.tensor(1.5), "a": np.array([2.0]), "nan": math.nan, "inf": -math.inf})
+    assert out == {"f": 0.25, "f32": 0.5, "i": 3, "b": 1, "t": 1.5, "a": 2.0, "nan": out["nan"], "inf": -math.inf}
+    assert math.isnan(out["nan"])
+    assert [type(out[k]) for k in ("f", "f32", "i", "b", "t", "a")] == [float, float, int, int, float, float]
 
 
-def test_capture_flattens_nested_dicts():
-    """Nested dicts are flattened with '/' at once (they are mutable), keys kept in order."""
-    inner = {"acc": {"mean@4": 0.5}, "loss": 1.0}
-    values, _ = capture({"val-core": inner, "step": 1})
-    inner["loss"] = 7.0
-    assert values == {"val-core/acc/mean@4": 0.5, "val-core/loss": 1.0, "step": 1}
+def test_nested_dicts_flatten():
+    """Nested dicts are flattened with '/', keys kept in order; non-string keys become strings."""
+    out = MetricCleaner().clean({"val-core": {"acc": {"mean@4": 0.5}, "loss": 1.0}, 5: 2})
+    assert list(out.items()) == [("val-core/acc/mean@4", 0.5), ("val-core/loss", 1.0), ("5", 2)]
 
 
-def test_capture_reads_tensors_immediately():
-    """A 0-d tensor is read when log() is called, so a later in-place change does not alter what was logged."""
-    tensor = torch.tensor(1.5)
-    values, _ = capture({"loss": tensor, "arr": np.array(2.0)})
-    tensor.add_(10)
-    assert values == {"loss": 1.5, "arr": 2.0} and type(values["loss"]) is float
-
-
-def test_cleaner_converts_and_skips(caplog):
-    """numpy scalars and bools become Python numbers, NaN/Inf are kept, non-numbers are skipped with one warning per key."""
+def test_non_numbers_skipped_once_warned(caplog):
+    """Strings, None, objects and multi-element tensors are skipped, counted, and warned about once per key."""
     cleaner = MetricCleaner()
-    data = {"f": np.float64(0.25), "i": np.int64(3), "b": True, "nan": math.nan, "inf": math.inf,
-            "text": "hello", "none": None, 5: 1.0}
-    values, _ = capture(data)
-    values["vec"] = capture({"vec": torch.ones(3)})[0]["vec"]
+    data = {"ok": 1.0, "text": "hello", "none": None, "vec": torch.ones(3), "obj": object()}
     with caplog.at_level(logging.WARNING, logger="tracklane"):
-        out = cleaner.clean(values)
-        cleaner.clean(values)
-    assert out["f"] == 0.25 and type(out["f"]) is float
-    assert out["i"] == 3 and type(out["i"]) is int and out["b"] == 1 and type(out["b"]) is int
-    assert math.isnan(out["nan"]) and out["inf"] == math.inf and out["5"] == 1.0
-    assert set(out) == {"f", "i", "b", "nan", "inf", "5"}
-    assert cleaner.skipped == 6  # text, none, vec, twice
+        assert cleaner.clean(data) == {"ok": 1.0}
+        cleaner.clean(data)
+    assert cleaner.skipped == 8
     warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 3 and any("'vec'" in m and "shape (3,)" in m for m in warned)
+    assert len(warned) == 4 and any("'vec'" in m and "shape (3,)" in m for m in warned)
 
 
 def test_huge_int_becomes_float():
@@ -61,15 +45,19 @@ def test_huge_int_becomes_float():
     assert MetricCleaner().clean({"big": 10**30}) == {"big": 1e30}
 
 
-def test_huge_string_counted_in_size():
-    """A huge string counts toward the byte bound, so it cannot blow up memory unseen."""
-    _, size = capture({"text": "x" * 10_000_000})
-    assert size >= 10_000_000
+def test_records_from_log_items():
+    """log()'s items become records: numpy steps accepted, a non-integer step or an empty dict skipped."""
+    cleaner = MetricCleaner()
+    record = to_record((np.int64(7), {"x": 1.0}, 12.5, "wandb", 64), cleaner)
+    assert (record.step, record.values, record.time, record.only) == (7, {"x": 1.0}, 12.5, ["wandb"])
+    assert to_record(("seven", {"x": 1.0}, 0.0, None, 64), cleaner) is None
+    assert to_record((1, {"s": "text"}, 0.0, None, 64), cleaner) is None
+    assert cleaner.skipped == 2
 
 
 def test_pipeline_does_not_import_torch():
     """Importing and using the pipeline never imports torch (it costs seconds and may be absent)."""
-    code = ("import sys; from pipeline.values import capture, MetricCleaner; from pipeline import Tracking; "
-            "MetricCleaner().clean(capture({'a': {'b': 1.0}, 'c': object()})[0]); "
+    code = ("import sys; from pipeline.values import MetricCleaner; from pipeline import Tracking; "
+            "MetricCleaner().clean({'a': {'b': 1.0}, 'c': object()}); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
