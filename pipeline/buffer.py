@@ -33,6 +33,7 @@ class RecordBuffer:
         self._block = policy == "block"
         self._block_timeout_s = block_timeout_s
         self._woken = False  # the shipper was told a batch is full and has not taken it yet
+        self._slow_at = batch_bytes  # _produced value at which put() must take the slow path
         self._lock = threading.Lock()
         self.ready = threading.Condition(self._lock)
         """Notified when a full batch waits, and by flush/close requests."""
@@ -42,18 +43,23 @@ class RecordBuffer:
     def put(self, item: tuple) -> None:
         """Append one item; never raises. The caller's hot path: keep it this short."""
         self._items.append(item)
-        self._produced += item[_SIZE]
-        pending = self._produced - self._consumed - self._evicted
-        if pending >= self._batch_bytes:
-            self._slow_path(pending)
+        self._produced = produced = self._produced + item[_SIZE]
+        if produced >= self._slow_at:
+            self._slow_path()
 
-    def _slow_path(self, pending: int) -> None:
+    def _slow_path(self) -> None:
         with self._lock:
-            if pending > self._max_bytes:
+            if self.nbytes > self._max_bytes:
                 self._make_room()
             if not self._woken:
                 self._woken = True
                 self.ready.notify()
+            self._rearm()
+
+    def _rearm(self) -> None:
+        """Next _produced value that needs the slow path: a full batch, or the bound (held: the lock)."""
+        base = self._consumed + self._evicted
+        self._slow_at = base + (self._max_bytes + 1 if self._woken else self._batch_bytes)
 
     def _make_room(self) -> None:
         if self._block:
@@ -76,6 +82,7 @@ class RecordBuffer:
                 taken += item[_SIZE]
             self._consumed += taken
             self._woken = False
+            self._rearm()
             if out:
                 self._room.notify_all()
             return out

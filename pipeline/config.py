@@ -65,8 +65,8 @@ class AsyncLogConfig:
             raise ConfigError(f"trainer.async_log.compression_level must be in 1..22, got {self.compression_level}")
         if self.sink_retries < 0 or self.max_restarts < 0:
             raise ConfigError("trainer.async_log.sink_retries and max_restarts must be >= 0")
-        if self.max_batch_bytes > self.lane_max_bytes:
-            raise ConfigError("trainer.async_log.max_batch_bytes must not exceed lane_max_bytes")
+        if self.max_batch_bytes > min(self.lane_max_bytes, self.queue_max_bytes):
+            raise ConfigError("trainer.async_log.max_batch_bytes must not exceed lane_max_bytes or queue_max_bytes")
 
 
 def _positive(name: str, value: Any, allow_zero: bool = False) -> None:

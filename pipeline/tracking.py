@@ -27,6 +27,7 @@ from .report import PipelineReport
 from .values import BYTES_PER_ENTRY
 
 log = logging.getLogger("tracklane")
+_now = time.time
 
 
 class Tracking:
@@ -63,7 +64,7 @@ class Tracking:
             if self._report is not None:
                 return self._drop_late()
             values = data.copy() if type(data) is dict else dict(data)
-            self._put((step, values, time.time(), backend, len(values) * BYTES_PER_ENTRY))
+            self._put((step, values, _now(), backend, len(values) * BYTES_PER_ENTRY))
         except Exception:  # bad input must never stop the training loop; it is counted
             self._rejected += 1
             log.warning("tracklane: log() could not take data of type %s at step %r", type(data).__name__, step,

@@ -16,6 +16,7 @@ import ray
 
 from pipeline import Tracking
 from tests.conftest import same_value, verl_metrics
+from tests.readers.tensorboard_reader import read_tensorboard_dir
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -80,21 +81,23 @@ def test_failing_tracker_does_not_stop_the_others(offline_trackers):
     assert not report.complete and "memory" in report.summary()
 
 
-def test_killed_actor_is_restarted_without_duplicates(offline_trackers):
-    """An actor killed mid-run is restarted; the file still holds every step exactly once."""
-    tracking = Tracking("proj", "exp", ["file"], config=_config())
-    lane = tracking._pipe.lanes["file"]
-    pid = ray.get(lane.actor.ready.remote())["pid"]
+def test_killed_actors_are_restarted_without_duplicates(offline_trackers):
+    """Actors killed mid-run are restarted; the file and TensorBoard still hold every step exactly once."""
+    tracking = Tracking("proj", "exp", ["file", "tensorboard"], config=_config())
+    lanes = tracking._pipe.lanes
+    pids = {name: ray.get(lane.actor.ready.remote())["pid"] for name, lane in lanes.items()}
     for step in range(400):
         tracking.log({"x": float(step), "y": step}, step=step)
-        if step == 150:
-            os.kill(pid, signal.SIGKILL)
+        if step in (150, 250):
+            os.kill(pids["file" if step == 150 else "tensorboard"], signal.SIGKILL)
         time.sleep(0.002)
-    report = tracking.finish(timeout=60)
-    assert report.lanes["file"].restarts >= 1, report.summary()
+    report = tracking.finish(timeout=90)
     assert report.complete, report.summary()
-    steps = [line["step"] for line in _file_steps(offline_trackers["file"])]
-    assert steps == list(range(400))
+    assert report.lanes["file"].restarts >= 1 and report.lanes["tensorboard"].restarts >= 1, report.summary()
+    assert [line["step"] for line in _file_steps(offline_trackers["file"])] == list(range(400))
+    board = read_tensorboard_dir(offline_trackers["tensorboard"])
+    assert not board.duplicates()
+    assert sorted(step for step, key, _ in board.points if key == "x") == list(range(400))
 
 
 def test_drop_oldest_bounds_a_slow_lane(offline_trackers):

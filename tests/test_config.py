@@ -28,7 +28,7 @@ def test_unknown_key_is_named():
     ({"queue_max_bytes": 0}, "queue_max_bytes must be > 0"),
     ({"flush_interval_s": "fast"}, "flush_interval_s must be a number"),
     ({"compression_level": 40}, "compression_level must be in 1..22"),
-    ({"max_batch_bytes": 10, "lane_max_bytes": 5}, "max_batch_bytes must not exceed lane_max_bytes"),
+    ({"max_batch_bytes": 10, "lane_max_bytes": 5}, "max_batch_bytes must not exceed lane_max_bytes or queue_max_bytes"),
     ({"actor_options": [1]}, "actor_options must be a mapping"),
 ])
 def test_bad_values(section, message):
