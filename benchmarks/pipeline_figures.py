@@ -44,6 +44,15 @@ def offline_env(root: Path, mlflow_uri: str) -> None:
     (root / "wandb").mkdir(parents=True, exist_ok=True)
 
 
+def run_baseline(steps: int, gap_s: float) -> float:
+    """The same loop without logging: what the step-time ratios are measured against."""
+    started = time.perf_counter()
+    for step in range(1, steps + 1):
+        time.sleep(0.02 if step % 10 == 0 else gap_s)
+        step_metrics(step, time.time()).copy()
+    return time.perf_counter() - started
+
+
 def run_mode(log_async: bool, steps: int, gap_s: float, root: Path) -> dict:
     name = "async" if log_async else "sync"
     os.environ["TENSORBOARD_DIR"] = str(root / "tb" / name)
@@ -102,17 +111,18 @@ def _actor_rss(tracking: Tracking) -> dict[str, float]:
     return out
 
 
-def print_figures(results: list[dict], steps: int, gap_s: float) -> None:
+def print_figures(results: list[dict], steps: int, gap_s: float, baseline_s: float) -> None:
     print(f"\n{steps} steps, ~{results[0]['keys']} keys a step, {gap_s * 1e3:.0f} ms between calls "
           f"(every 10th call after 20 ms idle); backends: {', '.join(BACKENDS)}")
     print(f"{'mode':6} {'log() p50':>10} {'p99':>9} {'floor p50':>10} {'p99':>9} | {'cold p50':>9} {'p99':>9} "
-          f"{'floor p50':>10} {'p99':>9} | {'loop s':>7} {'finish s':>9}")
+          f"{'floor p50':>10} {'p99':>9} | {'loop s':>7} {'ratio':>6} {'finish s':>9}")
     for r in results:
         print(f"{r['mode']:6} {percentile(r['warm'], .5):8.1f}us {percentile(r['warm'], .99):7.1f}us "
               f"{percentile(r['floor_warm'], .5):8.1f}us {percentile(r['floor_warm'], .99):7.1f}us | "
               f"{percentile(r['cold'], .5):7.1f}us {percentile(r['cold'], .99):7.1f}us "
               f"{percentile(r['floor_cold'], .5):8.1f}us {percentile(r['floor_cold'], .99):7.1f}us | "
-              f"{r['loop_s']:7.2f} {r['finish_s']:9.2f}")
+              f"{r['loop_s']:7.2f} {r['loop_s'] / baseline_s:6.3f} {r['finish_s']:9.2f}")
+    print(f"(ratio: loop time over the same loop without logging, {baseline_s:.2f} s)")
     for r in results:
         print(f"\n[{r['mode']}] {r['report'].summary()}")
     actors = next((r["actors"] for r in results if r["actors"]), {})
@@ -135,9 +145,10 @@ def main(argv: list[str]) -> int:
         server, args.mlflow_uri = start_server(root / "mlflow")
     try:
         offline_env(root, args.mlflow_uri)
-        results = [run_mode(False, args.steps, args.gap_ms / 1e3, root),
-                   run_mode(True, args.steps, args.gap_ms / 1e3, root)]
-        print_figures(results, args.steps, args.gap_ms / 1e3)
+        gap_s = args.gap_ms / 1e3
+        baseline_s = run_baseline(args.steps, gap_s)
+        results = [run_mode(False, args.steps, gap_s, root), run_mode(True, args.steps, gap_s, root)]
+        print_figures(results, args.steps, gap_s, baseline_s)
     finally:
         if server is not None:
             stop_server(server.pid)
