@@ -4,6 +4,7 @@ Wire layout (msgpack array)::
 
     ["TLB", 1, seq, created, [record, ...]]
     record = ["metrics", step, time, {name: number}, only]   # only: [backend, ...] or nil
+           | [kind, {field: value}]                          # every other kind (records.py)
 
 Decoding treats its input as hostile: sizes are capped before and after
 decompression, msgpack refuses extension types, and every field is type-checked,
@@ -19,9 +20,11 @@ import msgpack
 import zstandard
 
 from .errors import CodecError
-from .records import Batch, Metrics, Record
+from .records import (RECORD_TYPES, Artifact, Batch, Generations, Histogram, Image, Metrics, Record, Text,
+                      Trajectories, Trajectory)
 
 MAGIC = "TLB"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 VERSION = 1
 
 
@@ -42,9 +45,12 @@ def encode_batch(batch: Batch, level: int = 3) -> bytes:
 
 
 def _record_to_wire(record: Record) -> list:
-    if isinstance(record, Metrics):
+    if isinstance(record, Metrics):  # the common case stays compact
         return [Metrics.kind, record.step, record.time, record.values, record.only]
-    raise CodecError(f"cannot encode a {type(record).__name__}")
+    fields = {name: getattr(record, name) for name in record.__slots__}
+    if isinstance(record, Trajectories):
+        fields["trajectories"] = [{name: getattr(t, name) for name in t.__slots__} for t in record.trajectories]
+    return [record.kind, fields]
 
 
 def decode_batch(blob: bytes, limits: DecodeLimits = DecodeLimits()) -> Batch:
@@ -100,7 +106,8 @@ def _batch_from_wire(wire: Any, limits: DecodeLimits) -> Batch:
 
 def _record_from_wire(wire: Any) -> Record:
     _expect(isinstance(wire, list) and len(wire) >= 1, "record must be a non-empty list")
-    if wire[0] == Metrics.kind:
+    kind = wire[0]
+    if kind == Metrics.kind:
         _expect(len(wire) == 5, "metrics record must have 5 fields")
         _, step, when, values, only = wire
         _expect(type(step) is int, "metrics step must be an int")
@@ -109,10 +116,63 @@ def _record_from_wire(wire: Any) -> Record:
         for key, value in values.items():
             _expect(type(key) is str, "metric names must be strings")
             _expect(type(value) in (int, float), f"metric {key!r} must be a number")
-        _expect(only is None or (isinstance(only, list) and all(type(b) is str for b in only)),
-                "metrics 'only' must be nil or a list of backend names")
+        _expect(_is_only(only), "metrics 'only' must be nil or a list of backend names")
         return Metrics(step=step, time=float(when), values=values, only=only)
-    raise CodecError(f"unknown record kind {wire[0]!r}")
+    schema = _SCHEMAS.get(kind)
+    _expect(schema is not None, f"unknown record kind {kind!r}")
+    _expect(len(wire) == 2 and isinstance(wire[1], dict), f"{kind} record must be [kind, fields]")
+    fields = wire[1]
+    _expect(set(fields) == set(schema), f"{kind} record has fields {sorted(fields)}, expected {sorted(schema)}")
+    for name, check in schema.items():
+        _expect(check(fields[name]), f"{kind} field {name!r} is malformed")
+    if kind == Trajectories.kind:
+        fields["trajectories"] = [Trajectory(**t) for t in fields["trajectories"]]
+    fields["time"] = float(fields["time"])
+    return RECORD_TYPES[kind](**fields)
+
+
+def _is_only(value: Any) -> bool:
+    return value is None or (isinstance(value, list) and all(type(b) is str for b in value))
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def _is_str(value: Any) -> bool:
+    return type(value) is str
+
+
+def _is_plain(value: Any) -> bool:
+    return value is None or type(value) in (str, int, float, bool)
+
+
+def _is_sample(row: Any) -> bool:
+    return isinstance(row, list) and len(row) == 3 and _is_str(row[0]) and _is_str(row[1]) and _is_number(row[2])
+
+
+def _is_trajectory(t: Any) -> bool:
+    return (isinstance(t, dict) and set(t) == set(Trajectory.__slots__)
+            and isinstance(t["messages"], list)
+            and all(isinstance(m, dict) and all(_is_str(k) and _is_str(v) for k, v in m.items()) for m in t["messages"])
+            and isinstance(t["tool_calls"], list)
+            and all(isinstance(c, dict) and all(_is_str(k) and _is_plain(v) for k, v in c.items()) for c in t["tool_calls"])
+            and isinstance(t["rewards"], dict) and all(_is_str(k) and _is_number(v) for k, v in t["rewards"].items())
+            and isinstance(t["meta"], dict) and all(_is_str(k) and _is_plain(v) for k, v in t["meta"].items())
+            and type(t["token_ids"]) is bytes and len(t["token_ids"]) % 4 == 0)
+
+
+_COMMON = {"step": lambda v: type(v) is int, "time": _is_number, "only": _is_only}
+_SCHEMAS: dict[str, dict[str, Any]] = {
+    Generations.kind: {**_COMMON, "key": _is_str,
+                       "samples": lambda v: isinstance(v, list) and all(map(_is_sample, v))},
+    Trajectories.kind: {**_COMMON, "key": _is_str,
+                        "trajectories": lambda v: isinstance(v, list) and all(map(_is_trajectory, v))},
+    Histogram.kind: {**_COMMON, "name": _is_str, "values": lambda v: type(v) is bytes and len(v) % 8 == 0},
+    Text.kind: {**_COMMON, "name": _is_str, "text": _is_str},
+    Image.kind: {**_COMMON, "name": _is_str, "png": lambda v: type(v) is bytes and v[:8] == PNG_SIGNATURE},
+    Artifact.kind: {**_COMMON, "path": _is_str, "name": _is_str, "type": _is_str},
+}
 
 
 def _expect(condition: bool, message: str) -> None:

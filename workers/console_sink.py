@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from pipeline.records import Metrics, Record
+from pipeline.records import Metrics
 from workers.sink import Sink
 from workers.steps import merge_by_step
 
@@ -13,10 +13,10 @@ from workers.steps import merge_by_step
 class ConsoleSink(Sink):
     name = "console"
 
-    def write(self, records: Sequence[Record]) -> None:
+    def write_metrics(self, records: Sequence[Metrics]) -> None:
         lines = [
             " - ".join([f"step:{step}", *(f"{key}:{value!r}" for key, value in values.items())])
-            for step, values in merge_by_step(r for r in records if isinstance(r, Metrics))
+            for step, values in merge_by_step(records)
         ]
         if lines:
             sys.stdout.write("\n".join(lines) + "\n")

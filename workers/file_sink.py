@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any, Mapping, Sequence
 
-from pipeline.records import Metrics, Record, RunSpec
+from pipeline.records import Metrics, RunSpec
 from workers.sink import Sink
 from workers.steps import merge_by_step
 
@@ -39,9 +39,9 @@ class FileSink(Sink):
             self._handle.flush()
         return {"path": path}
 
-    def write(self, records: Sequence[Record]) -> None:
+    def write_metrics(self, records: Sequence[Metrics]) -> None:
         lines = [json.dumps({"step": step, "data": values})
-                 for step, values in merge_by_step(r for r in records if isinstance(r, Metrics))]
+                 for step, values in merge_by_step(records)]
         if lines:
             self._handle.write("\n".join(lines) + "\n")
             self._handle.flush()  # a crash of the actor loses nothing it acknowledged

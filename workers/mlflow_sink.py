@@ -144,7 +144,7 @@ class MlflowSink(Sink):
             self._client.log_batch(self.run_id, params=params[start:start + MAX_PARAMS_PER_REQUEST],
                                    synchronous=True)
 
-    def write(self, records: Sequence[Metrics]) -> None:
+    def write_metrics(self, records: Sequence[Metrics]) -> None:
         from mlflow.entities import Metric
 
         metrics = []

@@ -7,7 +7,10 @@ in-process (``log_async: false``) and inside a lane's Ray actor (``log_async: tr
     sink = SinkClass(run, settings)
     resume = sink.open(None)      # create the tracker run, log hyper-parameters once;
                                   # returns what is needed to re-attach (e.g. a run id)
-    sink.write(records)           # any number of times, records in step order
+    sink.write(records)           # any number of times, records in step order; the base class
+                                  # hands each run of one kind to write_<kind>() (write_metrics,
+                                  # write_generations, write_trajectories, write_histogram,
+                                  # write_text, write_image, write_artifact)
     sink.flush()
     sink.close(exit_code)         # end the tracker run (FINISHED / FAILED, exit code ...)
 
@@ -19,10 +22,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 from typing import Any, ClassVar, Mapping, Sequence
 
 from pipeline.errors import ConfigError, MissingExtraError
 from pipeline.records import Record, RunSpec
+
+log = logging.getLogger("tracklane")
 
 # backend name -> "module:Class"; modules are imported only when a backend is used.
 BACKENDS: dict[str, str] = {
@@ -57,12 +63,28 @@ class Sink:
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         self.run = run
         self.settings = dict(settings)
+        self.unsupported: dict[str, int] = {}
+        """Records of kinds this tracker cannot store, by kind."""
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
 
     def write(self, records: Sequence[Record]) -> None:
-        raise NotImplementedError
+        """Hand each run of consecutive records of one kind to ``write_<kind>``, keeping their order."""
+        start = 0
+        for index in range(1, len(records) + 1):
+            if index == len(records) or records[index].kind != records[start].kind:
+                self._write_kind(records[start].kind, records[start:index])
+                start = index
+
+    def _write_kind(self, kind: str, records: Sequence[Record]) -> None:
+        handler = getattr(self, f"write_{kind}", None)
+        if handler is not None:
+            handler(records)
+            return
+        self.unsupported[kind] = self.unsupported.get(kind, 0) + len(records)
+        if self.unsupported[kind] == len(records):
+            log.warning("tracklane: the %s backend does not store %s records; skipping them (counted)", self.name, kind)
 
     def flush(self) -> None:
         pass

@@ -78,7 +78,7 @@ class SwanlabSink(Sink):
             return swanlab.Settings(interactive=False, api_key=self._api_key)
         return swanlab.Settings(interactive=False)
 
-    def write(self, records: Sequence[Metrics]) -> None:
+    def write_metrics(self, records: Sequence[Metrics]) -> None:
         if self._run is None:
             raise SinkError("swanlab sink written to before open() or after close()")
         log = self._run.log  # swanlab reports its own logging errors and does not raise them

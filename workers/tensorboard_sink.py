@@ -60,7 +60,7 @@ class TensorboardSink(Sink):
         summary = text_pb(PARAMS_TAG, "\n".join(rows))
         self._writer.add_event(event_pb2.Event(step=0, summary=summary))
 
-    def write(self, records: Sequence[Metrics]) -> None:
+    def write_metrics(self, records: Sequence[Metrics]) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
         summary, step, wall_time = None, None, 0.0

@@ -56,7 +56,7 @@ class WandbSink(Sink):
         self._run_dir = os.path.dirname(self._run.dir)  # run.dir is the run's files/ folder
         return {"id": str(self._run.id)}
 
-    def write(self, records: Sequence[Metrics]) -> None:
+    def write_metrics(self, records: Sequence[Metrics]) -> None:
         # wandb keeps the newest step's row open, so a record of the same step in the
         # next batch still merges into it.
         for step, values in merge_by_step(records):
