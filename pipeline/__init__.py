@@ -2,9 +2,11 @@
 
 from .errors import CodecError, ConfigError, MissingExtraError, SinkError, TracklaneError
 from .report import LaneReport, PipelineReport
+from .generations_logger import ValidationGenerationsLogger
+from .records import Trajectory
 from .tracking import Tracking
 
 __all__ = [
-    "Tracking", "PipelineReport", "LaneReport",
+    "Tracking", "ValidationGenerationsLogger", "Trajectory", "PipelineReport", "LaneReport",
     "TracklaneError", "ConfigError", "MissingExtraError", "CodecError", "SinkError",
 ]

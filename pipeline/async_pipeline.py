@@ -14,6 +14,7 @@ from .config import AsyncLogConfig
 from .lane import Lane
 from .params import is_secret_key
 from .records import RunSpec
+from .rich import RecordLimits
 from .report import PipelineReport
 from .shipper import Shipper
 
@@ -22,8 +23,8 @@ _FORWARDED_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "SWANLAB_", "TENSORBOARD_", "VER
 
 
 class AsyncPipeline:
-    def __init__(self, cfg: AsyncLogConfig, run: RunSpec, backends: dict[str, tuple[type[Sink], dict[str, Any]]],
-                 env: Mapping[str, str]) -> None:
+    def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, run: RunSpec,
+                 backends: dict[str, tuple[type[Sink], dict[str, Any]]], env: Mapping[str, str]) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -49,7 +50,7 @@ class AsyncPipeline:
                                     dead_after_s=max(30.0, cfg.startup_timeout_s / 2),
                                     startup_timeout_s=cfg.startup_timeout_s)
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
-        self._shipper = Shipper(cfg, self.buffer, self.lanes)
+        self._shipper = Shipper(cfg, limits, self.buffer, self.lanes)
         self._shipper.start()
         self.put = self.buffer.put  # log()'s one call into the pipeline
 

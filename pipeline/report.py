@@ -64,6 +64,12 @@ class PipelineReport:
     """Records the producer's buffer dropped (overflow, or logged after finish)."""
     skipped_values: int = 0
     """Metric values skipped because they were not numbers."""
+    rejected_records: int = 0
+    """Whole records skipped: not a mapping, a bad step, or a malformed rich record."""
+    truncated_strings: int = 0
+    """Strings cut to ``record_limits.max_chars``."""
+    sampled_out: int = 0
+    """Generations, trajectories or histogram values left out by ``record_limits``."""
     elapsed_s: float = 0.0
     timed_out: bool = False
 
@@ -71,10 +77,11 @@ class PipelineReport:
     def complete(self) -> bool:
         """Nothing buffered, dropped, failed or unacknowledged anywhere."""
         return (not self.timed_out and self.buffered_records == 0 and self.dropped_records == 0
-                and all(lane.complete for lane in self.lanes.values()))
+                and self.rejected_records == 0 and all(lane.complete for lane in self.lanes.values()))
 
     def summary(self) -> str:
         head = (f"tracklane: {'complete' if self.complete else 'INCOMPLETE'} in {self.elapsed_s:.2f} s; "
                 f"{self.buffered_records} buffered, {self.dropped_records} dropped by the producer, "
-                f"{self.skipped_values} non-numeric values skipped")
+                f"{self.skipped_values} non-numeric values skipped, {self.rejected_records} records rejected, "
+                f"{self.truncated_strings} strings truncated, {self.sampled_out} samples left out")
         return "\n".join([head, *(f"  {lane.line()}" for lane in self.lanes.values())])

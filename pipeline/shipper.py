@@ -20,9 +20,10 @@ from .buffer import RecordBuffer
 from .codec import encode_batch
 from .config import AsyncLogConfig
 from .lane import Entry, Lane
-from .records import Batch, Metrics
+from .records import Batch, Metrics, Record
 from .report import PipelineReport
-from .values import MetricCleaner, to_record
+from .convert import Converter
+from .rich import RecordLimits
 
 log = logging.getLogger("tracklane")
 
@@ -46,11 +47,11 @@ class _Barrier:
 
 
 class Shipper:
-    def __init__(self, cfg: AsyncLogConfig, buffer: RecordBuffer, lanes: dict[str, Lane]) -> None:
+    def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, buffer: RecordBuffer, lanes: dict[str, Lane]) -> None:
         self._cfg = cfg
         self._buffer = buffer
         self._lanes = lanes
-        self._cleaner = MetricCleaner()
+        self._converter = Converter(limits)
         self._seq = 0
         self._barriers: list[_Barrier] = []  # guarded by the buffer's lock
         self._finished = False
@@ -125,10 +126,10 @@ class Shipper:
             if records:
                 self._send(records)
 
-    def _records(self, items: list[tuple]) -> list[Metrics]:
+    def _records(self, items: list[tuple]) -> list[Record]:
         records = []
         for item in items:
-            record = to_record(item, self._cleaner)
+            record = self._converter.record(item)
             if record is not None:
                 records.append(record)
                 self._last_step = record.step
@@ -142,7 +143,8 @@ class Shipper:
             "tracklane/queue_bytes": self._buffer.nbytes,
             "tracklane/dropped_records": self._buffer.dropped + self.late_drops
             + sum(lane.report.dropped_records for lane in lanes),
-            "tracklane/skipped_values": self._cleaner.skipped,
+            "tracklane/skipped_values": self._converter.metrics.skipped,
+            "tracklane/rejected_records": self._converter.rejected,
             "tracklane/lag_s": max((lane.lag_s() for lane in lanes), default=0.0),
         }
         for lane in lanes:
@@ -151,7 +153,7 @@ class Shipper:
             figures[f"tracklane/lane/{lane.name}/failed_records"] = lane.report.failed_records
         return figures
 
-    def _send(self, records: list[Metrics]) -> None:
+    def _send(self, records: list[Record]) -> None:
         self._seq += 1
         blob = encode_batch(Batch(seq=self._seq, created=time.time(), records=records), self._cfg.compression_level)
         entry = Entry(seq=self._seq, ref=ray.put(blob), nbytes=len(blob), records=len(records),
@@ -248,7 +250,7 @@ class Shipper:
             lanes={name: lane.snapshot() for name, lane in self._lanes.items()},
             buffered_records=len(self._buffer),
             dropped_records=self._buffer.dropped + self.late_drops,
-            skipped_values=self._cleaner.skipped,
+            **self._converter.counts(),
             elapsed_s=time.monotonic() - barrier.started,
             timed_out=timed_out,
         )

@@ -12,29 +12,30 @@ import time
 from typing import Any
 
 from .report import LaneReport, PipelineReport
-from .values import MetricCleaner, to_record
+from .convert import Converter
+from .rich import RecordLimits
 
 log = logging.getLogger("tracklane")
 
 
 class SyncFanout:
-    def __init__(self, sinks: dict[str, Any]) -> None:
+    def __init__(self, sinks: dict[str, Any], limits: RecordLimits) -> None:
         self._sinks = sinks
         self._reports = {name: LaneReport(name=name) for name in sinks}
         self._open: set[str] = set()
-        self._cleaner = MetricCleaner()
+        self._converter = Converter(limits)
         for name, sink in sinks.items():
             if self._guard(name, 0, sink.open, None):
                 self._open.add(name)
 
     def put(self, item: tuple) -> None:
-        """Write one ``(step, values, time, backend, size)`` from log() into every sink, in turn."""
-        record = to_record(item, self._cleaner)
+        """Write one captured item (see convert.py) into every sink, in turn."""
+        record = self._converter.record(item)
         if record is None:
             return
         only = record.only
         for name, sink in self._sinks.items():
-            if only and name not in only:
+            if only is not None and name not in only:
                 continue
             if name in self._open:
                 self._guard(name, 1, sink.write, [record])
@@ -60,8 +61,8 @@ class SyncFanout:
         return self.report(started)
 
     def report(self, started: float) -> PipelineReport:
-        return PipelineReport(lanes=dict(self._reports), skipped_values=self._cleaner.skipped,
-                              elapsed_s=time.monotonic() - started)
+        return PipelineReport(lanes=dict(self._reports), elapsed_s=time.monotonic() - started,
+                              **self._converter.counts())
 
     def _guard(self, name: str, records: int, call: Any, *args: Any) -> bool:
         try:

@@ -15,7 +15,7 @@ import os
 import secrets
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from workers.sink import BACKENDS
 
@@ -24,6 +24,8 @@ from .config import async_log_config, trainer_section
 from .params import plain_config
 from .records import RunSpec
 from .report import PipelineReport
+from .convert import METRICS
+from .rich import record_limits
 from .values import BYTES_PER_ENTRY
 
 log = logging.getLogger("tracklane")
@@ -40,6 +42,7 @@ class Tracking:
         trainer = trainer_section(config)
         self.log_async = bool(trainer.get("log_async", False))
         self._cfg = async_log_config(trainer.get("async_log"))  # checked even when unused
+        limits = record_limits(trainer.get("record_limits"))
         self.run = RunSpec(project=project_name, experiment=experiment_name, params=plain_config(config),
                            run_id=secrets.token_hex(6))
         backends = resolve_backends(backend_names(default_backend), self.run, os.environ, trainer)
@@ -47,15 +50,16 @@ class Tracking:
         if self.log_async:
             from .async_pipeline import AsyncPipeline
 
-            self._pipe: Any = AsyncPipeline(self._cfg, self.run, backends, os.environ)
+            self._pipe: Any = AsyncPipeline(self._cfg, limits, self.run, backends, os.environ)
         else:
             from .sync_fanout import SyncFanout
 
-            self._pipe = SyncFanout({name: cls(self.run, settings) for name, (cls, settings) in backends.items()})
+            self._pipe = SyncFanout({name: cls(self.run, settings) for name, (cls, settings) in backends.items()},
+                                    limits)
         self._put = self._pipe.put  # bound once: log() is the hot path
         self._report: PipelineReport | None = None
         self._warned_late = False
-        self._rejected = 0  # log() calls whose data was not a mapping
+        self._rejected = 0  # log*() calls whose data could not even be copied
         _finish_at_exit(self)
 
     def log(self, data: dict, step: int, backend: str | list[str] | None = None) -> None:
@@ -64,11 +68,70 @@ class Tracking:
             if self._report is not None:
                 return self._drop_late()
             values = data.copy() if type(data) is dict else dict(data)
-            self._put((step, values, _now(), backend, len(values) * BYTES_PER_ENTRY))
+            self._put((step, values, _now(), backend, METRICS, len(values) * BYTES_PER_ENTRY))
         except Exception:  # bad input must never stop the training loop; it is counted
-            self._rejected += 1
-            log.warning("tracklane: log() could not take data of type %s at step %r", type(data).__name__, step,
-                        exc_info=True)
+            self._reject("log", data)
+
+    # -- rich records: each takes a cheap copy here; conversion happens off this thread -------
+    def log_generations(self, samples: Sequence[Sequence[Any]], step: int, backend: str | list[str] | None = None,
+                        key: str = "val/generations") -> None:
+        """Validation samples of ``(input, output, score)``, as verl's ValidationGenerationsLogger gets them."""
+        try:
+            rows = list(samples)
+            size = sum(len(row[0]) + len(row[1]) for row in rows if len(row) >= 2) + 64 * len(rows)
+            self._rich("generations", step, (rows, key), backend, size)
+        except Exception:
+            self._reject("log_generations", samples)
+
+    def log_trajectories(self, trajectories: Sequence[Any], step: int, backend: str | list[str] | None = None,
+                         key: str = "rollout/trajectories") -> None:
+        """Rollout trajectories: dicts (or ``Trajectory``) with messages, tool_calls, rewards, meta, token_ids."""
+        try:
+            items = list(trajectories)
+            self._rich("trajectories", step, (items, key), backend, sum(map(_trajectory_size, items)))
+        except Exception:
+            self._reject("log_trajectories", trajectories)
+
+    def log_histogram(self, name: str, values: Any, step: int, backend: str | list[str] | None = None) -> None:
+        """A distribution (rewards, advantages, KL per token ...): a list, array or tensor of numbers."""
+        try:
+            copied = values.copy() if hasattr(values, "copy") else list(values)  # arrays change in place
+            self._rich("histogram", step, (name, copied), backend, 8 * len(copied) + 64)
+        except Exception:
+            self._reject("log_histogram", values)
+
+    def log_text(self, name: str, text: str, step: int, backend: str | list[str] | None = None) -> None:
+        try:
+            self._rich("text", step, (name, text), backend, len(text) + 64)
+        except Exception:
+            self._reject("log_text", text)
+
+    def log_image(self, name: str, image: Any, step: int, backend: str | list[str] | None = None) -> None:
+        """PNG bytes, or an HxW / HxWxC uint8 array (encoded to PNG off the caller's thread)."""
+        try:
+            copied = image if isinstance(image, bytes) else image.copy()
+            self._rich("image", step, (name, copied), backend, len(image) if isinstance(image, bytes) else copied.nbytes)
+        except Exception:
+            self._reject("log_image", image)
+
+    def log_artifact(self, path: str, name: str | None = None, type: str = "artifact", step: int = 0,
+                     backend: str | list[str] | None = None) -> None:
+        """A file to store with the run (read by the trackers later: keep it in place until finish())."""
+        try:
+            absolute = os.path.abspath(path)
+            self._rich("artifact", step, (absolute, name or os.path.basename(absolute), type), backend, 256)
+        except Exception:
+            self._reject("log_artifact", path)
+
+    def _rich(self, kind: str, step: int, payload: tuple, backend: Any, size: int) -> None:
+        if self._report is not None:
+            return self._drop_late()
+        self._put((step, payload, _now(), backend, kind, size))
+
+    def _reject(self, call: str, data: Any) -> None:
+        self._rejected += 1
+        log.warning("tracklane: %s() could not take %s; skipped and counted", call, type(data).__name__,
+                    exc_info=True)
 
     def flush(self, timeout: float = 30.0) -> PipelineReport:
         """Wait (up to ``timeout``) until every tracker acknowledged what was logged so far."""
@@ -86,7 +149,7 @@ class Tracking:
         report = self._pipe.close(exit_code, deadline) if self.log_async else self._pipe.close(exit_code)
         report.dropped_records += self._rejected
         self._report = report
-        _unfinished.discard(self)
+        _unfinished.pop(self, None)
         if report.complete:
             log.info("%s", report.summary())
         else:
@@ -108,9 +171,20 @@ class Tracking:
         self.finish(exit_code=0 if exc_type is None else 1)
 
 
+def _trajectory_size(item: Any) -> int:
+    """Rough bytes of one trajectory (text and token ids), for the buffer's bound; kept cheap."""
+    if type(item) is not dict:
+        return 4096
+    size = 256
+    for message in item.get("messages") or ():
+        size += len(message.get("content") or "")
+    token_ids = item.get("token_ids")
+    return size if token_ids is None else size + 4 * len(token_ids)
+
+
 # -- finishing at interpreter exit ---------------------------------------------------------
 # Strong references on purpose: an unfinished Tracking must live until it is finished.
-_unfinished: set[Tracking] = set()
+_unfinished: dict[Tracking, None] = {}  # insertion-ordered: the newest is last
 _uncaught = False
 _hooked = False
 
@@ -121,7 +195,7 @@ def _finish_at_exit(tracking: Tracking) -> None:
         _hooked = True
         _install_excepthook()
         atexit.register(_finish_all)
-    _unfinished.add(tracking)
+    _unfinished[tracking] = None
 
 
 def _install_excepthook() -> None:
@@ -133,6 +207,14 @@ def _install_excepthook() -> None:
         previous(*args)
 
     sys.excepthook = hook
+
+
+def active_tracking(project_name: str | None = None, experiment_name: str | None = None) -> Tracking | None:
+    """The newest unfinished Tracking for this project and experiment (None matches any)."""
+    for tracking in reversed(list(_unfinished)):
+        if project_name in (None, tracking.run.project) and experiment_name in (None, tracking.run.experiment):
+            return tracking
+    return None
 
 
 def _finish_all() -> None:

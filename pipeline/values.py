@@ -18,8 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from .records import Metrics
-
 log = logging.getLogger("tracklane")
 
 BYTES_PER_ENTRY = 64
@@ -59,21 +57,6 @@ class MetricCleaner:
         if name not in self._warned:
             self._warned.add(name)
             log.warning("tracklane: metric %r skipped: %s is not a number (warned once per key)", name, _describe(value))
-
-
-def to_record(item: tuple, cleaner: MetricCleaner) -> Metrics | None:
-    """``(step, values, time, backend, size)`` from ``log()`` -> a Metrics record (None if nothing is left)."""
-    step, values, when, backend, _ = item
-    number = as_number(step)
-    if type(number) is not int:
-        cleaner.skipped += 1
-        log.warning("tracklane: log() step %r is not an integer; the record is skipped", step)
-        return None
-    clean = cleaner.clean(values)
-    if not clean:
-        return None
-    only = None if backend is None else ([backend] if isinstance(backend, str) else [str(b) for b in backend])
-    return Metrics(step=number, values=clean, time=when, only=only)
 
 
 def as_number(value: Any) -> float | int | None:

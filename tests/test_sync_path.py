@@ -72,4 +72,4 @@ def test_bad_input_never_raises(offline_trackers, caplog):
     tracking.log({"x": 2.0, "s": "x" * 10_000_000, "o": object()}, step=2)
     report = tracking.finish()
     assert [(r.step, r.values) for r in report.lanes["memory"].records()] == [(2, {"x": 2.0})]
-    assert report.skipped_values == 3 and report.dropped_records == 1  # two values and a step; the None
+    assert report.skipped_values == 2 and report.rejected_records == 1 and report.dropped_records == 1

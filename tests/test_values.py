@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import torch
 
-from pipeline.values import MetricCleaner, to_record
+from pipeline.values import MetricCleaner
 
 
 def test_numbers_numpy_and_tensors():
@@ -43,16 +43,6 @@ def test_non_numbers_skipped_once_warned(caplog):
 def test_huge_int_becomes_float():
     """An int beyond 64 bits (msgpack's range) is sent as a float instead of failing the batch."""
     assert MetricCleaner().clean({"big": 10**30}) == {"big": 1e30}
-
-
-def test_records_from_log_items():
-    """log()'s items become records: numpy steps accepted, a non-integer step or an empty dict skipped."""
-    cleaner = MetricCleaner()
-    record = to_record((np.int64(7), {"x": 1.0}, 12.5, "wandb", 64), cleaner)
-    assert (record.step, record.values, record.time, record.only) == (7, {"x": 1.0}, 12.5, ["wandb"])
-    assert to_record(("seven", {"x": 1.0}, 0.0, None, 64), cleaner) is None
-    assert to_record((1, {"s": "text"}, 0.0, None, 64), cleaner) is None
-    assert cleaner.skipped == 2
 
 
 def test_pipeline_does_not_import_torch():

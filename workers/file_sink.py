@@ -1,5 +1,9 @@
 """File tracker: JSON lines ``{"step": ..., "data": {...}}``, the format of verl's file logger.
 
+Rich records go beside it: validation generations and rollout trajectories as one
+``{step}.jsonl`` per step (verl's ``validation_data_dir`` / ``rollout_data_dir`` dumps),
+histograms, text, images and artifacts under ``<name>_media/``.
+
 The first line is a header with the run's config (``"step": null, "data": {}`` so that
 readers of verl's format skip it). NaN and +-Inf are written as the JSON tokens
 ``NaN``/``Infinity``, which Python's ``json`` and pandas read back exactly.
@@ -9,10 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any, Mapping, Sequence
 
-from pipeline.records import Metrics, RunSpec
+from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
 from workers.sink import Sink
+from workers.media import histogram_figures, safe_name
 from workers.steps import merge_by_step
 
 
@@ -25,7 +31,12 @@ class FileSink(Sink):
         if not path:
             root = os.path.expanduser(env.get("VERL_FILE_LOGGER_ROOT", "."))
             path = os.path.join(root, run.project, f"{run.experiment}.jsonl")
-        return {"path": os.path.abspath(path)}
+        base = os.path.splitext(os.path.abspath(path))[0]
+        # verl's trainer.validation_data_dir / rollout_data_dir: one {step}.jsonl per step.
+        return {"path": os.path.abspath(path),
+                "validation_dir": os.path.abspath(trainer.get("validation_data_dir") or f"{base}_generations"),
+                "rollout_dir": os.path.abspath(trainer.get("rollout_data_dir") or f"{base}_rollouts"),
+                "media_dir": f"{base}_media"}
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         path = self.settings["path"]
@@ -45,6 +56,45 @@ class FileSink(Sink):
         if lines:
             self._handle.write("\n".join(lines) + "\n")
             self._handle.flush()  # a crash of the actor loses nothing it acknowledged
+
+    def write_generations(self, records: Sequence[Generations]) -> None:
+        for record in records:
+            lines = [{"input": i, "output": o, "score": score, "step": record.step} for i, o, score in record.samples]
+            self._append_lines(os.path.join(self.settings["validation_dir"], f"{record.step}.jsonl"), lines)
+
+    def write_trajectories(self, records: Sequence[Trajectories]) -> None:
+        for record in records:
+            lines = [{**t.as_dict(), "step": record.step} for t in record.trajectories]
+            self._append_lines(os.path.join(self.settings["rollout_dir"], f"{record.step}.jsonl"), lines)
+
+    def write_histogram(self, records: Sequence[Histogram]) -> None:
+        lines = [{"step": r.step, "name": r.name, **histogram_figures(r.array())} for r in records]
+        self._append_lines(os.path.join(self.settings["media_dir"], "histograms.jsonl"), lines)
+
+    def write_text(self, records: Sequence[Text]) -> None:
+        for record in records:
+            self._write_file(("text", safe_name(record.name), f"{record.step}.txt"), record.text.encode("utf-8"))
+
+    def write_image(self, records: Sequence[Image]) -> None:
+        for record in records:
+            self._write_file(("images", safe_name(record.name), f"{record.step}.png"), record.png)
+
+    def write_artifact(self, records: Sequence[Artifact]) -> None:
+        for record in records:
+            folder = os.path.join(self.settings["media_dir"], "artifacts", safe_name(record.type), safe_name(record.name))
+            os.makedirs(folder, exist_ok=True)
+            shutil.copy2(record.path, os.path.join(folder, os.path.basename(record.path)))
+
+    def _append_lines(self, path: str, lines: list[dict[str, Any]]) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+
+    def _write_file(self, parts: tuple[str, ...], data: bytes) -> None:
+        path = os.path.join(self.settings["media_dir"], *parts)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
 
     def close(self, exit_code: int) -> None:
         handle = getattr(self, "_handle", None)

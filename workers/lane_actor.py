@@ -139,7 +139,7 @@ class LaneActor:
 
 
 def _addressed_to(record: Record, lane: str) -> bool:
-    return not record.only or lane in record.only
+    return record.only is None or lane in record.only
 
 
 def opening_bytes(backend: str, run: RunSpec, settings: dict[str, Any], state_dir: str, retries: int, backoff_s: float) -> bytes:

@@ -1,0 +1,191 @@
+"""Rich records (generations, trajectories, histograms, text, images, artifacts) made plain and bounded.
+
+Runs on the shipper thread (or inline on the synchronous path): ``log_*`` on the caller's
+thread only took a shallow copy. Here samples and trajectories are thinned to the configured
+count (evenly spaced, so a batch stays represented), long strings are cut, token ids are
+packed as int32 bytes, images are PNG-encoded. Every cut and every sample left out is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+from .png import encode_png
+from .records import Artifact, Generations, Histogram, Image, Text, Trajectories, Trajectory
+
+log = logging.getLogger("tracklane")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass(slots=True, kw_only=True)
+class RecordLimits:
+    """Sampling and truncation of rich records (``trainer.record_limits``)."""
+
+    max_generations: int = 256
+    """Validation samples kept per step (verl's trainer.log_val_generations chooses how many it passes)."""
+    max_trajectories: int = 64
+    """Rollout trajectories kept per step."""
+    max_chars: int = 16_384
+    """Longest string kept (message, input, output, tool result, text); longer ones are cut, counted."""
+    max_histogram_values: int = 1_000_000
+    """Values kept per histogram (evenly spaced beyond that)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_generations", "max_trajectories", "max_chars", "max_histogram_values"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"trainer.record_limits.{name} must be an int >= 0, got {value!r}")
+
+
+def record_limits(section: Mapping[str, Any] | None) -> RecordLimits:
+    section = dict(section or {})
+    known = RecordLimits.__slots__
+    unknown = sorted(set(section) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown key(s) trainer.record_limits.{', trainer.record_limits.'.join(unknown)}; "
+                          f"valid keys: {', '.join(known)}")
+    return RecordLimits(**section)
+
+
+class RichConverter:
+    """Builds rich records from what ``log_*`` captured, counting what it cuts or leaves out."""
+
+    def __init__(self, limits: RecordLimits) -> None:
+        self.limits = limits
+        self.truncated = 0
+        """Strings cut to max_chars."""
+        self.sampled_out = 0
+        """Samples or trajectories left out by max_generations / max_trajectories."""
+        self._warned: set[str] = set()
+
+    # -- one method per kind: (step, payload, time, only) -> record ------------------------
+    def generations(self, step: int, payload: tuple, when: float, only: list[str] | None) -> Generations:
+        samples, key = payload
+        rows = [[self._text(s[0]), self._text(s[1]), _score(s[2])] for s in self._thin(samples, self.limits.max_generations)]
+        return Generations(step=step, samples=rows, time=when, key=key, only=only)
+
+    def trajectories(self, step: int, payload: tuple, when: float, only: list[str] | None) -> Trajectories:
+        items, key = payload
+        kept = [self._trajectory(t) for t in self._thin(items, self.limits.max_trajectories)]
+        return Trajectories(step=step, trajectories=kept, time=when, key=key, only=only)
+
+    def histogram(self, step: int, payload: tuple, when: float, only: list[str] | None) -> Histogram:
+        name, values = payload
+        array = _float_array(values)
+        if array.size > self.limits.max_histogram_values:
+            self.sampled_out += array.size - self.limits.max_histogram_values
+            array = array[np.linspace(0, array.size - 1, self.limits.max_histogram_values).astype(np.int64)]
+        return Histogram(step=step, name=str(name), values=array.astype("<f8").tobytes(), time=when, only=only)
+
+    def text(self, step: int, payload: tuple, when: float, only: list[str] | None) -> Text:
+        name, text = payload
+        return Text(step=step, name=str(name), text=self._text(text), time=when, only=only)
+
+    def image(self, step: int, payload: tuple, when: float, only: list[str] | None) -> Image:
+        name, image = payload
+        png = bytes(image) if isinstance(image, (bytes, bytearray, memoryview)) else encode_png(_numpy(image))
+        if png[:8] != PNG_SIGNATURE:
+            raise ValueError("image bytes are not a PNG")
+        return Image(step=step, name=str(name), png=png, time=when, only=only)
+
+    def artifact(self, step: int, payload: tuple, when: float, only: list[str] | None) -> Artifact:
+        path, name, kind = payload
+        return Artifact(step=step, path=path, name=str(name), type=str(kind), time=when, only=only)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _thin(self, items: Sequence[Any], limit: int) -> list[Any]:
+        items = list(items)
+        if len(items) <= limit:
+            return items
+        self.sampled_out += len(items) - limit
+        if limit == 0:
+            return []
+        return [items[i] for i in np.linspace(0, len(items) - 1, limit).round().astype(int)]
+
+    def _text(self, value: Any) -> str:
+        text = value if type(value) is str else _as_text(value)
+        if len(text) > self.limits.max_chars:
+            self.truncated += 1
+            if "text" not in self._warned:
+                self._warned.add("text")
+                log.warning("tracklane: strings longer than %d characters are cut (counted; see record_limits.max_chars)",
+                            self.limits.max_chars)
+            return text[: self.limits.max_chars]
+        return text
+
+    def _trajectory(self, item: Any) -> Trajectory:
+        data = _fields(item)
+        messages = [{"role": self._text(m.get("role", "")), "content": self._text(m.get("content", ""))}
+                    for m in data.get("messages") or []]
+        calls = [self._tool_call(_fields(c)) for c in data.get("tool_calls") or []]
+        rewards = data.get("rewards", data.get("reward"))
+        rewards = {"score": _score(rewards)} if not isinstance(rewards, Mapping) else \
+            {str(k): _score(v) for k, v in rewards.items()}
+        meta = {str(k): _plain(v) for k, v in (data.get("meta") or {}).items()}
+        return Trajectory(messages=messages, tool_calls=calls, rewards=rewards, meta=meta,
+                          token_ids=_int32_bytes(data.get("token_ids")))
+
+    def _tool_call(self, call: Mapping[str, Any]) -> dict[str, Any]:
+        out = {"name": self._text(call.get("name", "")), "arguments": self._text(call.get("arguments", "")),
+               "result": self._text(call.get("result", ""))}
+        latency = call.get("latency_s", call.get("latency"))
+        out["latency_s"] = _score(latency) if latency is not None else None
+        return out
+
+
+def _fields(item: Any) -> Mapping[str, Any]:
+    if isinstance(item, Mapping):
+        return item
+    if isinstance(item, Trajectory):
+        return {name: getattr(item, name) for name in Trajectory.__slots__}
+    raise TypeError(f"a trajectory must be a dict or a Trajectory, got {type(item).__name__}")
+
+
+def _as_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return str(value)
+
+
+def _score(value: Any) -> float:
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _plain(value: Any) -> Any:
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, (np.generic,)):
+        return value.item()
+    return str(value)
+
+
+def _numpy(value: Any) -> np.ndarray:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _float_array(values: Any) -> np.ndarray:
+    return _numpy(values).astype(np.float64, copy=False).ravel()
+
+
+def _int32_bytes(token_ids: Any) -> bytes:
+    if token_ids is None:
+        return b""
+    if isinstance(token_ids, (bytes, bytearray)):
+        return bytes(token_ids)
+    return np.ascontiguousarray(_numpy(token_ids), dtype="<i4").ravel().tobytes()

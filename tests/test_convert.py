@@ -1,0 +1,78 @@
+"""Captured items become bounded, typed records: sampling and truncation counted, bad input rejected."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import torch
+from PIL import Image as PILImage
+
+from pipeline.convert import Converter
+from pipeline.records import Trajectory
+from pipeline.rich import RecordLimits
+
+
+def _item(kind, payload, step=3, backend=None):
+    return (step, payload, 12.5, backend, kind, 64)
+
+
+def test_metrics_item():
+    """A metrics item keeps its step, time and backend; a numpy step is accepted."""
+    record = Converter(RecordLimits()).record((np.int64(7), {"x": 1.0}, 12.5, "wandb", "metrics", 64))
+    assert (record.step, record.values, record.time, record.only) == (7, {"x": 1.0}, 12.5, ["wandb"])
+
+
+def test_bad_step_and_empty_metrics():
+    """A non-integer step is rejected and counted; a dict with no numbers yields no record."""
+    converter = Converter(RecordLimits())
+    assert converter.record(("seven", {"x": 1.0}, 0.0, None, "metrics", 64)) is None
+    assert converter.record((1, {"s": "text"}, 0.0, None, "metrics", 64)) is None
+    assert converter.counts()["rejected_records"] == 1 and converter.counts()["skipped_values"] == 1
+
+
+def test_generations_thinned_and_truncated():
+    """Samples beyond max_generations are left out evenly, long strings cut; both counted; NaN score kept."""
+    converter = Converter(RecordLimits(max_generations=4, max_chars=10))
+    samples = [(f"in{i}", "x" * (20 if i == 0 else 3), float("nan") if i == 9 else i / 10) for i in range(10)]
+    record = converter.record(_item("generations", (samples, "val/generations")))
+    assert [row[0] for row in record.samples] == ["in0", "in3", "in6", "in9"]
+    assert record.samples[0][1] == "x" * 10 and math.isnan(record.samples[3][2])
+    assert converter.counts()["sampled_out"] == 6 and converter.counts()["truncated_strings"] == 1
+
+
+def test_trajectories_packed():
+    """Trajectories keep messages, tool calls, rewards and meta; token ids (list, array or tensor) become int32 bytes."""
+    converter = Converter(RecordLimits())
+    items = [
+        {"messages": [{"role": "user", "content": "héllo"}], "tool_calls": [{"name": "calc", "arguments": {"a": 1},
+         "result": "2", "latency_s": 0.5}], "rewards": {"score": 1.0, "format": 0.5},
+         "meta": {"sample_index": 3, "rollout_index": 1, "validation": False}, "token_ids": [1, 2, 3]},
+        {"messages": [], "reward": 0.25, "token_ids": np.array([7, 8], dtype=np.int64)},
+        Trajectory(messages=[{"role": "assistant", "content": ""}], token_ids=torch.tensor([9]).numpy().astype("<i4").tobytes()),
+    ]
+    record = converter.record(_item("trajectories", (items, "rollout/trajectories")))
+    first, second, third = record.trajectories
+    assert first.messages == [{"role": "user", "content": "héllo"}] and first.tool_calls[0]["arguments"] == '{"a": 1}'
+    assert first.rewards == {"score": 1.0, "format": 0.5} and first.meta["sample_index"] == 3
+    assert first.token_array().tolist() == [1, 2, 3] and second.token_array().tolist() == [7, 8]
+    assert second.rewards == {"score": 0.25} and third.token_array().tolist() == [9]
+
+
+def test_histogram_and_image():
+    """Histogram values become float64 bytes; an HxWxC array becomes a PNG with the same pixels."""
+    converter = Converter(RecordLimits())
+    histogram = converter.record(_item("histogram", ("rewards", torch.tensor([1.0, 2.0, float("nan")]))))
+    assert histogram.array()[:2].tolist() == [1.0, 2.0] and math.isnan(histogram.array()[2])
+    pixels = np.random.default_rng(0).integers(0, 255, (4, 5, 3), dtype=np.uint8)
+    image = converter.record(_item("image", ("sample", pixels)))
+    assert (np.asarray(PILImage.open(io.BytesIO(image.png))) == pixels).all()
+
+
+def test_malformed_rich_input_is_rejected():
+    """A trajectory that is neither a dict nor a Trajectory, or bytes that are not a PNG, are rejected and counted."""
+    converter = Converter(RecordLimits())
+    assert converter.record(_item("trajectories", ([42], "k"))) is None
+    assert converter.record(_item("image", ("x", b"not a png"))) is None
+    assert converter.counts()["rejected_records"] == 2
