@@ -7,12 +7,32 @@ flattened with ``/`` and metric names are sanitised the way verl sanitises them.
 
 What MLflow stores (sqlite store, directly or behind ``mlflow server``): NaN is kept (an
 ``is_nan`` flag), +-Inf become +-1.7976931348623157e308 (the largest float64).
+
+Rich records become run artifacts, one small file per record (``log_table`` is not used: after
+~170 table files the server's ``mlflow.loggedArtifacts`` tag overflows and every later call fails):
+
+    generations   generations/<key>/step_<step:08d>.json    [{"input", "output", "score"}, ...] as verl's val_step*.json
+    trajectories  trajectories/<key>/step_<step:08d>.json   {"step", "key", "trajectories": [Trajectory.as_dict(), ...]}
+    histogram     histograms/<name>/step_<step:08d>.json    30 bins of the finite values + non-finite counts,
+                  and metrics <name>/mean, /std (population), /min, /max, /count (finite values) at the step
+    text          text/<name>/step_<step:08d>.txt
+    image         client.log_image(key=<name>, step=step): images/<name>+step+<step>+... .png (+ a .webp thumbnail)
+    artifact      <type>/<name>/<file name> (a directory: its files)
+
+In the path, ``<key>``/``<name>`` is sanitised like a metric name with "/" turned into "~" (one folder,
+as ``log_image`` does). JSON is strict UTF-8 JSON: NaN and +-Inf are written as ``null``. Where the
+artifacts land is MLflow's choice: the server's artifact store, or for a sqlite URI the experiment's
+artifact location (``./mlruns`` of the process that created the experiment, unless it was set).
+A second record of one name at one step replaces the first file (images are kept, each has a uuid).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import logging
+import math
 import os
 import posixpath
 import re
@@ -22,7 +42,7 @@ from urllib.parse import urlparse
 
 from pipeline.errors import SinkError
 from pipeline.params import flatten_params
-from pipeline.records import Metrics, RunSpec
+from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
 from workers.sink import Sink, import_sdk
 
 log = logging.getLogger("tracklane")
@@ -32,11 +52,13 @@ MAX_PARAMS_PER_REQUEST = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATC
 MAX_METRICS_PER_REQUEST = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
 MAX_PARAM_VALUE_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (mlflow 3.x)
 MAX_KEY_LENGTH = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
+HISTOGRAM_BINS = 30
 
 # verl's rules (verl/utils/tracking.py, _MlflowLoggingAdapter): MLflow accepts only slashes,
 # alphanumerics, underscores, periods, dashes, colons and spaces, and treats "//" as a path.
 _SLASH_RUNS = re.compile(r"/+")
 _INVALID_CHARS = re.compile(r"[^/\w.\- :]")
+_INVALID_IMAGE_KEY_CHARS = re.compile(r"[^a-zA-Z0-9_\-./ ]")  # MlflowClient.log_image's rule for key
 
 
 def mlflow_key(key: str) -> str:
@@ -84,6 +106,8 @@ class MlflowSink(Sink):
         self.params_truncated = 0
         """How many param values were cut to MLflow's length limit."""
         self._client: Any = None
+        self.artifacts_missing = 0
+        """Artifact records whose path did not exist when the lane reached them (skipped)."""
         self._keys: dict[str, str] = {}  # metric name -> sanitised name, warned once each
         self._closed = False
 
@@ -153,9 +177,73 @@ class MlflowSink(Sink):
             for key, value in record.values.items():
                 metrics.append(Metric(self._key(key), float(value), timestamp, record.step))
         with _translate(f"log metrics to MLflow run {self.run_id}"):
-            for start in range(0, len(metrics), MAX_METRICS_PER_REQUEST):
-                self._client.log_batch(self.run_id, metrics=metrics[start:start + MAX_METRICS_PER_REQUEST],
-                                       synchronous=True)
+            self._log_metrics(metrics)
+
+    def _log_metrics(self, metrics: list[Any]) -> None:
+        for start in range(0, len(metrics), MAX_METRICS_PER_REQUEST):
+            self._client.log_batch(self.run_id, metrics=metrics[start:start + MAX_METRICS_PER_REQUEST],
+                                   synchronous=True)
+
+    def write_generations(self, records: Sequence[Generations]) -> None:
+        with _translate(f"log generations to MLflow run {self.run_id}"):
+            for record in records:
+                rows = [{"input": row[0], "output": row[1], "score": row[2]} for row in record.samples]
+                self._log_json(rows, "generations", record.key, record.step)
+
+    def write_trajectories(self, records: Sequence[Trajectories]) -> None:
+        with _translate(f"log trajectories to MLflow run {self.run_id}"):
+            for record in records:
+                content = {"step": record.step, "key": record.key,
+                           "trajectories": [trajectory.as_dict() for trajectory in record.trajectories]}
+                self._log_json(content, "trajectories", record.key, record.step)
+
+    def write_histogram(self, records: Sequence[Histogram]) -> None:
+        import numpy as np
+        from mlflow.entities import Metric
+
+        metrics = []
+        with _translate(f"log histograms to MLflow run {self.run_id}"):
+            for record in records:
+                values = record.array()
+                finite = values[np.isfinite(values)]
+                self._log_json(_histogram_json(record, values, finite), "histograms", record.name, record.step)
+                timestamp = int(record.time * 1000)
+                metrics += [Metric(self._key(f"{record.name}/{stat}"), value, timestamp, record.step)
+                            for stat, value in _summary(finite).items()]
+            self._log_metrics(metrics)
+
+    def write_text(self, records: Sequence[Text]) -> None:
+        with _translate(f"log text to MLflow run {self.run_id}"):
+            for record in records:
+                self._client.log_text(self.run_id, record.text, _artifact_file("text", record.name, record.step, "txt"))
+
+    def write_image(self, records: Sequence[Image]) -> None:
+        from PIL import Image as PILImage
+
+        with _translate(f"log images to MLflow run {self.run_id}"):
+            for record in records:
+                image = PILImage.open(io.BytesIO(record.png))
+                image.load()  # decoded as stored: MLflow writes it back as PNG, pixels unchanged
+                key = _INVALID_IMAGE_KEY_CHARS.sub("_", mlflow_key(record.name))
+                self._client.log_image(self.run_id, image, key=key, step=record.step,
+                                       timestamp=int(record.time * 1000), synchronous=True)
+
+    def write_artifact(self, records: Sequence[Artifact]) -> None:
+        with _translate(f"log artifacts to MLflow run {self.run_id}"):
+            for record in records:
+                folder = f"{_path_part(record.type)}/{_path_part(record.name)}"
+                if os.path.isdir(record.path):
+                    self._client.log_artifacts(self.run_id, record.path, artifact_path=folder)
+                elif os.path.isfile(record.path):
+                    self._client.log_artifact(self.run_id, record.path, artifact_path=folder)
+                else:  # retrying cannot help: skip it rather than fail the batch around it
+                    self.artifacts_missing += 1
+                    log.warning("mlflow: artifact %r (%s) not found at %s; skipped (counted)",
+                                record.name, record.type, record.path)
+
+    def _log_json(self, content: Any, kind: str, name: str, step: int) -> None:
+        text = json.dumps(_strict_json(content), ensure_ascii=False, allow_nan=False)
+        self._client.log_text(self.run_id, text, _artifact_file(kind, name, step, "json"))
 
     def _key(self, key: str) -> str:
         name = self._keys.get(key)
@@ -178,6 +266,45 @@ class MlflowSink(Sink):
             return f"mlflow: run {self.run_id} at {self.tracking_uri}"
         return (f"mlflow: run {self.run_id} in {self.tracking_uri} "
                 f"(view: mlflow ui --backend-store-uri {self.tracking_uri})")
+
+
+def _path_part(name: str) -> str:
+    """A name as one artifact folder: sanitised like a metric name, "/" -> "~"."""
+    return mlflow_key(name).replace("/", "~")
+
+
+def _artifact_file(kind: str, name: str, step: int, extension: str) -> str:
+    return f"{kind}/{_path_part(name)}/step_{step:08d}.{extension}"
+
+
+def _strict_json(value: Any) -> Any:
+    """``value`` with every NaN or +-Inf replaced by None, so the file is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    return value
+
+
+def _histogram_json(record: Histogram, values: Any, finite: Any) -> dict[str, Any]:
+    """Bin edges and counts of the finite values (numpy's bins), and how many values were not finite."""
+    import numpy as np
+
+    counts, edges = np.histogram(finite, bins=HISTOGRAM_BINS) if finite.size else (np.zeros(0, np.int64), np.zeros(0))
+    return {"step": record.step, "name": record.name, "bin_edges": edges.tolist(), "counts": counts.tolist(),
+            "count": int(finite.size), "nonfinite": {"nan": int(np.isnan(values).sum()),
+                                                     "+inf": int(np.isposinf(values).sum()),
+                                                     "-inf": int(np.isneginf(values).sum())}}
+
+
+def _summary(finite: Any) -> dict[str, float]:
+    """count, and mean / std (population) / min / max when there is any finite value."""
+    if not finite.size:
+        return {"count": 0.0}
+    return {"mean": float(finite.mean()), "std": float(finite.std()), "min": float(finite.min()),
+            "max": float(finite.max()), "count": float(finite.size)}
 
 
 @contextlib.contextmanager

@@ -5,21 +5,43 @@ One ``Summary`` per step carries all of that step's scalars as ``simple_value`` 
 table in a text summary tagged ``hyperparameters``. After a restart a new event file is opened
 in the same directory; TensorBoard reads every file there as one run. ``write()`` returns once
 its events are handed to the OS, so an acknowledged batch survives the actor's death.
+
+Rich records, one event per record at its step:
+
+    generations   text  "<key>/text_summary": markdown table | sample | input | output | score |
+    trajectories  text  "<key>/text_summary": markdown table | trajectory | score | rewards | meta | messages |
+                  tool_calls | token_ids |, the last five cells JSON (NaN written as the token NaN);
+                  an empty list is written as "*no samples*" / "*no trajectories*"
+    histogram     histo "<name>": 30 bins of the finite values (non-finite ones left out; none finite: no event)
+    text          text  "<name>/text_summary"
+    image         image "<name>": the PNG bytes as given, with height, width and colour space from its header
+    artifact      not stored (TensorBoard holds no files): counted in ``unsupported`` by the base class
+
+Text tags end in ``/text_summary`` as ``torch``'s ``SummaryWriter.add_text`` writes them (verl logs its
+validation generations that way). In table cells ``|`` and ``\\`` are escaped and line breaks become ``<br>``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import uuid
 from typing import Any, Mapping, Sequence
 
 from pipeline.params import flatten_params
-from pipeline.records import Metrics, RunSpec
+from pipeline.records import Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
 from workers.sink import Sink, import_sdk
 
 PARAMS_TAG = "hyperparameters"
 FLUSH_SECS = 10  # the writer thread's own flush period; write() and flush() force one
 MAX_QUEUED_EVENTS = 100  # events (steps) queued for the writer thread before add_event blocks
+TEXT_SUFFIX = "/text_summary"  # torch's SummaryWriter.add_text appends it to every text tag
+HISTOGRAM_BINS = 30
+GENERATION_COLUMNS = ("sample", "input", "output", "score")
+TRAJECTORY_COLUMNS = ("trajectory", "score", "rewards", "meta", "messages", "tool_calls", "token_ids")
+# PNG colour type (IHDR byte 25) -> Summary.Image colorspace: 1 grey, 2 grey+alpha, 3 RGB, 4 RGBA
+_PNG_COLORSPACE = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
 
 
 class TensorboardSink(Sink):
@@ -76,6 +98,58 @@ class TensorboardSink(Sink):
             self._writer.add_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
         self._writer.flush()  # in the OS's hands before the batch is acknowledged
 
+    def write_generations(self, records: Sequence[Generations]) -> None:
+        for record in records:
+            rows = [(index, row[0], row[1], row[2]) for index, row in enumerate(record.samples)]
+            self._add_text(record.step, record.time, record.key, _table(GENERATION_COLUMNS, rows, "no samples"))
+        self._writer.flush()
+
+    def write_trajectories(self, records: Sequence[Trajectories]) -> None:
+        for record in records:
+            rows = [(index, t.score(), *(_json(value) for value in (t.rewards, t.meta, t.messages, t.tool_calls)),
+                     _json(t.token_array().tolist())) for index, t in enumerate(record.trajectories)]
+            self._add_text(record.step, record.time, record.key, _table(TRAJECTORY_COLUMNS, rows, "no trajectories"))
+        self._writer.flush()
+
+    def write_histogram(self, records: Sequence[Histogram]) -> None:
+        from tensorboard.compat.proto import summary_pb2
+
+        for record in records:
+            histogram = _histogram_proto(record.array())
+            if histogram is not None:
+                self._add_value(record.step, record.time, summary_pb2.Summary.Value(tag=record.name, histo=histogram))
+        self._writer.flush()
+
+    def write_text(self, records: Sequence[Text]) -> None:
+        for record in records:
+            self._add_text(record.step, record.time, record.name, record.text)
+        self._writer.flush()
+
+    def write_image(self, records: Sequence[Image]) -> None:
+        from tensorboard.compat.proto import summary_pb2
+
+        for record in records:
+            width, height, colour_type = struct.unpack(">IIxB", record.png[16:26])  # the IHDR chunk
+            image = summary_pb2.Summary.Image(height=height, width=width, encoded_image_string=record.png,
+                                              colorspace=_PNG_COLORSPACE.get(colour_type, 3))
+            self._add_value(record.step, record.time, summary_pb2.Summary.Value(tag=record.name, image=image))
+        self._writer.flush()
+
+    def _add_text(self, step: int, wall_time: float, name: str, text: str) -> None:
+        from tensorboard.plugins.text.summary_v2 import text_pb
+
+        self._add_summary(step, wall_time, text_pb(name + TEXT_SUFFIX, text))
+
+    def _add_value(self, step: int, wall_time: float, value: Any) -> None:
+        from tensorboard.compat.proto import summary_pb2
+
+        self._add_summary(step, wall_time, summary_pb2.Summary(value=[value]))
+
+    def _add_summary(self, step: int, wall_time: float, summary: Any) -> None:
+        from tensorboard.compat.proto import event_pb2
+
+        self._writer.add_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
+
     def flush(self) -> None:
         if self._writer is not None:
             self._writer.flush()
@@ -91,4 +165,40 @@ class TensorboardSink(Sink):
 
 def _cell(value: Any) -> str:
     """A value as one markdown table cell: pipes escaped, line breaks flattened."""
-    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
+    text = str(value).replace("\\", "\\\\").replace("|", "\\|")
+    return text.replace("\r\n", "<br>").replace("\r", "<br>").replace("\n", "<br>")
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], empty: str) -> str:
+    """A markdown table, one cell per value; ``empty`` in italics when there are no rows.
+
+    (TensorBoard renders a header-only table with one blank row, which would read as a sample.)
+    """
+    if not rows:
+        return f"*{empty}*"
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _histogram_proto(values: Any) -> Any:
+    """A HistogramProto of the finite values: 30 numpy bins after an empty one whose limit is the left edge.
+
+    TensorBoard stores only right bin limits; the leading empty bucket keeps the left edge, as
+    torch's ``make_histogram`` does. None when no value is finite.
+    """
+    import numpy as np
+    from tensorboard.compat.proto import summary_pb2
+
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return None
+    counts, edges = np.histogram(finite, bins=HISTOGRAM_BINS)
+    return summary_pb2.HistogramProto(
+        min=float(finite.min()), max=float(finite.max()), num=float(finite.size), sum=float(finite.sum()),
+        sum_squares=float(finite @ finite), bucket_limit=edges.tolist(), bucket=[0.0, *counts.tolist()],
+    )
