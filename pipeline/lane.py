@@ -130,6 +130,8 @@ class Lane:
             self.report.failed_records = self._failed_before + int(result["failed_records"])
         if result.get("error"):
             self.report.error = result["error"]
+        if "unsupported" in result:
+            self.report.unsupported = dict(result["unsupported"])
 
     def _actor_lost(self, exc: Exception) -> None:
         if isinstance(exc, ActorDiedError):  # Ray will not restart it: the lane is dead for good

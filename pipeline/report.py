@@ -27,6 +27,8 @@ class LaneReport:
     lag_p50_s: float = 0.0
     lag_p99_s: float = 0.0
     """log() -> acknowledgement, over the acknowledged batches (oldest record of each)."""
+    unsupported: dict[str, int] = field(default_factory=dict)
+    """Records of kinds this tracker cannot store (e.g. artifacts in TensorBoard), by kind."""
     restarts: int = 0
     """Times the lane's actor died and was re-attached."""
     error: str | None = None
@@ -46,6 +48,8 @@ class LaneReport:
         text = (f"{self.name}: acked through batch {self.acked_seq}, {self.unacked_records} unacknowledged, "
                 f"{self.dropped_records} dropped, {self.failed_records} failed, lag p50 {self.lag_p50_s * 1e3:.0f} ms "
                 f"p99 {self.lag_p99_s * 1e3:.0f} ms")
+        if self.unsupported:
+            text += ", not storable here: " + ", ".join(f"{n} {kind}" for kind, n in self.unsupported.items())
         if self.restarts:
             text += f", {self.restarts} restart(s)"
         if self.error:

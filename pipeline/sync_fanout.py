@@ -61,6 +61,8 @@ class SyncFanout:
         return self.report(started)
 
     def report(self, started: float) -> PipelineReport:
+        for name, sink in self._sinks.items():
+            self._reports[name].unsupported = dict(sink.unsupported)
         return PipelineReport(lanes=dict(self._reports), elapsed_s=time.monotonic() - started,
                               **self._converter.counts())
 

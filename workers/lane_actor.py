@@ -111,6 +111,7 @@ class LaneActor:
             "failed_records": self._failed_records,
             "failed_batches": self._failed_batches,
             "error": self._last_error,
+            "unsupported": dict(self._sink.unsupported),
             **extra,
         }
 
