@@ -2,17 +2,50 @@
 
 Written against swanlab 0.10.3, where ``swanlab.init`` returns a ``Run`` object that
 is logged to and finished directly. SwanLab allows one active run per process.
+
+Rich records (swanlab has no table or histogram type; media land under ``<run>/media/<kind>/``):
+
+    generations   a ``swanlab.echarts.Table`` per step (media/echarts/), headers GENERATION_COLUMNS
+    trajectories  the same, headers TRAJECTORY_COLUMNS (messages, tool calls, rewards, meta as JSON)
+    histogram     an ``echarts.Bar`` of 30 bin counts of the finite values (x labels: left bin edges),
+                  and scalars <name>/mean, /std (population), /min, /max, /count (finite values; only
+                  /count, 0, when there is none)
+    text          ``swanlab.Text`` (media/text/)
+    image         ``swanlab.Image`` of the decoded PNG, which swanlab encodes again as PNG (media/image/)
+    artifact      a copy under <run>/files/artifacts/<type>/<name>/step_<N>/ registered with
+                  ``run.save`` (which itself only links to the source: the trainer may delete it)
+
+Table cells that are not finite floats (a NaN score) are written as the strings "NaN", "Infinity",
+"-Infinity": swanlab's JSON writer would turn them into null. Records of one key at one step in one
+batch become one log call; a step with no samples logs nothing.
 """
 
 from __future__ import annotations
 
+import glob
+import io
+import json
+import logging
+import math
 import os
-from typing import Any, ClassVar, Mapping, Sequence
+import shutil
+from itertools import groupby
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence, TypeVar
 
 from pipeline.errors import SinkError
-from pipeline.records import Metrics, RunSpec
+from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
+from workers.media import histogram_figures, safe_name
 from workers.sink import Sink, import_sdk
 from workers.steps import merge_by_step
+
+log = logging.getLogger("tracklane")
+R = TypeVar("R")
+
+GENERATION_COLUMNS = ["step", "input", "output", "score"]
+TRAJECTORY_COLUMNS = ["step", "sample_index", "rollout_index", "validation", "score", "rewards", "messages",
+                      "tool_calls", "num_tokens", "meta"]
+HISTOGRAM_STATS = ("mean", "std", "min", "max", "count")
 
 # verl's defaults (verl/utils/tracking.py); "cloud" is SwanLab's old name for "online".
 DEFAULT_MODE = "cloud"
@@ -47,6 +80,8 @@ class SwanlabSink(Sink):
         self._api_key: str | None = self.settings.pop("api_key", None)
         self._run: Any = None  # swanlab Run, None until open() and after close()
         self._where = f"swanlab: {self.settings.get('mode')} run (not started)"
+        self.artifacts_missing = 0
+        """Artifact records whose path did not exist when the lane reached them (skipped)."""
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         swanlab = import_sdk(type(self))
@@ -85,6 +120,79 @@ class SwanlabSink(Sink):
         for step, values in merge_by_step(records):
             log(values, step=step)
 
+    def write_generations(self, records: Sequence[Generations]) -> None:
+        self._log_tables(records, GENERATION_COLUMNS,
+                         lambda r: [[r.step, text_in, text_out, score] for text_in, text_out, score in r.samples])
+
+    def write_trajectories(self, records: Sequence[Trajectories]) -> None:
+        self._log_tables(records, TRAJECTORY_COLUMNS, lambda r: [_trajectory_row(r.step, t) for t in r.trajectories])
+
+    def write_histogram(self, records: Sequence[Histogram]) -> None:
+        swanlab = import_sdk(type(self))
+        for step, group in _by_step(self._live(records)):
+            values: dict[str, Any] = {}
+            for record in group:
+                figures = histogram_figures(record.array())
+                stats = HISTOGRAM_STATS if figures["count"] else ("count",)
+                values.update({f"{record.name}/{stat}": float(figures[stat]) for stat in stats})
+                if figures["count"]:
+                    bar = swanlab.echarts.Bar()
+                    bar.add_xaxis([f"{edge:.6g}" for edge in figures["bin_edges"][:-1]])
+                    bar.add_yaxis("count", figures["counts"])
+                    values[record.name] = bar
+            self._run.log(values, step=step)
+
+    def write_text(self, records: Sequence[Text]) -> None:
+        swanlab = import_sdk(type(self))
+        for step, group in _by_step(self._live(records)):
+            self._run.log({record.name: swanlab.Text(record.text) for record in group}, step=step)
+
+    def write_image(self, records: Sequence[Image]) -> None:
+        swanlab = import_sdk(type(self))
+        from PIL import Image as PILImage  # installed with swanlab
+
+        for step, group in _by_step(self._live(records)):
+            self._run.log({record.name: swanlab.Image(PILImage.open(io.BytesIO(record.png))) for record in group},
+                          step=step)
+
+    def write_artifact(self, records: Sequence[Artifact]) -> None:
+        self._live(records)
+        files = Path(self._run.dir) / "files" if self._run.mode != "disabled" else None
+        for record in records:
+            if not os.path.exists(record.path):  # retrying cannot help: skip it, not the batch around it
+                self.artifacts_missing += 1
+                log.warning("swanlab: artifact %r (%s) not found at %s; skipped (counted)",
+                            record.name, record.type, record.path)
+                continue
+            if files is None:
+                continue
+            folder = files / "artifacts" / safe_name(record.type) / safe_name(record.name) / f"step_{record.step}"
+            copy = folder / os.path.basename(os.path.normpath(record.path))
+            if os.path.isdir(record.path):
+                shutil.copytree(record.path, copy, dirs_exist_ok=True)
+                copies = sorted(path for path in copy.rglob("*") if path.is_file())
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+                copies = [Path(shutil.copy2(record.path, copy))]
+            for path in copies:  # one file per call: run.save takes a glob and refuses more than 100 matches
+                self._run.save(glob.escape(str(path)), base_path=str(files), policy="now")
+
+    def _log_tables(self, records: Sequence[R], columns: list[str], rows_of: Callable[[R], list[list[Any]]]) -> None:
+        """One echarts Table per key and step, holding that step's rows."""
+        swanlab = import_sdk(type(self))
+        for step, group in _by_step(self._live(records)):
+            rows: dict[str, list[list[Any]]] = {}
+            for record in group:
+                rows.setdefault(record.key, []).extend([_cell(value) for value in row] for row in rows_of(record))
+            values = {key: swanlab.echarts.Table().add(columns, key_rows) for key, key_rows in rows.items() if key_rows}
+            if values:
+                self._run.log(values, step=step)
+
+    def _live(self, records: Sequence[R]) -> Sequence[R]:
+        if self._run is None:
+            raise SinkError("swanlab sink written to before open() or after close()")
+        return records
+
     def close(self, exit_code: int) -> None:
         run, self._run = self._run, None
         if run is None or not run.alive:  # closed already, or finished by swanlab's atexit hook
@@ -96,6 +204,30 @@ class SwanlabSink(Sink):
 
     def where(self) -> str:
         return self._where
+
+
+def _by_step(records: Sequence[R]) -> Iterator[tuple[int, list[R]]]:
+    """(step, records) per run of consecutive records sharing a step."""
+    for step, group in groupby(records, key=lambda record: record.step):
+        yield step, list(group)
+
+
+def _trajectory_row(step: int, trajectory: Any) -> list[Any]:
+    meta = dict(trajectory.meta)
+    return [step, meta.pop("sample_index", None), meta.pop("rollout_index", None), meta.pop("validation", None),
+            trajectory.score(), _json(trajectory.rewards), _json(trajectory.messages), _json(trajectory.tool_calls),
+            len(trajectory.token_ids) // 4, _json(meta)]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)  # NaN stays the token NaN, which Python reads back
+
+
+def _cell(value: Any) -> Any:
+    """A table cell swanlab's JSON keeps: a non-finite float as its JSON-style name, not null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    return value
 
 
 def _describe(run: Any, logdir: str) -> str:

@@ -1,14 +1,47 @@
-"""Deliver metrics to one Weights & Biases run, started the way verl starts it."""
+"""Deliver metrics and rich records to one Weights & Biases run, started the way verl starts it.
+
+Rich records, as wandb 0.31 stores them (offline: under the run's ``files/``):
+
+    generations   one INCREMENTAL ``wandb.Table`` per key for the whole run, columns step, input, output,
+                  score; each log writes only the step's new rows (files/media/table/<key>_*.table.json)
+    trajectories  the same, columns TRAJECTORY_COLUMNS (messages, tool calls, rewards, meta as JSON)
+    histogram     ``wandb.Histogram`` of the finite values (30 bins, as the other trackers); non-finite
+                  values are left out and counted in ``histogram_nonfinite``
+    text          an INCREMENTAL table per name, columns step, text (exact text back; ``wandb.Html``
+                  would need escaping and wraps the text in markup)
+    image         ``wandb.Image`` of the PNG file as given (files/media/images/)
+    artifact      ``wandb.Artifact(name, type)`` with the file (or directory), metadata {"step": N}
+
+Records of one key at one step in one batch become one log call; a step with no samples logs nothing.
+Logged table rows are released (set to None) so the lane's memory stays flat over a long run. A log
+call that raises drops the key's table (the lane retries the batch; a new table avoids duplicate
+rows, at the cost of the wandb UI chaining later increments to the earlier ones).
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
-from typing import Any, Mapping, Sequence
+import re
+import tempfile
+from itertools import groupby
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from pipeline.errors import SinkError
-from pipeline.records import Metrics, RunSpec
+from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
+from workers.media import histogram_figures
 from workers.sink import Sink, import_sdk
 from workers.steps import merge_by_step
+
+log = logging.getLogger("tracklane")
+R = TypeVar("R")
+
+GENERATION_COLUMNS = ["step", "input", "output", "score"]
+TRAJECTORY_COLUMNS = ["step", "sample_index", "rollout_index", "validation", "score", "rewards", "messages",
+                      "tool_calls", "num_tokens", "meta"]
+TEXT_COLUMNS = ["step", "text"]
+_ARTIFACT_NAME = re.compile(r"[^\w.\-]+")  # wandb allows alphanumerics, dashes, underscores and dots
 
 
 class WandbSink(Sink):
@@ -32,6 +65,12 @@ class WandbSink(Sink):
         super().__init__(run, settings)
         self._run: Any = None  # the wandb Run; kept, since wandb.run is only the latest one
         self._run_dir: str | None = None
+        self._tables: dict[str, Any] = {}  # key -> the run's INCREMENTAL wandb.Table
+        self._released: dict[str, int] = {}  # key -> rows of that table already logged and released
+        self.histogram_nonfinite = 0
+        """NaN and +-Inf histogram values left out (wandb.Histogram needs finite values)."""
+        self.artifacts_missing = 0
+        """Artifact records whose path did not exist when the lane reached them (skipped)."""
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         wandb = import_sdk(type(self))
@@ -62,7 +101,102 @@ class WandbSink(Sink):
         for step, values in merge_by_step(records):
             self._run.log(values, step=step)
 
+    def write_generations(self, records: Sequence[Generations]) -> None:
+        self._log_rows(records, GENERATION_COLUMNS, lambda r: r.key,
+                       lambda r: [[r.step, text_in, text_out, score] for text_in, text_out, score in r.samples])
+
+    def write_trajectories(self, records: Sequence[Trajectories]) -> None:
+        self._log_rows(records, TRAJECTORY_COLUMNS, lambda r: r.key,
+                       lambda r: [_trajectory_row(r.step, t) for t in r.trajectories])
+
+    def write_text(self, records: Sequence[Text]) -> None:
+        self._log_rows(records, TEXT_COLUMNS, lambda r: r.name, lambda r: [[r.step, r.text]])
+
+    def write_histogram(self, records: Sequence[Histogram]) -> None:
+        wandb = import_sdk(type(self))
+        for step, group in _by_step(records):
+            values = {}
+            for record in group:
+                figures = histogram_figures(record.array())
+                self.histogram_nonfinite += figures["nonfinite"]
+                if figures["count"]:  # nothing finite: an empty histogram would only mislead
+                    values[record.name] = wandb.Histogram(np_histogram=(figures["counts"], figures["bin_edges"]))
+            if values:
+                self._run.log(values, step=step)
+
+    def write_image(self, records: Sequence[Image]) -> None:
+        wandb = import_sdk(type(self))
+        for step, group in _by_step(records):
+            # wandb.Image(path) copies the file as given (no decode-and-encode: ~5x cheaper than from PIL);
+            # with media symlinks on it would link to our temporary file, so go through PIL then.
+            via_file = not self._run.settings.allow_media_symlink
+            with tempfile.TemporaryDirectory(prefix="tracklane-wandb-") as folder:
+                values = {}
+                for index, record in enumerate(group):
+                    values[record.name] = wandb.Image(_png_file(folder, index, record.png) if via_file
+                                                      else _pil_image(record.png))
+                self._run.log(values, step=step)
+
+    def write_artifact(self, records: Sequence[Artifact]) -> None:
+        wandb = import_sdk(type(self))
+        for record in records:
+            if not os.path.exists(record.path):  # retrying cannot help: skip it, not the batch around it
+                self.artifacts_missing += 1
+                log.warning("wandb: artifact %r (%s) not found at %s; skipped (counted)",
+                            record.name, record.type, record.path)
+                continue
+            artifact = wandb.Artifact(_artifact_name(record.name), type=_artifact_name(record.type),
+                                      metadata={"step": record.step, "source": record.path})
+            if os.path.isdir(record.path):
+                artifact.add_dir(record.path)
+            else:
+                artifact.add_file(record.path)  # "mutable": wandb copies it, the trainer may delete it
+            self._run.log_artifact(artifact)
+
+    def _log_rows(self, records: Sequence[R], columns: list[str], key_of: Callable[[R], str],
+                  rows_of: Callable[[R], list[list[Any]]]) -> None:
+        """Add each step's rows to the key's incremental table and log them at that step."""
+        for step, group in _by_step(records):
+            values = {}
+            for record in group:
+                key = key_of(record)
+                rows = rows_of(record)
+                if rows:
+                    table = self._table(key, columns)
+                    for row in rows:
+                        table.add_data(*row)
+                    values[key] = table
+            if values:
+                try:
+                    self._run.log(values, step=step)
+                except Exception:
+                    # The lane retries the whole batch: a fresh table then gets these rows once, not twice.
+                    for key in values:
+                        self._tables.pop(key, None)
+                    raise
+                for key in values:
+                    self._release(key)
+
+    def _table(self, key: str, columns: list[str]) -> Any:
+        table = self._tables.get(key)
+        if table is None:
+            wandb = import_sdk(type(self))
+            # Mixed types: a meta value may be an int in one row and None or a str in the next.
+            table = self._tables[key] = wandb.Table(columns=columns, log_mode="INCREMENTAL",
+                                                    allow_mixed_types=columns is TRAJECTORY_COLUMNS)
+            self._released[key] = 0
+        return table
+
+    def _release(self, key: str) -> None:
+        """Forget the content of rows already written: wandb only reads the rows after the last logged one."""
+        data = self._tables[key].data
+        for index in range(self._released[key], len(data)):
+            data[index] = None
+        self._released[key] = len(data)
+
     def close(self, exit_code: int) -> None:
+        self._tables.clear()
+        self._released.clear()
         run, self._run = self._run, None
         if run is not None:
             run.finish(exit_code=exit_code)
@@ -82,3 +216,42 @@ class WandbSink(Sink):
     def where(self) -> str:
         folder = self._run_dir or os.path.join(self.settings.get("dir") or ".", "wandb")
         return f"wandb: run files in {folder} (upload offline runs with `wandb sync {folder}`)"
+
+
+def _by_step(records: Sequence[R]) -> Iterator[tuple[int, list[R]]]:
+    """(step, records) per run of consecutive records sharing a step."""
+    for step, group in groupby(records, key=lambda record: record.step):
+        yield step, list(group)
+
+
+def _trajectory_row(step: int, trajectory: Any) -> list[Any]:
+    meta = dict(trajectory.meta)
+    return [step, meta.pop("sample_index", None), meta.pop("rollout_index", None), meta.pop("validation", None),
+            trajectory.score(), _json(trajectory.rewards), _json(trajectory.messages), _json(trajectory.tool_calls),
+            len(trajectory.token_ids) // 4, _json(meta)]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)  # NaN stays the token NaN, which Python reads back
+
+
+def _png_file(folder: str, index: int, png: bytes) -> str:
+    path = os.path.join(folder, f"{index}.png")
+    with open(path, "wb") as handle:
+        handle.write(png)
+    return path
+
+
+def _pil_image(png: bytes) -> Any:
+    import io
+
+    from PIL import Image as PILImage
+
+    image = PILImage.open(io.BytesIO(png))
+    image.load()
+    return image
+
+
+def _artifact_name(name: str) -> str:
+    """wandb rejects other characters in artifact names and types: they become "-"."""
+    return _ARTIFACT_NAME.sub("-", name).strip("-") or "artifact"

@@ -8,18 +8,28 @@ as ``{key: {value, sort, desc}}``).
 Several runs may share one logdir. A run resumed offline (same id, later ``init``)
 gets a second folder with the same id: such folders are segments of one run, read
 in start order, as ``swanlab sync`` would upload them into one experiment.
+
+Media: a ``media`` record (key, step, column type, file name) per logged value, the file
+under ``<run folder>/media/<text|image|echarts|...>/`` (named ``<step:03d>-<sha256[:8]>.<ext>``:
+the key is not in the name). ``save`` records name the files ``run.save`` registered
+(``files/<name>``, a symlink to the source unless the source is already there).
+``read_swanlab_media`` returns both.
 """
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
+from swanlab.proto.swanlab.metric.column.v1.column_pb2 import ColumnType
 from swanlab.proto.swanlab.record.v1.record_pb2 import Record
 from swanlab.proto.swanlab.run.v1.run_pb2 import RunState
+from swanlab.proto.swanlab.save.v1.save_pb2 import SaveType
 
 from . import ReadBack
 
@@ -65,6 +75,13 @@ def read_swanlab_run(logdir: str | Path, *, run_id: str | None = None, experimen
     Segments of a resumed run are joined: points in order, params and status from the last.
     Raises ``LookupError`` when nothing matches or the selection names several run ids.
     """
+    out = ReadBack()
+    for segment in _segments(logdir, run_id, experiment):
+        _read_segment(segment.path, out)
+    return out
+
+
+def _segments(logdir: str | Path, run_id: str | None, experiment: str | None) -> list[SwanlabRunDir]:
     segments = [
         r for r in list_swanlab_runs(logdir)
         if (run_id is None or r.run_id == run_id) and (experiment is None or r.experiment == experiment)
@@ -73,10 +90,7 @@ def read_swanlab_run(logdir: str | Path, *, run_id: str | None = None, experimen
     if len(ids) != 1:
         raise LookupError(f"expected one swanlab run under {logdir} (run_id={run_id!r}, "
                           f"experiment={experiment!r}), found ids {sorted(ids)}")
-    out = ReadBack()
-    for segment in segments:
-        _read_segment(segment.path, out)
-    return out
+    return segments
 
 
 def _read_segment(run_dir: Path, out: ReadBack) -> None:
@@ -119,3 +133,107 @@ def _records(store: Path):
             record = Record()
             record.ParseFromString(message)
             yield record
+
+
+# Column type -> folder under media/ (swanlab's own map: swanlab.sdk.internal.pkg.adapter.medium).
+_MEDIA_FOLDERS = {ColumnType.COLUMN_TYPE_TEXT: "text", ColumnType.COLUMN_TYPE_IMAGE: "image",
+                  ColumnType.COLUMN_TYPE_AUDIO: "audio", ColumnType.COLUMN_TYPE_VIDEO: "video",
+                  ColumnType.COLUMN_TYPE_ECHARTS: "echarts", ColumnType.COLUMN_TYPE_OBJECT3D: "object3d",
+                  ColumnType.COLUMN_TYPE_MOLECULE: "molecule", ColumnType.COLUMN_TYPE_HTML: "html"}
+
+
+@dataclass
+class MediaEntry:
+    """One media value as a ``media`` record names it."""
+
+    step: int
+    key: str
+    kind: str
+    """The media folder: text, image, echarts, ..."""
+    path: Path
+    caption: str
+
+
+@dataclass
+class SavedFile:
+    """One file registered with ``run.save``."""
+
+    name: str
+    """Its path under the run's ``files/`` folder."""
+    source: Path
+    target: Path
+
+
+@dataclass
+class SwanlabMedia:
+    """The media values and saved files of one run, in storage order."""
+
+    entries: list[MediaEntry] = field(default_factory=list)
+    saved: list[SavedFile] = field(default_factory=list)
+    """Files the user saved (swanlab's own config, metadata and requirements left out)."""
+
+    def of(self, key: str) -> dict[int, list[MediaEntry]]:
+        """step -> the entries logged under ``key`` at that step (one per log call)."""
+        out: dict[int, list[MediaEntry]] = {}
+        for entry in self.entries:
+            if entry.key == key:
+                out.setdefault(entry.step, []).append(entry)
+        return out
+
+    def one(self, key: str) -> dict[int, Path]:
+        """step -> the file of the single entry of ``key`` at that step (raises if a step has several)."""
+        out = {}
+        for step, entries in self.of(key).items():
+            if len(entries) != 1:
+                raise ValueError(f"{key!r} has {len(entries)} entries at step {step}")
+            out[step] = entries[0].path
+        return out
+
+    def tables(self, key: str) -> dict[int, tuple[list[str], list[list[Any]]]]:
+        """step -> (headers, rows) of the echarts Table stored for ``key``."""
+        out = {}
+        for step, path in self.one(key).items():
+            table = json.loads(path.read_text(encoding="utf-8"))
+            if table.get("_swanLab") != "table":
+                raise ValueError(f"{path} is no swanlab table")
+            headers = [column["field"] for column in table["colDefs"]]
+            out[step] = (headers, [[row.get(h) for h in headers] for row in table["rowData"]])
+        return out
+
+    def bars(self, key: str) -> dict[int, tuple[list[str], list[float]]]:
+        """step -> (x-axis labels, values of the first series) of the echarts bar chart stored for ``key``."""
+        out = {}
+        for step, path in self.one(key).items():
+            chart = json.loads(path.read_text(encoding="utf-8"))
+            (series, *_) = [s for s in chart["series"] if s["type"] == "bar"]
+            out[step] = (chart["xAxis"][0]["data"], [point["value"] if isinstance(point, dict) else point
+                                                      for point in series["data"]])
+        return out
+
+    def texts(self, key: str) -> dict[int, str]:
+        return {step: path.read_bytes().decode("utf-8") for step, path in self.one(key).items()}
+
+    def images(self, key: str) -> dict[int, Path]:
+        return self.one(key)
+
+
+def read_swanlab_media(logdir: str | Path, *, run_id: str | None = None,
+                       experiment: str | None = None) -> SwanlabMedia:
+    """Media entries and user-saved files of one run (all its segments, in start order)."""
+    out = SwanlabMedia()
+    own = (SaveType.SAVE_TYPE_CONFIG, SaveType.SAVE_TYPE_METADATA, SaveType.SAVE_TYPE_REQUIREMENTS,
+           SaveType.SAVE_TYPE_CONDA)
+    for segment in _segments(logdir, run_id, experiment):
+        (store,) = segment.path.glob("run-*.swanlab")
+        for record in _records(store):
+            kind = record.WhichOneof("record_type")
+            if kind == "media":
+                media = record.media
+                folder = _MEDIA_FOLDERS[media.type]
+                where = segment.path / "media" / folder
+                out.entries += [MediaEntry(media.step, media.key, folder, where / item.filename, item.caption)
+                                for item in media.value.items]
+            elif kind == "save" and record.save.type not in own:
+                save = record.save
+                out.saved.append(SavedFile(save.name, Path(save.source_path), Path(save.target_path)))
+    return out
