@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.mlflow_server import mlflow_server_uri  # noqa: F401  (a fixture, re-exported)

@@ -174,11 +174,11 @@ def test_flush_is_a_barrier(offline_trackers):
 def test_unfinished_tracking_is_finished_at_exit(tmp_path):
     """A script that never calls finish() still delivers every step before the interpreter exits."""
     path = tmp_path / "metrics.jsonl"
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         from pipeline import Tracking
-        t = Tracking("p", "e", ["file"], config={{"trainer": {{"log_async": True}}}})
+        t = Tracking("p", "e", ["file"], config={"trainer": {"log_async": True}})
         for step in range(50):
-            t.log({{"x": float(step)}}, step=step)
+            t.log({"x": float(step)}, step=step)
     """)
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(path)}
     subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=180, cwd=tmp_path)

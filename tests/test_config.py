@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline import ConfigError, MissingExtraError, Tracking
+from pipeline import ConfigError, Tracking
 from pipeline.config import AsyncLogConfig, async_log_config, trainer_section
 from pipeline.params import REDACTED, flatten_params, plain_config
 from workers.sink import Sink, check_installed

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from typing import Any
+from itertools import groupby
+from typing import Any, Iterator, Sequence, TypeVar
 
 import numpy as np
 
 from pipeline.records import Generations, Trajectories
 
 HISTOGRAM_BINS = 30
+GENERATION_COLUMNS = ["step", "input", "output", "score"]
+TRAJECTORY_COLUMNS = ["step", "sample_index", "rollout_index", "validation", "score", "rewards", "messages",
+                      "tool_calls", "num_tokens", "meta"]
+R = TypeVar("R")
 _UNSAFE = re.compile(r"[^\w.\-]+")
 
 
@@ -36,3 +42,21 @@ def mean_score(record: Generations | Trajectories) -> float:
               else [t.score() for t in record.trajectories])
     finite = [s for s in scores if math.isfinite(s)]
     return sum(finite) / len(finite) if finite else math.nan
+
+
+def records_by_step(records: Sequence[R]) -> Iterator[tuple[int, list[R]]]:
+    """(step, records) per run of consecutive records sharing a step."""
+    for step, group in groupby(records, key=lambda record: record.step):
+        yield step, list(group)
+
+
+def trajectory_row(step: int, trajectory: Any) -> list[Any]:
+    """One table row (TRAJECTORY_COLUMNS) for a trajectory: nested parts as JSON text."""
+    meta = dict(trajectory.meta)
+    return [step, meta.pop("sample_index", None), meta.pop("rollout_index", None), meta.pop("validation", None),
+            trajectory.score(), as_json(trajectory.rewards), as_json(trajectory.messages),
+            as_json(trajectory.tool_calls), len(trajectory.token_ids) // 4, as_json(meta)]
+
+
+def as_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)  # NaN stays the token NaN, which Python reads back

@@ -24,27 +24,22 @@ from __future__ import annotations
 
 import glob
 import io
-import json
 import logging
 import math
 import os
 import shutil
-from itertools import groupby
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from pipeline.errors import SinkError
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
-from workers.media import histogram_figures, safe_name
+from workers.media import (GENERATION_COLUMNS, TRAJECTORY_COLUMNS, R, histogram_figures, records_by_step,
+                           safe_name, trajectory_row)
 from workers.sink import Sink, import_sdk
 from workers.steps import merge_by_step
 
 log = logging.getLogger("tracklane")
-R = TypeVar("R")
 
-GENERATION_COLUMNS = ["step", "input", "output", "score"]
-TRAJECTORY_COLUMNS = ["step", "sample_index", "rollout_index", "validation", "score", "rewards", "messages",
-                      "tool_calls", "num_tokens", "meta"]
 HISTOGRAM_STATS = ("mean", "std", "min", "max", "count")
 
 # verl's defaults (verl/utils/tracking.py); "cloud" is SwanLab's old name for "online".
@@ -125,11 +120,11 @@ class SwanlabSink(Sink):
                          lambda r: [[r.step, text_in, text_out, score] for text_in, text_out, score in r.samples])
 
     def write_trajectories(self, records: Sequence[Trajectories]) -> None:
-        self._log_tables(records, TRAJECTORY_COLUMNS, lambda r: [_trajectory_row(r.step, t) for t in r.trajectories])
+        self._log_tables(records, TRAJECTORY_COLUMNS, lambda r: [trajectory_row(r.step, t) for t in r.trajectories])
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         swanlab = import_sdk(type(self))
-        for step, group in _by_step(self._live(records)):
+        for step, group in records_by_step(self._live(records)):
             values: dict[str, Any] = {}
             for record in group:
                 figures = histogram_figures(record.array())
@@ -144,14 +139,14 @@ class SwanlabSink(Sink):
 
     def write_text(self, records: Sequence[Text]) -> None:
         swanlab = import_sdk(type(self))
-        for step, group in _by_step(self._live(records)):
+        for step, group in records_by_step(self._live(records)):
             self._run.log({record.name: swanlab.Text(record.text) for record in group}, step=step)
 
     def write_image(self, records: Sequence[Image]) -> None:
         swanlab = import_sdk(type(self))
         from PIL import Image as PILImage  # installed with swanlab
 
-        for step, group in _by_step(self._live(records)):
+        for step, group in records_by_step(self._live(records)):
             self._run.log({record.name: swanlab.Image(PILImage.open(io.BytesIO(record.png))) for record in group},
                           step=step)
 
@@ -180,7 +175,7 @@ class SwanlabSink(Sink):
     def _log_tables(self, records: Sequence[R], columns: list[str], rows_of: Callable[[R], list[list[Any]]]) -> None:
         """One echarts Table per key and step, holding that step's rows."""
         swanlab = import_sdk(type(self))
-        for step, group in _by_step(self._live(records)):
+        for step, group in records_by_step(self._live(records)):
             rows: dict[str, list[list[Any]]] = {}
             for record in group:
                 rows.setdefault(record.key, []).extend([_cell(value) for value in row] for row in rows_of(record))
@@ -204,23 +199,6 @@ class SwanlabSink(Sink):
 
     def where(self) -> str:
         return self._where
-
-
-def _by_step(records: Sequence[R]) -> Iterator[tuple[int, list[R]]]:
-    """(step, records) per run of consecutive records sharing a step."""
-    for step, group in groupby(records, key=lambda record: record.step):
-        yield step, list(group)
-
-
-def _trajectory_row(step: int, trajectory: Any) -> list[Any]:
-    meta = dict(trajectory.meta)
-    return [step, meta.pop("sample_index", None), meta.pop("rollout_index", None), meta.pop("validation", None),
-            trajectory.score(), _json(trajectory.rewards), _json(trajectory.messages), _json(trajectory.tool_calls),
-            len(trajectory.token_ids) // 4, _json(meta)]
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)  # NaN stays the token NaN, which Python reads back
 
 
 def _cell(value: Any) -> Any:

@@ -20,26 +20,21 @@ rows, at the cost of the wandb UI chaining later increments to the earlier ones)
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import tempfile
-from itertools import groupby
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.errors import SinkError
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
-from workers.media import histogram_figures
+from workers.media import (GENERATION_COLUMNS, TRAJECTORY_COLUMNS, R, histogram_figures, records_by_step,
+                           trajectory_row)
 from workers.sink import Sink, import_sdk
 from workers.steps import merge_by_step
 
 log = logging.getLogger("tracklane")
-R = TypeVar("R")
 
-GENERATION_COLUMNS = ["step", "input", "output", "score"]
-TRAJECTORY_COLUMNS = ["step", "sample_index", "rollout_index", "validation", "score", "rewards", "messages",
-                      "tool_calls", "num_tokens", "meta"]
 TEXT_COLUMNS = ["step", "text"]
 _ARTIFACT_NAME = re.compile(r"[^\w.\-]+")  # wandb allows alphanumerics, dashes, underscores and dots
 
@@ -107,14 +102,14 @@ class WandbSink(Sink):
 
     def write_trajectories(self, records: Sequence[Trajectories]) -> None:
         self._log_rows(records, TRAJECTORY_COLUMNS, lambda r: r.key,
-                       lambda r: [_trajectory_row(r.step, t) for t in r.trajectories])
+                       lambda r: [trajectory_row(r.step, t) for t in r.trajectories])
 
     def write_text(self, records: Sequence[Text]) -> None:
         self._log_rows(records, TEXT_COLUMNS, lambda r: r.name, lambda r: [[r.step, r.text]])
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         wandb = import_sdk(type(self))
-        for step, group in _by_step(records):
+        for step, group in records_by_step(records):
             values = {}
             for record in group:
                 figures = histogram_figures(record.array())
@@ -126,7 +121,7 @@ class WandbSink(Sink):
 
     def write_image(self, records: Sequence[Image]) -> None:
         wandb = import_sdk(type(self))
-        for step, group in _by_step(records):
+        for step, group in records_by_step(records):
             # wandb.Image(path) copies the file as given (no decode-and-encode: ~5x cheaper than from PIL);
             # with media symlinks on it would link to our temporary file, so go through PIL then.
             via_file = not self._run.settings.allow_media_symlink
@@ -156,7 +151,7 @@ class WandbSink(Sink):
     def _log_rows(self, records: Sequence[R], columns: list[str], key_of: Callable[[R], str],
                   rows_of: Callable[[R], list[list[Any]]]) -> None:
         """Add each step's rows to the key's incremental table and log them at that step."""
-        for step, group in _by_step(records):
+        for step, group in records_by_step(records):
             values = {}
             for record in group:
                 key = key_of(record)
@@ -216,23 +211,6 @@ class WandbSink(Sink):
     def where(self) -> str:
         folder = self._run_dir or os.path.join(self.settings.get("dir") or ".", "wandb")
         return f"wandb: run files in {folder} (upload offline runs with `wandb sync {folder}`)"
-
-
-def _by_step(records: Sequence[R]) -> Iterator[tuple[int, list[R]]]:
-    """(step, records) per run of consecutive records sharing a step."""
-    for step, group in groupby(records, key=lambda record: record.step):
-        yield step, list(group)
-
-
-def _trajectory_row(step: int, trajectory: Any) -> list[Any]:
-    meta = dict(trajectory.meta)
-    return [step, meta.pop("sample_index", None), meta.pop("rollout_index", None), meta.pop("validation", None),
-            trajectory.score(), _json(trajectory.rewards), _json(trajectory.messages), _json(trajectory.tool_calls),
-            len(trajectory.token_ids) // 4, _json(meta)]
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)  # NaN stays the token NaN, which Python reads back
 
 
 def _png_file(folder: str, index: int, png: bytes) -> str:
