@@ -21,6 +21,7 @@ from ray.exceptions import ActorDiedError, RayActorError
 from .report import LaneReport
 
 _LAGS_KEPT = 10_000
+_TASK_ERRORS_TOLERATED = 5  # consecutive failed apply() calls before the lane gives up
 
 
 @dataclass(slots=True)
@@ -50,6 +51,7 @@ class Lane:
         self._calls: dict[Any, tuple[int, int]] = {}  # result ref -> (epoch, seq)
         self._dead = False
         self._frozen = False  # set when the tracker is being closed
+        self._task_errors = 0  # consecutive apply() calls that raised inside the actor
         self._failed_before = 0  # failures counted by earlier incarnations of the actor
         # The first answer we wait for is the actor opening its tracker.
         self._probe: Any = actor.ready.remote()
@@ -110,8 +112,22 @@ class Lane:
             if epoch == self._epoch:
                 self._actor_lost(exc)
             return
+        except Exception as exc:  # the actor's own code failed (e.g. its disk is full): re-send, then give up
+            if epoch == self._epoch:
+                self._task_failed(exc)
+            return
+        self._task_errors = 0
         self._acknowledge(result)
         if result.get("gap") and epoch == self._epoch:
+            self._restart_sending()
+
+    def _task_failed(self, exc: Exception) -> None:
+        self._task_errors += 1
+        cause = getattr(exc, "cause", None) or exc  # RayTaskError carries the actor's own exception
+        self.report.error = f"actor call failed: {type(cause).__name__}: {str(cause)[:200]}"
+        if self._task_errors > _TASK_ERRORS_TOLERATED:
+            self._die(f"{self._task_errors} failed actor calls in a row; last: {self.report.error}")
+        else:
             self._restart_sending()
 
     def _acknowledge(self, result: dict[str, Any]) -> None:

@@ -80,3 +80,27 @@ def test_records_for_other_backends_are_skipped(tmp_path):
     actor.apply(1, 0, _blob(1, range(2), only=["wandb"]))
     actor.apply(2, 1, _blob(2, range(2, 4), only=["memory"]))
     assert _steps(actor) == [2, 3]
+
+
+def test_lane_gives_up_after_repeated_actor_errors(ray_session):
+    """A lane whose actor raises on every call re-sends a few times, then counts its records as dropped."""
+    import ray
+
+    from pipeline.lane import Entry, Lane
+
+    @ray.remote(num_cpus=0)
+    class Broken:
+        def ready(self):
+            return {"opened": True, "error": None, "applied": 0}
+
+        def apply(self, seq, prev, blob):
+            raise OSError("disk full")
+
+    lane = Lane("broken", Broken.remote(), max_bytes=1 << 20, max_inflight=1, dead_after_s=10, startup_timeout_s=30)
+    lane.offer(Entry(seq=1, ref=ray.put(b"x"), nbytes=1, records=3, oldest_log_time=time.time()))
+    deadline = time.monotonic() + 30
+    while not lane.dead and time.monotonic() < deadline:
+        lane.pump()
+        time.sleep(0.05)
+    report = lane.snapshot()
+    assert lane.dead and report.dropped_records == 3 and "disk full" in report.error
