@@ -1,1 +1,1 @@
-"""The rank-0 trainer that logs through tracklane (for now a simulated verl-style loop; see ``demo``)."""
+"""The rank-0 RL trainer that logs through tracklane: GRPO/PPO on a built-in addition task (see ``main``)."""

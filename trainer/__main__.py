@@ -1,7 +1,7 @@
-"""``python -m trainer``: the README's main job."""
+"""``python -m trainer``: the README's main job (see ``trainer.main``)."""
 
 import sys
 
-from trainer.demo import main
+from trainer.main import main
 
 sys.exit(main(sys.argv[1:]))

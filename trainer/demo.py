@@ -1,23 +1,20 @@
-"""A verl-shaped training loop that logs through ``pipeline.Tracking`` into every tracker, offline.
+"""A simulated verl-shaped loop: each step sleeps ``trainer.step_s`` and logs ~100 synthetic verl keys.
 
-Stands in for the real trainer until it exists: each step "computes" for
-``trainer.step_s`` seconds and logs ~100 verl metric keys. Everything runs on
-embedded defaults: wandb and SwanLab offline, MLflow on a local sqlite file,
-TensorBoard and the file logger under ``tracklane_runs/``.
-
-    python -m trainer [trainer.total_steps=200] [trainer.log_async=false] [trainer.logger=[console,file]]
+The real trainer is ``trainer.main`` (``python -m trainer``); this stays for the benchmarks, which
+use ``step_metrics`` as a fixed synthetic load. Run it with ``python -m trainer.demo [overrides]``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 
 from omegaconf import OmegaConf
 
 from pipeline import Tracking
+
+from trainer.environment import offline_environment
 
 DEFAULTS = {
     "trainer": {
@@ -30,21 +27,6 @@ DEFAULTS = {
         "async_log": {},
     },
 }
-OUT = os.path.abspath("tracklane_runs")
-
-
-def offline_environment(project: str, experiment: str) -> None:
-    """Embedded defaults: no server, no account, no network; a user's own settings win."""
-    defaults = {
-        "WANDB_MODE": "offline", "WANDB_DIR": f"{OUT}/wandb", "WANDB_SILENT": "true",
-        "SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": f"{OUT}/swanlog",
-        "MLFLOW_TRACKING_URI": f"sqlite:///{OUT}/mlruns.db",
-        "TENSORBOARD_DIR": f"{OUT}/tensorboard/{project}/{experiment}",
-        "VERL_FILE_LOGGER_PATH": f"{OUT}/{project}/{experiment}.jsonl",
-    }
-    for key, value in defaults.items():
-        os.environ.setdefault(key, value)
-    os.makedirs(os.environ["WANDB_DIR"], exist_ok=True)
 
 
 def step_metrics(step: int, started: float) -> dict:

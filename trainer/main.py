@@ -1,0 +1,266 @@
+"""``python -m trainer``: GRPO (or PPO) on the built-in addition task, logged through ``pipeline.Tracking``.
+
+Reads top to bottom like verl's ``RayPPOTrainer.fit`` on rank 0: config, models (a supervised
+warm-up, or a checkpoint), then each step rollout -> reward -> old and reference log-probs
+(-> values) -> advantages -> update -> log about 90 verl metric keys, a score histogram and a
+few rollout trajectories; validation every ``trainer.test_freq`` steps.
+
+    python -m trainer [--print-config] [key=value ...]
+    python -m trainer trainer.logger=[console,tensorboard] trainer.total_steps=200 actor_rollout_ref.rollout.n=8
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from pipeline import ConfigError, PipelineReport, Tracking, ValidationGenerationsLogger
+
+from . import algos
+from .batch import Batch, log_probs, values
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import Config, TrainerConfig, load_config, to_yaml
+from .environment import offline_environment, where_summary
+from .metrics import data_metrics, throughput_metrics, timer, timing_metrics
+from .model import GPT
+from .progress import Progress
+from .rollout import RolloutUnavailable, make_engine
+from .state import Models, set_lr
+from .task import AdditionTask, score
+from .update import update_actor, update_critic
+from .validation import validate
+from .warmup import warm_up
+
+log = logging.getLogger("tracklane.trainer")
+
+
+@dataclass
+class FitResult:
+    scores: dict[int, float] = field(default_factory=dict)
+    """Step -> mean training score."""
+    val_acc: dict[int, float] = field(default_factory=dict)
+    """Step -> exact-match accuracy on the validation set."""
+    first_step: int = 1
+    report: PipelineReport | None = None
+
+
+def fit(cfg: Config) -> FitResult:
+    t, arr = cfg.trainer, cfg.actor_rollout_ref
+    device = _device(t.device)
+    torch.manual_seed(t.seed)
+    task = AdditionTask(cfg.task, t.seed)
+    tok, n, temperature = task.tokenizer, arr.rollout.n, arr.rollout.temperature
+    max_prompt, max_response = task.max_prompt_length(), arr.rollout.response_length
+    actor = GPT(arr.model, tok.vocab_size, max_prompt + max_response).to(device)
+    engine = make_engine(arr.rollout.name, actor, tok, gpu_memory_utilization=arr.rollout.gpu_memory_utilization)
+
+    # -- start from a checkpoint, or from a short supervised warm-up (RL starts from an SFT model) --
+    checkpoint = _checkpoint_to_resume(t)
+    if checkpoint is None:
+        warm_up(actor, task, arr.warmup, device)
+    models = Models.build(cfg, task, device, actor)
+    start_step = 0
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, device)
+        models.load_state_dict(state, task)
+        start_step = state["step"]
+        log.info("resumed from %s at step %d", checkpoint, start_step)
+    engine.sync_weights()
+    rows_per_minibatch = arr.actor.ppo_mini_batch_size * n
+
+    tracking = Tracking(t.project_name, t.experiment_name, list(t.logger), config=cfg.to_dict())
+    val_logger = ValidationGenerationsLogger(t.project_name, t.experiment_name)
+    progress = Progress(t.total_steps, t.progress)
+    result = FitResult(first_step=start_step + 1)
+    with tracking:  # an exception finishes the tracker runs as failed
+        if start_step == 0 and t.val_before_train and t.test_freq > 0:
+            val_metrics, rows = validate(engine, task, arr.rollout, t.log_val_generations)
+            tracking.log(val_metrics, step=0)
+            val_logger.log(t.logger, rows, 0)
+        for step in range(start_step + 1, t.total_steps + 1):
+            metrics: dict[str, float] = {}
+            timings: dict[str, float] = {}
+            with timer("step", timings):
+                problems = task.sample(cfg.data.train_batch_size)
+                with timer("gen", timings):
+                    rollout = engine.generate([task.prompt_ids(p) for p in problems], n, max_response, temperature)
+                batch = Batch.from_rollout(rollout)
+                mask = batch.response_mask
+
+                with timer("reward", timings):
+                    texts = [tok.decode(row) for row in rollout.responses.tolist()]
+                    answers = [p.answer for p in problems for _ in range(n)]
+                    scores = torch.tensor([score(x, a) for x, a in zip(texts, answers)], device=device)
+                    token_rewards = _at_last_token(scores, mask)  # the outcome reward sits on the last token
+
+                with torch.no_grad():
+                    with timer("old_log_prob", timings):
+                        old_logp, entropy = log_probs(models.actor, batch, temperature, with_entropy=True)
+                    with timer("ref", timings):
+                        ref_logp, _ = log_probs(models.ref, batch, temperature)
+                    if models.critic is not None:
+                        with timer("values", timings):
+                            old_values = values(models.critic, batch)
+
+                with timer("adv", timings):
+                    if models.critic is not None:
+                        advantages, returns = algos.gae_advantages(token_rewards, old_values, mask,
+                                                                   cfg.algorithm.gamma, cfg.algorithm.lam)
+                    else:
+                        advantages = algos.grpo_advantages(scores, n, mask, cfg.algorithm.norm_adv_by_std_in_grpo)
+                        returns = advantages
+
+                if models.critic is not None:
+                    with timer("update_critic", timings):
+                        set_lr(models.critic_optim, cfg.critic.optim, step)
+                        metrics.update(update_critic(models.critic, models.critic_optim, batch, old_values, returns,
+                                                     cfg.critic, arr.actor.grad_clip, rows_per_minibatch))
+                with timer("update_actor", timings):
+                    set_lr(models.actor_optim, arr.actor.optim, step)
+                    metrics.update(update_actor(models.actor, models.actor_optim, batch, old_logp, ref_logp,
+                                                advantages, arr.actor, temperature, rows_per_minibatch))
+                with timer("update_weights", timings):
+                    engine.sync_weights()
+
+                rows = []
+                if _due(step, t.test_freq, t.total_steps):
+                    with timer("testing", timings):
+                        val_metrics, rows = validate(engine, task, arr.rollout, t.log_val_generations)
+                    metrics.update(val_metrics)
+                    result.val_acc[step] = val_metrics[f"val-core/{task.name}/acc/mean@1"]
+                if _due(step, t.save_freq, t.total_steps):
+                    with timer("save_checkpoint", timings):
+                        save_checkpoint(t.default_local_dir, step, models.state_dict(task))
+
+            # -- log on rank 0, as verl does --
+            metrics["actor/entropy_old"] = float(algos.masked_mean(entropy, mask))
+            metrics.update(data_metrics(batch, scores, token_rewards, advantages, returns,
+                                        old_values if models.critic is not None else None, max_prompt, max_response))
+            metrics.update(_rollout_metrics(rollout.logprobs, old_logp, mask, scores, n))
+            metrics.update(timing_metrics(timings, batch))
+            metrics.update(throughput_metrics(timings, batch, device))
+            metrics.update({"training/global_step": step, "training/epoch": 0})
+            before = time.perf_counter()
+            tracking.log(metrics, step=step)
+            log_us = (time.perf_counter() - before) * 1e6
+            tracking.log_histogram("critic/score_dist", scores.cpu().numpy(), step)
+            tracking.log_trajectories(_trajectories(problems, texts, rollout, scores, advantages, n, t.log_rollouts), step)
+            if rows:
+                val_logger.log(t.logger, rows, step)
+            result.scores[step] = float(scores.mean())
+            progress.update(step, result.scores[step], timings["step"], log_us,
+                            f"val acc {result.val_acc[step]:.3f}" if step in result.val_acc else "")
+        progress.close()
+    result.report = tracking.finish()
+    return result
+
+
+# -- helpers, each one job -----------------------------------------------------------------------
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu")
+    return torch.device(name)
+
+
+def _checkpoint_to_resume(t: TrainerConfig) -> str | None:
+    if t.resume_from_path:
+        if latest_checkpoint(t.resume_from_path) is None and not os.path.exists(t.resume_from_path):
+            raise ConfigError(f"trainer.resume_from_path: nothing at {t.resume_from_path}")
+        return latest_checkpoint(t.resume_from_path) or t.resume_from_path
+    if not t.resume:
+        return None
+    found = latest_checkpoint(t.default_local_dir)
+    if found is None:
+        log.info("trainer.resume=true but no checkpoint in %s: starting fresh", t.default_local_dir)
+    return found
+
+
+def _due(step: int, every: int, last: int) -> bool:
+    return every > 0 and (step % every == 0 or step == last)
+
+
+def _at_last_token(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    rewards = torch.zeros_like(mask)
+    last = (mask.sum(-1).long() - 1).clamp(min=0)
+    rewards[torch.arange(len(scores)), last] = scores
+    return rewards
+
+
+def _rollout_metrics(rollout_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, scores: torch.Tensor,
+                     n: int) -> dict[str, float]:
+    """Engine-vs-trainer probability mismatch (verl's rollout_probs_diff), exact matches, flat groups."""
+    diff = (rollout_logp.exp() - old_logp.exp()).abs()[mask.bool()]
+    groups = scores.view(-1, n)
+    return {"training/rollout_probs_diff_max": float(diff.max()), "training/rollout_probs_diff_mean": float(diff.mean()),
+            "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0,
+            "critic/score/exact_match": float((scores == 1.0).float().mean()),
+            "critic/score/flat_group_ratio": float((groups.max(-1).values == groups.min(-1).values).float().mean())}
+
+
+def _trajectories(problems, texts, rollout, scores, advantages, n: int, count: int) -> list[dict]:
+    """``count`` rollouts, evenly spaced over the batch, as the pipeline's trajectory dicts."""
+    total = len(texts)
+    picks = sorted({round(i * (total - 1) / max(count - 1, 1)) for i in range(count)}) if count else []
+    out = []
+    for i in picks:
+        ids = torch.cat([rollout.prompts[i][rollout.prompt_valid[i]], rollout.responses[i][rollout.response_mask[i].bool()]])
+        out.append({"messages": [{"role": "user", "content": problems[i // n].prompt},
+                                 {"role": "assistant", "content": texts[i]}],
+                    "rewards": {"score": float(scores[i])},
+                    "meta": {"sample_index": i // n, "rollout_index": i % n, "answer": problems[i // n].answer,
+                             "advantage": float(advantages[i].sum() / max(float(rollout.response_mask[i].sum()), 1.0))},
+                    "token_ids": ids.cpu().numpy().astype(np.int32)})
+    return out
+
+
+USAGE = __doc__.split("\n\n", 2)[2]
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if "-h" in argv or "--help" in argv:
+        print(USAGE)
+        return 0
+    flags = [a for a in argv if a.startswith("-")]
+    if set(flags) - {"--print-config"}:
+        print(f"unknown option(s) {' '.join(sorted(set(flags) - {'--print-config'}))}\n{USAGE}", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config([a for a in argv if not a.startswith("-")])
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    if "--print-config" in flags or cfg.trainer.print_config:
+        print(to_yaml(cfg), end="")
+        return 0
+    offline_environment(cfg.trainer.project_name, cfg.trainer.experiment_name)
+    try:
+        result = fit(cfg)
+    except (RolloutUnavailable, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(_score_summary(result, cfg.trainer))
+    print(where_summary(result.report))
+    return 0 if result.report.complete else 1
+
+
+def _score_summary(result: FitResult, t: TrainerConfig) -> str:
+    """Mean training score over the first and the last sixth of the steps run, and where checkpoints went."""
+    steps = sorted(result.scores)
+    if not steps:
+        return "no training steps were run"
+    k = max(1, len(steps) // 6)
+    first, last = (sum(result.scores[s] for s in part) / len(part) for part in (steps[:k], steps[-k:]))
+    line = (f"mean score {first:.3f} over steps {steps[0]}-{steps[k - 1]}, {last:.3f} over steps "
+            f"{steps[-k]}-{steps[-1]}")
+    if t.save_freq > 0:
+        line += f"; checkpoints in {os.path.abspath(t.default_local_dir)} (continue with trainer.resume=true)"
+    return line
