@@ -58,6 +58,16 @@ def verl_metrics(step: int, keys: int = 100) -> dict:
     return out
 
 
+def log_verl_steps(tracking, steps: int) -> dict[int, dict[str, float]]:
+    """Log ``steps`` verl-shaped dicts; return what was logged, as floats, for comparing with what arrived."""
+    logged = {}
+    for step in range(steps):
+        data = verl_metrics(step)
+        logged[step] = {k: float(v) for k, v in data.items()}
+        tracking.log(data, step=step)
+    return logged
+
+
 def same_value(a: float, b: float) -> bool:
     """Equality that treats NaN as equal to NaN (and tolerates float32 storage when asked)."""
     if a != a and b != b:

@@ -15,7 +15,7 @@ import pytest
 import ray
 
 from pipeline import Tracking
-from tests.conftest import same_value, verl_metrics
+from tests.conftest import log_verl_steps, same_value
 from tests.readers.tensorboard_reader import read_tensorboard_dir
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -38,12 +38,8 @@ def _user_values(values: dict) -> dict:
 
 def test_every_record_arrives_once_in_order(offline_trackers):
     """300 steps x ~100 keys reach the memory and file lanes exactly, in order, NaN included."""
-    logged = {}
     with Tracking("proj", "exp", ["memory", "file"], config=_config()) as tracking:
-        for step in range(300):
-            data = verl_metrics(step)
-            logged[step] = {k: float(v) for k, v in data.items()}
-            tracking.log(data, step=step)
+        logged = log_verl_steps(tracking, 300)
     report = tracking.finish()
     assert report.complete, report.summary()
     memory = {}

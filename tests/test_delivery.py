@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pipeline import Tracking
-from tests.conftest import same_value, verl_metrics
+from tests.conftest import log_verl_steps, same_value
 from tests.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 from tests.readers.swanlab_reader import read_swanlab_run
 from tests.readers.tensorboard_reader import read_tensorboard_dir
@@ -34,11 +34,7 @@ def _run(mode_async: bool, exit_code: int) -> tuple[Tracking, dict[int, dict[str
               "data": {"train_files": ["a.parquet", "b.parquet"]}}
     project = f"delivery-{uuid.uuid4().hex[:8]}"
     tracking = Tracking(project, "exp", BACKENDS, config=config)
-    logged = {}
-    for step in range(STEPS):
-        data = verl_metrics(step)
-        logged[step] = {k: float(v) for k, v in data.items()}
-        tracking.log(data, step=step)
+    logged = log_verl_steps(tracking, STEPS)
     report = tracking.finish(exit_code=exit_code, timeout=120)
     return tracking, logged, report
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from pipeline import Tracking
-from tests.conftest import same_value, verl_metrics
+from tests.conftest import log_verl_steps, same_value
 
 
 def test_console_prints_verl_lines(capsys):
@@ -18,11 +18,7 @@ def test_console_prints_verl_lines(capsys):
 def test_every_value_arrives(offline_trackers):
     """300 steps x ~100 keys arrive in the memory and file sinks exactly as logged."""
     tracking = Tracking("p", "e", ["memory", "file"], config={"trainer": {"log_async": False}})
-    logged = {}
-    for step in range(300):
-        data = verl_metrics(step)
-        logged[step] = {k: float(v) for k, v in data.items()}
-        tracking.log(data, step=step)
+    logged = log_verl_steps(tracking, 300)
     report = tracking.finish()
     assert report.complete, report.summary()
     memory = {r.step: r.values for r in report.lanes["memory"].records()}
