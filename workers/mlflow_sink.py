@@ -43,6 +43,7 @@ from urllib.parse import urlparse
 from pipeline.errors import SinkError
 from pipeline.params import flatten_params
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
+from workers.media import HISTOGRAM_BINS
 from workers.sink import Sink, import_sdk
 
 log = logging.getLogger("tracklane")
@@ -52,7 +53,6 @@ MAX_PARAMS_PER_REQUEST = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATC
 MAX_METRICS_PER_REQUEST = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
 MAX_PARAM_VALUE_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (mlflow 3.x)
 MAX_KEY_LENGTH = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
-HISTOGRAM_BINS = 30
 
 # verl's rules (verl/utils/tracking.py, _MlflowLoggingAdapter): MLflow accepts only slashes,
 # alphanumerics, underscores, periods, dashes, colons and spaces, and treats "//" as a path.
@@ -106,8 +106,6 @@ class MlflowSink(Sink):
         self.params_truncated = 0
         """How many param values were cut to MLflow's length limit."""
         self._client: Any = None
-        self.artifacts_missing = 0
-        """Artifact records whose path did not exist when the lane reached them (skipped)."""
         self._keys: dict[str, str] = {}  # metric name -> sanitised name, warned once each
         self._closed = False
 
@@ -234,12 +232,8 @@ class MlflowSink(Sink):
                 folder = f"{_path_part(record.type)}/{_path_part(record.name)}"
                 if os.path.isdir(record.path):
                     self._client.log_artifacts(self.run_id, record.path, artifact_path=folder)
-                elif os.path.isfile(record.path):
+                else:
                     self._client.log_artifact(self.run_id, record.path, artifact_path=folder)
-                else:  # retrying cannot help: skip it rather than fail the batch around it
-                    self.artifacts_missing += 1
-                    log.warning("mlflow: artifact %r (%s) not found at %s; skipped (counted)",
-                                record.name, record.type, record.path)
 
     def _log_json(self, content: Any, kind: str, name: str, step: int) -> None:
         text = json.dumps(_strict_json(content), ensure_ascii=False, allow_nan=False)

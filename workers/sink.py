@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import os
 from typing import Any, ClassVar, Mapping, Sequence
 
 from pipeline.errors import ConfigError, MissingExtraError
@@ -65,6 +66,8 @@ class Sink:
         self.settings = dict(settings)
         self.unsupported: dict[str, int] = {}
         """Records of kinds this tracker cannot store, by kind."""
+        self.artifacts_missing = 0
+        """Artifact records whose path did not exist when the sink reached them (skipped)."""
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
@@ -80,11 +83,27 @@ class Sink:
     def _write_kind(self, kind: str, records: Sequence[Record]) -> None:
         handler = getattr(self, f"write_{kind}", None)
         if handler is not None:
-            handler(records)
+            if kind == "artifact":
+                records = self._existing_files(records)
+            if records:
+                handler(records)
             return
         self.unsupported[kind] = self.unsupported.get(kind, 0) + len(records)
         if self.unsupported[kind] == len(records):
             log.warning("tracklane: the %s backend does not store %s records; skipping them (counted)", self.name, kind)
+
+    def _existing_files(self, records: Sequence[Record]) -> list[Record]:
+        """Artifacts whose file is gone are skipped and counted: retrying cannot help, and failing
+        the write would fail the whole batch around them."""
+        kept = []
+        for record in records:
+            if os.path.exists(record.path):
+                kept.append(record)
+                continue
+            self.artifacts_missing += 1
+            log.warning("tracklane: %s: artifact %r (%s) not found at %s; skipped (counted)",
+                        self.name, record.name, record.type, record.path)
+        return kept
 
     def flush(self) -> None:
         pass

@@ -75,8 +75,6 @@ class SwanlabSink(Sink):
         self._api_key: str | None = self.settings.pop("api_key", None)
         self._run: Any = None  # swanlab Run, None until open() and after close()
         self._where = f"swanlab: {self.settings.get('mode')} run (not started)"
-        self.artifacts_missing = 0
-        """Artifact records whose path did not exist when the lane reached them (skipped)."""
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         swanlab = import_sdk(type(self))
@@ -154,11 +152,6 @@ class SwanlabSink(Sink):
         self._live(records)
         files = Path(self._run.dir) / "files" if self._run.mode != "disabled" else None
         for record in records:
-            if not os.path.exists(record.path):  # retrying cannot help: skip it, not the batch around it
-                self.artifacts_missing += 1
-                log.warning("swanlab: artifact %r (%s) not found at %s; skipped (counted)",
-                            record.name, record.type, record.path)
-                continue
             if files is None:
                 continue
             folder = files / "artifacts" / safe_name(record.type) / safe_name(record.name) / f"step_{record.step}"

@@ -31,13 +31,13 @@ from typing import Any, Mapping, Sequence
 
 from pipeline.params import flatten_params
 from pipeline.records import Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
+from workers.media import HISTOGRAM_BINS
 from workers.sink import Sink, import_sdk
 
 PARAMS_TAG = "hyperparameters"
 FLUSH_SECS = 10  # the writer thread's own flush period; write() and flush() force one
 MAX_QUEUED_EVENTS = 100  # events (steps) queued for the writer thread before add_event blocks
 TEXT_SUFFIX = "/text_summary"  # torch's SummaryWriter.add_text appends it to every text tag
-HISTOGRAM_BINS = 30
 GENERATION_COLUMNS = ("sample", "input", "output", "score")
 TRAJECTORY_COLUMNS = ("trajectory", "score", "rewards", "meta", "messages", "tool_calls", "token_ids")
 # PNG colour type (IHDR byte 25) -> Summary.Image colorspace: 1 grey, 2 grey+alpha, 3 RGB, 4 RGBA

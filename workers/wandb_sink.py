@@ -64,8 +64,6 @@ class WandbSink(Sink):
         self._released: dict[str, int] = {}  # key -> rows of that table already logged and released
         self.histogram_nonfinite = 0
         """NaN and +-Inf histogram values left out (wandb.Histogram needs finite values)."""
-        self.artifacts_missing = 0
-        """Artifact records whose path did not exist when the lane reached them (skipped)."""
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         wandb = import_sdk(type(self))
@@ -135,11 +133,6 @@ class WandbSink(Sink):
     def write_artifact(self, records: Sequence[Artifact]) -> None:
         wandb = import_sdk(type(self))
         for record in records:
-            if not os.path.exists(record.path):  # retrying cannot help: skip it, not the batch around it
-                self.artifacts_missing += 1
-                log.warning("wandb: artifact %r (%s) not found at %s; skipped (counted)",
-                            record.name, record.type, record.path)
-                continue
             artifact = wandb.Artifact(_artifact_name(record.name), type=_artifact_name(record.type),
                                       metadata={"step": record.step, "source": record.path})
             if os.path.isdir(record.path):
