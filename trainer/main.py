@@ -46,6 +46,8 @@ class FitResult:
     """Step -> mean training score."""
     val_acc: dict[int, float] = field(default_factory=dict)
     """Step -> exact-match accuracy on the validation set."""
+    step_s: dict[int, float] = field(default_factory=dict)
+    """Step -> wall seconds of the step, logging calls included (what the benchmarks compare)."""
     first_step: int = 1
     report: PipelineReport | None = None
 
@@ -86,6 +88,7 @@ def fit(cfg: Config) -> FitResult:
         for step in range(start_step + 1, t.total_steps + 1):
             metrics: dict[str, float] = {}
             timings: dict[str, float] = {}
+            step_started = time.perf_counter()
             with timer("step", timings):
                 problems = task.sample(cfg.data.train_batch_size)
                 with timer("gen", timings):
@@ -154,6 +157,7 @@ def fit(cfg: Config) -> FitResult:
             if rows:
                 val_logger.log(t.logger, rows, step)
             result.scores[step] = float(scores.mean())
+            result.step_s[step] = time.perf_counter() - step_started
             progress.update(step, result.scores[step], timings["step"], log_us,
                             f"val acc {result.val_acc[step]:.3f}" if step in result.val_acc else "")
         progress.close()
