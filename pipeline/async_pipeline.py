@@ -30,8 +30,11 @@ class AsyncPipeline:
 
         if not ray.is_initialized():
             ray.init(**{"num_cpus": 1, "include_dashboard": False, "log_to_driver": True, **cfg.ray_init})
-        state_dir = cfg.state_dir or os.path.join(tempfile.gettempdir(), "tracklane", run.run_id)
-        os.makedirs(state_dir, exist_ok=True)
+        # One folder per pipeline, not per run id: a resumed run reuses its id, and must not
+        # mistake the acknowledgements of the process it continues for its own.
+        parent = cfg.state_dir or os.path.join(tempfile.gettempdir(), "tracklane")
+        os.makedirs(parent, exist_ok=True)
+        state_dir = tempfile.mkdtemp(prefix=f"{run.run_id}-", dir=parent)
         options = {
             "num_cpus": 0,  # lane actors only do I/O
             "max_restarts": cfg.max_restarts,
@@ -53,6 +56,10 @@ class AsyncPipeline:
         self._shipper = Shipper(cfg, limits, self.buffer, self.lanes)
         self._shipper.start()
         self.put = self.buffer.put  # log()'s one call into the pipeline
+
+    @property
+    def health(self) -> dict[str, float | int]:
+        return self._shipper.health
 
     def drop_late(self) -> None:
         self._shipper.late_drops += 1

@@ -170,4 +170,7 @@ class RunSpec:
     params: dict[str, Any] = field(default_factory=dict)
     """The run's config as nested plain values, secrets already redacted."""
     run_id: str = ""
-    """A stable id for this run, shared by all sinks (wandb run id, state folder name)."""
+    """A stable id for this run, shared by all sinks (wandb and SwanLab run id, MLflow tag ``tracklane.run_id``)."""
+    resume: bool = False
+    """This process continues an earlier run with the same ``run_id`` (training resumed from a
+    checkpoint): each sink appends to that run where its tracker allows it."""

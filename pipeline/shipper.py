@@ -58,6 +58,8 @@ class Shipper:
         self._closing = False  # set once trackers are being closed: nothing more is shipped
         self._last_step = 0
         self.late_drops = 0  # records logged after finish()
+        self.health: dict[str, float | int] = {}
+        """The latest ``tracklane/*`` figures, replaced whole at each batch (a reader never sees half)."""
         self._thread = threading.Thread(target=self._run, name="tracklane-shipper", daemon=True)
 
     def start(self) -> None:
@@ -133,8 +135,10 @@ class Shipper:
             if record is not None:
                 records.append(record)
                 self._last_step = record.step
-        if records and self._cfg.health_metrics:
-            records.append(Metrics(step=self._last_step, values=self._health(), time=time.time()))
+        if records:
+            self.health = self._health()
+            if self._cfg.health_metrics:
+                records.append(Metrics(step=self._last_step, values=dict(self.health), time=time.time()))
         return records
 
     def _health(self) -> dict[str, float | int]:

@@ -21,6 +21,7 @@ log = logging.getLogger("tracklane")
 class SyncFanout:
     def __init__(self, sinks: dict[str, Any], limits: RecordLimits) -> None:
         self._sinks = sinks
+        self.health: dict[str, float | int] = {}  # nothing queues on this path: no lag, no queue
         self._reports = {name: LaneReport(name=name) for name in sinks}
         self._open: set[str] = set()
         self._converter = Converter(limits)

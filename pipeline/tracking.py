@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import secrets
 import sys
 import time
@@ -21,6 +22,7 @@ from workers.sink import BACKENDS
 
 from .backends import backend_names, resolve_backends
 from .config import async_log_config, trainer_section
+from .errors import ConfigError
 from .params import plain_config
 from .records import RunSpec
 from .report import PipelineReport
@@ -38,13 +40,18 @@ class Tracking:
     supported_backend = list(BACKENDS)
 
     def __init__(self, project_name: str, experiment_name: str, default_backend: str | list[str] = "console",
-                 config: Any = None) -> None:
+                 config: Any = None, run_id: str | None = None, resume: bool = False) -> None:
+        """``run_id`` names the run in every tracker (random when None; keep ``tracking.run_id`` in your
+        checkpoint). ``resume=True`` with that id continues the earlier run: wandb and SwanLab resume the
+        id, MLflow reopens the run tagged with it, the file logger appends."""
         trainer = trainer_section(config)
         self.log_async = bool(trainer.get("log_async", False))
         self._cfg = async_log_config(trainer.get("async_log"))  # checked even when unused
         limits = record_limits(trainer.get("record_limits"))
+        if resume and not run_id:
+            raise ConfigError("Tracking(resume=True) needs the run_id of the run to continue")
         self.run = RunSpec(project=project_name, experiment=experiment_name, params=plain_config(config),
-                           run_id=secrets.token_hex(6))
+                           run_id=_checked_run_id(run_id) if run_id else secrets.token_hex(6), resume=resume)
         backends = resolve_backends(backend_names(default_backend), self.run, os.environ, trainer)
         self.backends = list(backends)
         if self.log_async:
@@ -61,6 +68,11 @@ class Tracking:
         self._warned_late = False
         self._rejected = 0  # log*() calls whose data could not even be copied
         _finish_at_exit(self)
+
+    @property
+    def run_id(self) -> str:
+        """The id every tracker knows this run by; pass it back with ``resume=True`` to continue the run."""
+        return self.run.run_id
 
     def log(self, data: dict, step: int, backend: str | list[str] | None = None) -> None:
         """Hand over the metrics of one step. In async mode this is a shallow copy and an append."""
@@ -133,6 +145,11 @@ class Tracking:
         log.warning("tracklane: %s() could not take %s; skipped and counted", call, type(data).__name__,
                     exc_info=True)
 
+    def health(self) -> dict[str, float | int]:
+        """The pipeline's latest ``tracklane/*`` figures (lag, queue bytes, drops), as of the last batch
+        shipped; cheap enough for a progress bar. Empty on the synchronous path."""
+        return self._pipe.health
+
     def flush(self, timeout: float = 30.0) -> PipelineReport:
         """Wait (up to ``timeout``) until every tracker acknowledged what was logged so far."""
         if self._report is not None:
@@ -169,6 +186,13 @@ class Tracking:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.finish(exit_code=0 if exc_type is None else 1)
+
+
+def _checked_run_id(run_id: str) -> str:
+    # The strictest of the trackers' id rules (wandb refuses "/", SwanLab wants short plain ids).
+    if not isinstance(run_id, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run_id):
+        raise ConfigError(f"run_id must be 1-64 letters, digits, '_' or '-', got {run_id!r}")
+    return run_id
 
 
 def _trajectory_size(item: Any) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from pipeline import Tracking
+import pytest
+
+from pipeline import ConfigError, Tracking
 from tests.conftest import log_verl_steps, same_value
 
 
@@ -69,3 +71,30 @@ def test_bad_input_never_raises(offline_trackers, caplog):
     report = tracking.finish()
     assert [(r.step, r.values) for r in report.lanes["memory"].records()] == [(2, {"x": 2.0})]
     assert report.skipped_values == 2 and report.rejected_records == 1 and report.dropped_records == 1
+
+
+def test_resume_continues_the_run_by_id(offline_trackers):
+    """resume=True with the first run's id appends to its file log and reopens its MLflow run."""
+    from tests.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+
+    config = {"trainer": {"log_async": False}}
+    first = Tracking("p", "e", ["file", "mlflow"], config=config)
+    first.log({"x": 1.0}, step=1)
+    first.finish()
+    second = Tracking("p", "e", ["file", "mlflow"], config=config, run_id=first.run_id, resume=True)
+    second.log({"x": 2.0}, step=2)
+    second.finish()
+    assert second.run_id == first.run_id and second.health() == {}
+    lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
+    assert [line["step"] for line in lines] == [None, 1, None, 2] and lines[2]["resumed"] is True
+    (run_id,) = find_mlflow_run_ids(offline_trackers["mlflow_uri"], "p", "e")
+    run = read_mlflow_run(offline_trackers["mlflow_uri"], run_id)
+    assert sorted(step for step, key, _ in run.points if key == "x") == [1, 2] and run.status == "FINISHED"
+
+
+def test_resume_needs_a_valid_run_id():
+    """A resume without an id, or an id a tracker would refuse, is a clear error before anything opens."""
+    with pytest.raises(ConfigError, match="needs the run_id"):
+        Tracking("p", "e", "console", resume=True)
+    with pytest.raises(ConfigError, match="run_id must be 1-64 letters"):
+        Tracking("p", "e", "console", run_id="team/run 1")

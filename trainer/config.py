@@ -212,6 +212,8 @@ class TrainerConfig:
     resume: bool = False
     """Resume from the latest checkpoint in default_local_dir (or resume_from_path)."""
     resume_from_path: Optional[str] = None
+    n_gpus_per_node: int = 8
+    """Data-parallel ranks the batch is balanced over in verl; here only the global_seqlen/* figures use it."""
     seed: int = 1
     device: str = "auto"
     """"auto" (cuda when available), "cpu" or "cuda"."""
@@ -221,6 +223,7 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         _check(self.total_steps > 0, "trainer.total_steps", "must be > 0", self.total_steps)
+        _check(self.n_gpus_per_node > 0, "trainer.n_gpus_per_node", "must be > 0", self.n_gpus_per_node)
         _check(self.device in DEVICES, "trainer.device", f"must be one of {', '.join(DEVICES)}", self.device)
         _check(self.log_val_generations >= 0 and self.log_rollouts >= 0, "trainer.log_val_generations/log_rollouts",
                "must be >= 0", (self.log_val_generations, self.log_rollouts))

@@ -27,7 +27,8 @@ from .batch import Batch, log_probs, values
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, TrainerConfig, load_config, to_yaml
 from .environment import offline_environment, where_summary
-from .metrics import data_metrics, throughput_metrics, timer, timing_metrics
+from .metrics import data_metrics, seqlen_balance_metrics, throughput_metrics, timer, timing_metrics
+from .mismatch import mismatch_metrics
 from .model import GPT
 from .progress import Progress
 from .rollout import RolloutUnavailable, make_engine
@@ -67,16 +68,18 @@ def fit(cfg: Config) -> FitResult:
     if checkpoint is None:
         warm_up(actor, task, arr.warmup, device)
     models = Models.build(cfg, task, device, actor)
-    start_step = 0
+    start_step, run_id = 0, None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, device)
         models.load_state_dict(state, task)
-        start_step = state["step"]
+        start_step, run_id = state["step"], state.get("tracking_run_id")
         log.info("resumed from %s at step %d", checkpoint, start_step)
     engine.sync_weights()
     rows_per_minibatch = arr.actor.ppo_mini_batch_size * n
 
-    tracking = Tracking(t.project_name, t.experiment_name, list(t.logger), config=cfg.to_dict())
+    # A resumed run continues the tracker runs its checkpoint names (older checkpoints name none).
+    tracking = Tracking(t.project_name, t.experiment_name, list(t.logger), config=cfg.to_dict(),
+                        run_id=run_id, resume=run_id is not None)
     val_logger = ValidationGenerationsLogger(t.project_name, t.experiment_name)
     progress = Progress(t.total_steps, t.progress)
     result = FitResult(first_step=start_step + 1)
@@ -139,13 +142,16 @@ def fit(cfg: Config) -> FitResult:
                     result.val_acc[step] = val_metrics[f"val-core/{task.name}/acc/mean@1"]
                 if _due(step, t.save_freq, t.total_steps):
                     with timer("save_checkpoint", timings):
-                        save_checkpoint(t.default_local_dir, step, models.state_dict(task))
+                        save_checkpoint(t.default_local_dir, step,
+                                        {**models.state_dict(task), "tracking_run_id": tracking.run_id})
 
             # -- log on rank 0, as verl does --
             metrics["actor/entropy_old"] = float(algos.masked_mean(entropy, mask))
             metrics.update(data_metrics(batch, scores, token_rewards, advantages, returns,
                                         old_values if models.critic is not None else None, max_prompt, max_response))
-            metrics.update(_rollout_metrics(rollout.logprobs, old_logp, mask, scores, n))
+            metrics.update(mismatch_metrics(rollout.logprobs, old_logp, mask))
+            metrics.update(_score_shape(scores, n))
+            metrics.update(seqlen_balance_metrics(batch, t.n_gpus_per_node))
             metrics.update(timing_metrics(timings, batch))
             metrics.update(throughput_metrics(timings, batch, device))
             metrics.update({"training/global_step": step, "training/epoch": 0})
@@ -158,7 +164,7 @@ def fit(cfg: Config) -> FitResult:
                 val_logger.log(t.logger, rows, step)
             result.scores[step] = float(scores.mean())
             result.step_s[step] = time.perf_counter() - step_started
-            progress.update(step, result.scores[step], timings["step"], log_us,
+            progress.update(step, result.scores[step], timings["step"], log_us, tracking.health(),
                             f"val acc {result.val_acc[step]:.3f}" if step in result.val_acc else "")
         progress.close()
     result.report = tracking.finish()
@@ -198,14 +204,10 @@ def _at_last_token(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return rewards
 
 
-def _rollout_metrics(rollout_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, scores: torch.Tensor,
-                     n: int) -> dict[str, float]:
-    """Engine-vs-trainer probability mismatch (verl's rollout_probs_diff), exact matches, flat groups."""
-    diff = (rollout_logp.exp() - old_logp.exp()).abs()[mask.bool()]
+def _score_shape(scores: torch.Tensor, n: int) -> dict[str, float]:
+    """Exact matches, and groups whose samples all scored alike (GRPO learns nothing from those)."""
     groups = scores.view(-1, n)
-    return {"training/rollout_probs_diff_max": float(diff.max()), "training/rollout_probs_diff_mean": float(diff.mean()),
-            "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0,
-            "critic/score/exact_match": float((scores == 1.0).float().mean()),
+    return {"critic/score/exact_match": float((scores == 1.0).float().mean()),
             "critic/score/flat_group_ratio": float((groups.max(-1).values == groups.min(-1).values).float().mean())}
 
 

@@ -48,9 +48,37 @@ def data_metrics(batch: Batch, scores: torch.Tensor, token_rewards: torch.Tensor
     prompt_len = batch.key_valid[:, :batch.prompt_width].sum(-1)
     metrics.update(_stats("response_length", response_len))
     metrics["response_length/clip_ratio"] = float((response_len >= max_response).float().mean())
+    # verl separates responses its engine aborted; this engine never aborts one, so both families agree
+    metrics.update(_stats("response_length_non_aborted", response_len))
+    metrics["response_length_non_aborted/clip_ratio"] = metrics["response_length/clip_ratio"]
+    metrics["response/aborted_ratio"] = 0.0
     metrics.update(_stats("prompt_length", prompt_len))
     metrics["prompt_length/clip_ratio"] = float((prompt_len >= max_prompt).float().mean())
     return metrics
+
+
+def seqlen_balance_metrics(batch: Batch, ranks: int) -> dict[str, float]:
+    """verl's ``global_seqlen/*``: tokens per data-parallel rank when the batch is cut in order, against a
+    length-balanced split (what verl's batch balancing achieves) over ``ranks`` ranks."""
+    lengths = (batch.key_valid[:, :batch.prompt_width].sum(-1) + batch.response_mask.sum(-1)).long().tolist()
+    ranks = max(1, min(ranks, len(lengths)))
+    size = len(lengths) // ranks
+    in_order = [sum(lengths[i * size:(i + 1) * size]) for i in range(ranks)]
+    balanced = _balanced_loads(lengths[:size * ranks], ranks, size)
+    return {"global_seqlen/min": min(in_order), "global_seqlen/max": max(in_order),
+            "global_seqlen/minmax_diff": max(in_order) - min(in_order),
+            "global_seqlen/balanced_min": min(balanced), "global_seqlen/balanced_max": max(balanced),
+            "global_seqlen/mean": sum(in_order) / ranks}
+
+
+def _balanced_loads(lengths: list[int], ranks: int, size: int) -> list[int]:
+    """Longest first, each to the least-loaded rank with room: equal counts, near-equal token sums."""
+    loads, counts = [0] * ranks, [0] * ranks
+    for length in sorted(lengths, reverse=True):
+        rank = min((r for r in range(ranks) if counts[r] < size), key=loads.__getitem__)
+        loads[rank] += length
+        counts[rank] += 1
+    return loads
 
 
 def timing_metrics(timings: dict[str, float], batch: Batch) -> dict[str, float]:

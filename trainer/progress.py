@@ -1,4 +1,4 @@
-"""A one-line progress display on stderr: step, mean score, step time, the cost of log() on this thread."""
+"""A one-line progress display on stderr: step, mean score, step time, the logging lag and the cost of log()."""
 
 from __future__ import annotations
 
@@ -11,12 +11,18 @@ class Progress:
         self.total, self.enabled, self.stream = total, enabled, stream
         self.live = enabled and stream.isatty()  # redraw one line on a terminal; plain lines otherwise
 
-    def update(self, step: int, score: float, step_s: float, log_us: float, note: str = "") -> None:
+    def update(self, step: int, score: float, step_s: float, log_us: float, health: dict, note: str = "") -> None:
+        """``health``: ``Tracking.health()``; its lag is how far the slowest tracker is behind log()."""
         if not self.enabled:
             return
         width = len(str(self.total))
+        logging = f"log() {log_us:.0f} us"
+        if "tracklane/lag_s" in health:
+            logging = f"logging lag {health['tracklane/lag_s']:.1f} s, {logging}"
+            if health.get("tracklane/dropped_records"):
+                logging += f", {health['tracklane/dropped_records']} dropped"
         line = (f"step {step:>{width}}/{self.total} | score {score:.3f} | step {step_s:.2f} s | "
-                f"log() {log_us:.0f} us{' | ' + note if note else ''}")
+                f"{logging}{' | ' + note if note else ''}")
         self.stream.write(f"\r\033[K{line}" if self.live else f"{line}\n")
         self.stream.flush()
 

@@ -41,11 +41,11 @@ class FileSink(Sink):
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         path = self.settings["path"]
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        # A fresh run truncates like verl; a restarted actor appends to what it wrote before.
-        self._handle = open(path, "a" if resume is not None else "w", encoding="utf-8")
+        # A fresh run truncates like verl; a restarted actor, or a resumed training run, appends.
+        self._handle = open(path, "a" if resume is not None or self.run.resume else "w", encoding="utf-8")
         if resume is None:
-            header = {"step": None, "data": {}, "project": self.run.project,
-                      "experiment": self.run.experiment, "run_id": self.run.run_id, "config": self.run.params}
+            header = {"step": None, "data": {}, "project": self.run.project, "experiment": self.run.experiment,
+                      "run_id": self.run.run_id, "resumed": self.run.resume, "config": self.run.params}
             self._handle.write(json.dumps(header) + "\n")
             self._handle.flush()
         return {"path": path}

@@ -147,7 +147,8 @@ def opening_bytes(backend: str, run: RunSpec, settings: dict[str, Any], state_di
     """Everything a lane actor needs to start, as msgpack (never pickle)."""
     spec = {
         "backend": backend,
-        "run": {"project": run.project, "experiment": run.experiment, "params": run.params, "run_id": run.run_id},
+        "run": {"project": run.project, "experiment": run.experiment, "params": run.params, "run_id": run.run_id,
+                "resume": run.resume},
         "settings": settings,
         "state_dir": state_dir,
         "sink_retries": retries,

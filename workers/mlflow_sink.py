@@ -115,11 +115,13 @@ class MlflowSink(Sink):
 
         with _translate(f"open an MLflow run at {self.tracking_uri}"):
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            # MLFLOW_RUN_ID (verl's way to attach), else for a resumed run the run tagged with its id
+            attach = self.settings.get("run_id") or (self._tagged_run() if self.run.resume else "")
             if resume:
                 self.run_id = resume["run_id"]
                 self._client.update_run(self.run_id, status="RUNNING")
-            elif self.settings.get("run_id"):
-                self.run_id = self.settings["run_id"]
+            elif attach:
+                self.run_id = attach
                 self._client.update_run(self.run_id, status="RUNNING")
                 self._log_params(existing=self._client.get_run(self.run_id).data.params)
             else:
@@ -129,6 +131,15 @@ class MlflowSink(Sink):
                 self.run_id = created.info.run_id
                 self._log_params(existing={})
         return {"run_id": self.run_id}
+
+    def _tagged_run(self) -> str:
+        """The run of this project tagged with our run id ("" when there is none): what a resumed run continues."""
+        experiment = self._client.get_experiment_by_name(self.run.project)
+        if experiment is None:
+            return ""
+        found = self._client.search_runs([experiment.experiment_id], max_results=1,
+                                         filter_string=f"tags.`tracklane.run_id` = '{self.run.run_id}'")
+        return found[0].info.run_id if found else ""
 
     def _experiment_id(self, name: str) -> str:
         from mlflow.exceptions import MlflowException

@@ -77,10 +77,12 @@ class WandbSink(Sink):
             "settings": wandb.Settings(https_proxy=proxy) if proxy else None,
             "reinit": "create_new",  # several runs may live in one process, one after another
         }
-        if not resume:
-            kwargs.update(id=self.run.run_id or None, config=self.run.params)
-        else:  # an actor restart: same run, hyper-parameters already logged
+        if resume:  # an actor restart: same run, hyper-parameters already logged
             kwargs.update(id=resume["id"], resume="allow")
+        elif self.run.resume:  # training resumed from a checkpoint: continue the run with this id
+            kwargs.update(id=self.run.run_id, resume="allow", config=self.run.params, allow_val_change=True)
+        else:
+            kwargs.update(id=self.run.run_id or None, config=self.run.params)
         try:
             self._run = wandb.init(**kwargs)
         except wandb.Error as exc:
