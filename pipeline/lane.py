@@ -148,6 +148,7 @@ class Lane:
             self.report.error = result["error"]
         if "unsupported" in result:
             self.report.unsupported = dict(result["unsupported"])
+            self.report.artifacts_missing = int(result.get("artifacts_missing", 0))
 
     def _actor_lost(self, exc: Exception) -> None:
         if isinstance(exc, ActorDiedError):  # Ray will not restart it: the lane is dead for good

@@ -29,6 +29,8 @@ class LaneReport:
     """log() -> acknowledgement, over the acknowledged batches (oldest record of each)."""
     unsupported: dict[str, int] = field(default_factory=dict)
     """Records of kinds this tracker cannot store (e.g. artifacts in TensorBoard), by kind."""
+    artifacts_missing: int = 0
+    """Artifacts skipped because their file was gone when the tracker got to them."""
     restarts: int = 0
     """Times the lane's actor died and was re-attached."""
     error: str | None = None
@@ -50,6 +52,8 @@ class LaneReport:
                 f"p99 {self.lag_p99_s * 1e3:.0f} ms")
         if self.unsupported:
             text += ", not storable here: " + ", ".join(f"{n} {kind}" for kind, n in self.unsupported.items())
+        if self.artifacts_missing:
+            text += f", {self.artifacts_missing} artifact(s) skipped: file missing"
         if self.restarts:
             text += f", {self.restarts} restart(s)"
         if self.error:

@@ -64,6 +64,7 @@ class SyncFanout:
     def report(self, started: float) -> PipelineReport:
         for name, sink in self._sinks.items():
             self._reports[name].unsupported = dict(sink.unsupported)
+            self._reports[name].artifacts_missing = sink.artifacts_missing
         return PipelineReport(lanes=dict(self._reports), elapsed_s=time.monotonic() - started,
                               **self._converter.counts())
 

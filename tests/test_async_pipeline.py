@@ -183,3 +183,15 @@ def test_unfinished_tracking_is_finished_at_exit(tmp_path):
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(path)}
     subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=180, cwd=tmp_path)
     assert [line["step"] for line in _file_steps(path)] == list(range(50))
+
+
+def test_missing_artifact_is_counted_in_the_report(offline_trackers, tmp_path):
+    """An artifact whose file is gone before its lane reaches it is skipped, and the report says so."""
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"w" * 10)
+    with Tracking("proj", "exp", ["file"], config=_config(flush_interval_s=5.0)) as tracking:
+        tracking.log_artifact(str(path), name="policy", step=1)
+        path.unlink()  # before the shipper's next batch (5 s away) reaches the actor
+        report = tracking.flush()
+    assert report.lanes["file"].artifacts_missing == 1
+    assert "1 artifact(s) skipped: file missing" in report.lanes["file"].line()

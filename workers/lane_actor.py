@@ -112,6 +112,7 @@ class LaneActor:
             "failed_batches": self._failed_batches,
             "error": self._last_error,
             "unsupported": dict(self._sink.unsupported),
+            "artifacts_missing": self._sink.artifacts_missing,
             **extra,
         }
 
