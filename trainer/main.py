@@ -65,21 +65,27 @@ def fit(cfg: Config) -> FitResult:
 
     # -- start from a checkpoint, or from a short supervised warm-up (RL starts from an SFT model) --
     checkpoint = _checkpoint_to_resume(t)
-    if checkpoint is None:
-        warm_up(actor, task, arr.warmup, device)
-    models = Models.build(cfg, task, device, actor)
-    start_step, run_id = 0, None
-    if checkpoint is not None:
-        state = load_checkpoint(checkpoint, device)
-        models.load_state_dict(state, task)
-        start_step, run_id = state["step"], state.get("tracking_run_id")
-        log.info("resumed from %s at step %d", checkpoint, start_step)
-    engine.sync_weights()
-    rows_per_minibatch = arr.actor.ppo_mini_batch_size * n
-
-    # A resumed run continues the tracker runs its checkpoint names (older checkpoints name none).
+    state = load_checkpoint(checkpoint, device) if checkpoint is not None else None
+    run_id = state.get("tracking_run_id") if state is not None else None
+    # Started before the warm-up, so the tracker actors open while the model warms up; a resumed
+    # run continues the tracker runs its checkpoint names (older checkpoints name none).
     tracking = Tracking(t.project_name, t.experiment_name, list(t.logger), config=cfg.to_dict(),
                         run_id=run_id, resume=run_id is not None)
+    try:
+        if state is None:
+            warm_up(actor, task, arr.warmup, device)
+        models = Models.build(cfg, task, device, actor)
+        start_step = 0
+        if state is not None:
+            models.load_state_dict(state, task)
+            start_step = state["step"]
+            log.info("resumed from %s at step %d", checkpoint, start_step)
+        engine.sync_weights()
+    except BaseException:
+        tracking.finish(exit_code=1)
+        raise
+    rows_per_minibatch = arr.actor.ppo_mini_batch_size * n
+
     val_logger = ValidationGenerationsLogger(t.project_name, t.experiment_name)
     progress = Progress(t.total_steps, t.progress)
     result = FitResult(first_step=start_step + 1)
