@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from typing import Any, Mapping
 
@@ -54,6 +55,9 @@ class AsyncPipeline:
                                     startup_timeout_s=cfg.startup_timeout_s)
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
         self._shipper = Shipper(cfg, limits, self.buffer, self.lanes)
+        self._switch_interval = sys.getswitchinterval()
+        if cfg.gil_switch_interval_s is not None:
+            sys.setswitchinterval(cfg.gil_switch_interval_s)
         self._shipper.start()
         self.put = self.buffer.put  # log()'s one call into the pipeline
 
@@ -68,7 +72,10 @@ class AsyncPipeline:
         return self._shipper.flush(timeout)
 
     def close(self, exit_code: int, timeout: float) -> PipelineReport:
-        return self._shipper.close(exit_code, timeout)
+        try:
+            return self._shipper.close(exit_code, timeout)
+        finally:
+            sys.setswitchinterval(self._switch_interval)
 
 
 def _forwarded_env(env: Mapping[str, str]) -> dict[str, str]:

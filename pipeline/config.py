@@ -45,6 +45,11 @@ class AsyncLogConfig:
     """First backoff between retries of a failed tracker write."""
     max_restarts: int = 5
     """Restarts Ray may give a lane actor that died; unacknowledged batches are re-sent after each."""
+    gil_switch_interval_s: float | None = None
+    """While the pipeline runs, set Python's thread switch interval (``sys.setswitchinterval``; Python's
+    default is 0.005). The shipper holds the GIL while it converts and packs a batch, and a trainer thread
+    waking from a GPU wait can queue for up to one interval behind it; 0.0005 bounds that wait at 0.5 ms.
+    Process-wide, so off unless set; restored at finish()."""
     health_metrics: bool = True
     """Log the pipeline's own figures as ``tracklane/*`` metrics."""
     state_dir: str | None = None
@@ -59,6 +64,11 @@ class AsyncLogConfig:
             _positive(name, getattr(self, name))
         for name in ("flush_interval_s", "block_timeout_s", "finish_timeout_s", "startup_timeout_s", "retry_backoff_s"):
             _positive(name, getattr(self, name), allow_zero=name in ("block_timeout_s", "retry_backoff_s"))
+        if self.gil_switch_interval_s is not None:
+            _positive("gil_switch_interval_s", self.gil_switch_interval_s)
+        if self.gil_switch_interval_s is not None and not 1e-5 <= self.gil_switch_interval_s <= 0.1:
+            raise ConfigError("trainer.async_log.gil_switch_interval_s must be null or in [1e-5, 0.1] seconds, "
+                              f"got {self.gil_switch_interval_s!r}")
         if self.overflow not in OVERFLOW_POLICIES:
             raise ConfigError(f"trainer.async_log.overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.overflow!r}")
         if not 1 <= self.compression_level <= 22:

@@ -195,3 +195,13 @@ def test_missing_artifact_is_counted_in_the_report(offline_trackers, tmp_path):
         report = tracking.flush()
     assert report.lanes["file"].artifacts_missing == 1
     assert "1 artifact(s) skipped: file missing" in report.lanes["file"].line()
+
+
+def test_gil_switch_interval_is_set_while_running_and_restored(offline_trackers):
+    """trainer.async_log.gil_switch_interval_s applies from start to finish(), then Python's value returns."""
+    before = sys.getswitchinterval()
+    tracking = Tracking("proj", "exp", ["file"], config=_config(gil_switch_interval_s=0.0005))
+    assert sys.getswitchinterval() == pytest.approx(0.0005)
+    tracking.log({"x": 1.0}, step=1)
+    assert tracking.finish().complete
+    assert sys.getswitchinterval() == before
