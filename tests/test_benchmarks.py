@@ -1,0 +1,88 @@
+"""Smoke tests: each benchmark's --quick run completes and writes complete output (no timing assertions)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TRACKERS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file"]
+
+
+def _run(name: str, out: Path, mlflow_uri: str) -> dict:
+    env = {**os.environ, "TRACKLANE_TEST_MLFLOW_URI": mlflow_uri}
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--quick", "--out", str(out),
+                           "--mlflow-uri", mlflow_uri], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "wall time" in proc.stdout
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def _assert_pngs(result: dict) -> None:
+    assert result["plots"]
+    for path in result["plots"]:
+        assert Path(path).read_bytes()[:8] == PNG_SIGNATURE, path
+
+
+def test_overhead_quick(tmp_path, mlflow_server_uri):
+    """Every mode, tracker and figure is present, what was logged was read back from every tracker, verl skipped with a reason when absent."""
+    result = _run("overhead", tmp_path, mlflow_server_uri)
+    verl_present = result["verl"]["available"]
+    if importlib.util.find_spec("verl") is None:
+        assert not verl_present and "pip install --no-deps verl" in result["verl"]["reason"]
+    [scenario] = result["scenarios"]
+    assert scenario["trackers"] == TRACKERS and set(scenario["modes"]) == {"none", "sync", "verl", "async"}
+    for mode, figures in scenario["modes"].items():
+        if mode == "verl" and not verl_present:
+            assert "verl" in figures["skipped"]
+            continue
+        for key in ("ratio", "step_ms_p50", "log_us", "logging_us", "finish_s", "trainer_rss_mib", "logged"):
+            assert key in figures, (mode, key)
+        if mode in ("sync", "async"):
+            assert set(figures["delivered"]) == set(TRACKERS)
+            for tracker, got in figures["delivered"].items():
+                assert got == figures["logged"], (mode, tracker, got)
+    async_mode = scenario["modes"]["async"]
+    assert set(async_mode["lag_ms"]) == set(TRACKERS) and set(async_mode["actors_mib"]) == set(TRACKERS)
+    assert async_mode["complete"] is True
+    costs = result["call_cost"]["modes"]
+    for key in ("warm_us", "cold_us", "floor_warm_us", "floor_cold_us"):
+        assert costs["async"][key]["n"] > 0
+    assert set(result["trainer"]["modes"]) == {"none", "sync", "async", "verl"}
+    assert result["trainer"]["modes"]["verl"]["skipped"]
+    assert {t["name"] for t in result["targets"]} >= {"async log() p50, ~2 ms between calls"}
+    _assert_pngs(result)
+
+
+def test_sweep_quick(tmp_path, mlflow_server_uri):
+    """Every grid cell has its figures, both loads and both overflow policies ran, and defaults are recommended."""
+    result = _run("sweep", tmp_path, mlflow_server_uri)
+    grid = result["grid"]
+    cells = {(c["load"], c["overflow"], c["queue_mib"], c["flush_s"]) for c in result["cells"]}
+    for q in grid["queue_mib"]:
+        for f in grid["flush_s"]:
+            assert {("below", "drop_oldest", q, f), ("above", "drop_oldest", q, f), ("above", "block", q, f)} <= cells
+    for c in result["cells"]:
+        for key in ("ratio", "lag_p99_s", "peak_pipeline_mib", "dropped", "finish_s"):
+            assert key in c
+    recommended = result["recommended"]["trainer.async_log"]
+    assert set(recommended) >= {"queue_max_bytes", "flush_interval_s", "overflow"} and result["recommended"]["rule"]
+    _assert_pngs(result)
+
+
+def test_scaling_quick(tmp_path, mlflow_server_uri):
+    """Payload, rate and tracker-count series each have their points and figures."""
+    result = _run("scaling", tmp_path, mlflow_server_uri)
+    assert [p["payload_bytes"] for p in result["payload"]["points"]][0] == 1024
+    assert result["payload"]["points"][-1]["payload_bytes"] == 16 * 2**20
+    assert [p["trackers"] for p in result["trackers"]["points"]] == [1, 6]
+    for series in ("payload", "rate", "trackers"):
+        for point in result[series]["points"]:
+            for key in ("ratio", "call_us_p50", "call_us_p99", "dropped", "saturated"):
+                assert key in point, (series, key)
+    _assert_pngs(result)
