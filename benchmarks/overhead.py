@@ -58,7 +58,8 @@ def plan(quick: bool) -> list[Scenario]:
                     Scenario("gpu500ms", 0.5, "full", everything, 60, rounds=2)]
 
 
-def run_scenario(env: BenchEnv, sc: Scenario, verl_reason: str | None, calls: int = 0) -> dict:
+def run_scenario(env: BenchEnv, sc: Scenario, verl_reason: str | None, calls: int = 0,
+                 async_log: dict | None = None) -> dict:
     """``calls``: also measure bare log() calls (2 ms apart) in each run, after its steps, before finish."""
     workload = WORKLOADS[sc.workload]
     modes = {m: {"runs": []} for m in MODES}
@@ -70,7 +71,8 @@ def run_scenario(env: BenchEnv, sc: Scenario, verl_reason: str | None, calls: in
     for r in range(rounds):
         for name in active[r % len(active):] + active[:r % len(active)]:
             first = 1 + r * (per_round + 3 + calls)
-            modes[name]["runs"].append(_one_run(env, sc, name, workload, per_round, first, calls // rounds))
+            modes[name]["runs"].append(_one_run(env, sc, name, workload, per_round, first, calls // rounds,
+                                                async_log))
     costs = {name: _call_costs(modes[name]["runs"]) for name in active if name != "none"} if calls else {}
     for name in active:
         modes[name] = _summarize(modes[name]["runs"])
@@ -90,11 +92,12 @@ def _call_costs(runs: list[dict]) -> dict:
     return {k: p50_p99(v) for k, v in merged.items()}
 
 
-def _one_run(env: BenchEnv, sc: Scenario, name: str, workload, steps: int, first_step: int, calls: int) -> dict:
+def _one_run(env: BenchEnv, sc: Scenario, name: str, workload, steps: int, first_step: int, calls: int,
+             async_log: dict | None) -> dict:
     place = env.place(f"{sc.kind}-{sc.workload}-{name}")
     trackers = list(sc.trackers)
     with quiet_stdout():
-        mode = make_mode(name, trackers, place, record_limits={"max_trajectories": MAX_TRAJECTORIES})
+        mode = make_mode(name, trackers, place, async_log, record_limits={"max_trajectories": MAX_TRAJECTORIES})
         kept = workload.trajectories if name == "verl" else MAX_TRAJECTORIES
         times = gpu_steps(mode, sc.step_s, workload, steps, first_step, kept)
         costs = _measure_calls(mode, calls, first_step + steps + 3, times.logged) if calls and name != "none" else None
@@ -214,13 +217,20 @@ def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4)
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_args(parser, "overhead")
+    parser.add_argument("--only", metavar="LABEL", help="run only the scenarios whose label contains this "
+                        "(e.g. gpu50ms/full/all), and skip the trainer step kind")
+    parser.add_argument("--async-log", metavar="KEY=VALUE", action="append", default=[],
+                        help="a trainer.async_log setting for tracklane's modes (repeatable), e.g. "
+                             "flush_interval_s=0.1 or gil_switch_interval_s=0.0005")
     args = parser.parse_args(argv)
+    async_log = _settings(args.async_log)
     clock = Clock()
     verl_reason = verl_unavailable()
     if verl_reason:
         print(f"verl mode skipped: {verl_reason}")
-    scenarios = plan(args.quick)
+    scenarios = [sc for sc in plan(args.quick) if args.only is None or args.only in sc.label]
     result: dict = {"benchmark": "overhead", "quick": args.quick, "machine": machine(), "modes": MODES,
+                    "async_log": async_log,
                     "verl": {"available": verl_reason is None, "reason": verl_reason},
                     "max_trajectories": MAX_TRAJECTORIES}
     with BenchEnv(args.mlflow_uri, "overhead") as env:
@@ -228,12 +238,14 @@ def main(argv: list[str]) -> int:
         for sc in scenarios:
             print(f"[{clock.elapsed():6.0f} s] {sc.label}: {sc.steps} steps per mode", flush=True)
             calls = (200 if args.quick else 1000) if sc.label == TARGET_SCENARIO else 0
-            result["scenarios"].append(run_scenario(env, sc, verl_reason, calls))
+            result["scenarios"].append(run_scenario(env, sc, verl_reason, calls, async_log))
             if calls:
                 result["call_cost"] = {"calls": calls, **result["scenarios"][-1]["call_cost"]}
-        print(f"[{clock.elapsed():6.0f} s] the real trainer", flush=True)
-        # quick: two light trackers, so the smoke test stays short; full: all six
-        result["trainer"] = run_trainer(env, 6, ["tensorboard", "file"]) if args.quick else run_trainer(env, 200, ALL_TRACKERS)
+        if args.only is None:
+            print(f"[{clock.elapsed():6.0f} s] the real trainer", flush=True)
+            # quick: two light trackers, so the smoke test stays short; full: all six
+            result["trainer"] = (run_trainer(env, 6, ["tensorboard", "file"]) if args.quick
+                                 else run_trainer(env, 200, ALL_TRACKERS))
     result["targets"] = print_report(result)
     result["plots"] = [str(p) for p in plot_report(result, args.out)]
     result["wall_s"] = clock.elapsed()
@@ -241,6 +253,19 @@ def main(argv: list[str]) -> int:
     print(f"\nwrote {path} and {len(result['plots'])} plots; wall time {result['wall_s']:.0f} s")
     print("regenerate: python -m benchmarks.overhead" + (" --quick" if args.quick else ""))
     return 0
+
+
+def _settings(pairs: list[str]) -> dict:
+    """``KEY=VALUE`` strings as a trainer.async_log mapping, values parsed as YAML (numbers, null, words)."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--async-log takes KEY=VALUE, got {pair!r}")
+        out[key] = yaml.safe_load(value)
+    return out
 
 
 if __name__ == "__main__":

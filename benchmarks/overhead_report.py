@@ -72,7 +72,8 @@ def print_report(result: dict) -> list[dict]:
     print(table(["scenario", "mode", "tracker", "scalars", "trajectories", "generations", "lag ms p50/p99",
                  "actor MiB peak"], detail))
     _print_call_cost(result["call_cost"])
-    _print_trainer(result["trainer"])
+    if "trainer" in result:  # left out by --only
+        _print_trainer(result["trainer"])
     targets = evaluate_targets(result)
     print("\n== Targets ==")
     for t in targets:

@@ -45,8 +45,10 @@ def grid(quick: bool) -> Grid:
 
 def async_log(queue_mib: float, flush_s: float, overflow: str) -> dict:
     queue = int(queue_mib * MiB)
+    # Health metrics off: then every record a lane counts as dropped is one the user logged.
     return {"queue_max_bytes": queue, "lane_max_bytes": queue, "flush_interval_s": flush_s,
-            "max_batch_bytes": min(4 * MiB, queue // 4), "overflow": overflow, "block_timeout_s": 5.0}
+            "max_batch_bytes": min(4 * MiB, queue // 4), "overflow": overflow, "block_timeout_s": 5.0,
+            "health_metrics": False}
 
 
 def produce(log, log_trajectories, period_s: float, seconds: float, sample=None) -> dict:
@@ -108,8 +110,7 @@ def cell(env: BenchEnv, queue_mib: float, flush_s: float, overflow: str, period_
         started = time.perf_counter()
         report = mode.finish()
         finish_s = time.perf_counter() - started
-    # The producer's drops plus the worst lane's (a batch dropped by two lanes is one loss per tracker, not two);
-    # lane counts include the pipeline's own health-metrics records, one a batch.
+    # The producer's drops plus the worst lane's (a batch dropped by two lanes is one loss per tracker, not two).
     dropped = report.dropped_records + max(lane.dropped_records for lane in report.lanes.values())
     logged = run["steps"] * 2  # one metrics record and one trajectories record a step
     return {"queue_mib": queue_mib, "flush_s": flush_s, "overflow": overflow, "steps": run["steps"],
