@@ -45,7 +45,7 @@ class BenchEnv:
     def __enter__(self) -> "BenchEnv":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so __exit__ still stops the server
         if self.mlflow_uri is None:
-            from tests.mlflow_server import start_server
+            from pipeline.testing.mlflow_server import start_server
 
             self._server, self.mlflow_uri = start_server(self.root / "mlflow")
         os.environ.update({
@@ -67,7 +67,7 @@ class BenchEnv:
 
         ray.shutdown()
         if self._server is not None:
-            from tests.mlflow_server import stop_server
+            from pipeline.testing.mlflow_server import stop_server
 
             stop_server(self._server.pid)
 

@@ -61,10 +61,7 @@ class TracklaneMode:
     def actor_pids(self) -> dict[str, int]:
         if not self.tracking.log_async:
             return {}
-        import ray
-
-        return {name: ray.get(lane.actor.ready.remote(), timeout=60)["pid"]
-                for name, lane in self.tracking._pipe.lanes.items()}
+        return {name: lane.pid for name, lane in self.tracking.lanes().items()}  # known: flushed at start
 
     def finish(self) -> Any:
         return self.tracking.finish(timeout=600)

@@ -69,9 +69,11 @@ def produce(log, log_trajectories, period_s: float, seconds: float, sample=None)
 
 
 def _pipeline_bytes(mode: TracklaneMode) -> int:
-    """Bytes held in the pipeline now: the trainer-side buffer plus every lane's unacknowledged batches."""
-    pipe = mode.tracking._pipe
-    return pipe.buffer.nbytes + sum(lane.unacked_bytes for lane in pipe.lanes.values())
+    """Bytes held in the pipeline now: every lane's unacknowledged batches, plus the trainer-side buffer as of
+    the last batch shipped (at most one flush interval old)."""
+    tracking = mode.tracking
+    buffered = int(tracking.health().get("tracklane/queue_bytes", 0))
+    return buffered + sum(lane.unacked_bytes for lane in tracking.lanes().values())
 
 
 def calibrate(env: BenchEnv, steps: int) -> dict:

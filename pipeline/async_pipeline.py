@@ -5,18 +5,18 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from workers.lane_actor import LaneActor, opening_bytes
-from workers.sink import Sink
-
+from .backends import LANE_ACTOR, load
 from .buffer import RecordBuffer
 from .config import AsyncLogConfig
 from .lane import Lane
+from .opening import LaneOpening
 from .params import is_secret_key
 from .records import RunSpec
+from .report import LaneInfo, PipelineReport
 from .rich import RecordLimits
-from .report import PipelineReport
 from .shipper import Shipper
 
 # Tracker SDK settings the actors must see even if Ray started before they were set.
@@ -25,7 +25,7 @@ _FORWARDED_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "SWANLAB_", "TENSORBOARD_", "VER
 
 class AsyncPipeline:
     def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, run: RunSpec,
-                 backends: dict[str, tuple[type[Sink], dict[str, Any]]], env: Mapping[str, str]) -> None:
+                 backends: dict[str, tuple[type, dict[str, Any]]], env: Mapping[str, str]) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -45,16 +45,17 @@ class AsyncPipeline:
             "runtime_env": {"env_vars": _forwarded_env(env)},
             **cfg.actor_options,
         }
-        actor_class = ray.remote(LaneActor)
-        self.lanes: dict[str, Lane] = {}
-        for name, (cls, settings) in backends.items():
-            opening = opening_bytes(name, run, settings, state_dir, cfg.sink_retries, cfg.retry_backoff_s)
-            actor = actor_class.options(**options).remote(name, opening)
-            self.lanes[name] = Lane(name, actor, cfg.lane_max_bytes, cfg.max_inflight_batches,
+        actor_class = ray.remote(load(LANE_ACTOR))
+        self._lanes: dict[str, Lane] = {}
+        for name, (_, settings) in backends.items():
+            opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
+                                  sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s)
+            actor = actor_class.options(**options).remote(name, opening.pack())
+            self._lanes[name] = Lane(name, actor, cfg.lane_max_bytes, cfg.max_inflight_batches,
                                     dead_after_s=max(30.0, cfg.startup_timeout_s / 2),
                                     startup_timeout_s=cfg.startup_timeout_s)
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
-        self._shipper = Shipper(cfg, limits, self.buffer, self.lanes)
+        self._shipper = Shipper(cfg, limits, self.buffer, self._lanes)
         self._switch_interval = sys.getswitchinterval()
         if cfg.gil_switch_interval_s is not None:
             sys.setswitchinterval(cfg.gil_switch_interval_s)
@@ -67,6 +68,10 @@ class AsyncPipeline:
 
     def drop_late(self) -> None:
         self._shipper.late_drops += 1
+
+    def lanes(self) -> dict[str, LaneInfo]:
+        """Each lane's actor as of its latest answer (pid 0 until it answered: ``flush()`` first)."""
+        return {name: lane.info() for name, lane in self._lanes.items()}
 
     def flush(self, timeout: float) -> PipelineReport:
         return self._shipper.flush(timeout)

@@ -1,16 +1,46 @@
-"""The edge: backend names -> sink classes and their settings, read once from the environment."""
+"""The edge: backend names -> sink classes and their settings, read once from the environment.
+
+This registry is the only way ``pipeline/`` reaches ``workers/``: by name, imported where it is
+used, so ``import pipeline`` loads no sink, no tracker SDK and no Ray actor code.
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from workers.sink import BACKENDS, Sink, backend_class, check_installed
-
-from .errors import ConfigError
+from .errors import ConfigError, MissingExtraError
 from .records import RunSpec
 
+if TYPE_CHECKING:
+    from workers.sink import Sink
+
+# backend name -> "module:Class"; a module is imported only when its backend is used.
+BACKENDS: dict[str, str] = {
+    "console": "workers.console_sink:ConsoleSink",
+    "wandb": "workers.wandb_sink:WandbSink",
+    "mlflow": "workers.mlflow_sink:MlflowSink",
+    "swanlab": "workers.swanlab_sink:SwanlabSink",
+    "tensorboard": "workers.tensorboard_sink:TensorboardSink",
+    "file": "workers.file_sink:FileSink",
+}
+# Not in verl's list, but selectable by name: the test double (workers/memory_sink.py).
+EXTRA_SINKS: dict[str, str] = {"memory": "workers.memory_sink:MemorySink"}
+SINK_HOST = "workers.sink_host:SinkHost"
+"""What owns a sink's life on both paths."""
+LANE_ACTOR = "workers.lane_actor:LaneActor"
+"""The Ray actor class that drains one lane into its sink host."""
+
 _ALIASES = {"tracking": "wandb"}  # verl's deprecated name for wandb
+
+
+def load(target: str) -> Any:
+    """The object named ``"module:attribute"`` (imports the module)."""
+    module_name, _, name = target.partition(":")
+    return getattr(importlib.import_module(module_name), name)
 
 
 def backend_names(default_backend: str | list[str] | tuple[str, ...] | None) -> list[str]:
@@ -30,9 +60,24 @@ def backend_names(default_backend: str | list[str] | tuple[str, ...] | None) -> 
     return out
 
 
+def backend_class(name: str) -> type[Sink]:
+    """The sink class registered for ``name`` (imports its module, not its SDK)."""
+    target = BACKENDS.get(name) or EXTRA_SINKS.get(name)
+    if target is None:
+        raise ConfigError(f"unknown backend {name!r}; valid backends are: {', '.join(BACKENDS)}")
+    sink_class: type[Sink] = load(target)
+    return sink_class
+
+
+def check_installed(cls: type[Sink]) -> None:
+    """Raise ``MissingExtraError`` naming the pip extra if the tracker SDK is absent."""
+    if cls.sdk_module and importlib.util.find_spec(cls.sdk_module) is None:
+        raise MissingExtraError(cls.name, cls.sdk_module, cls.extra or cls.name)
+
+
 def resolve_backends(names: list[str], run: RunSpec, env: Mapping[str, str],
                      trainer: Mapping[str, Any]) -> dict[str, tuple[type[Sink], dict[str, Any]]]:
-    """name -> (sink class, settings). Raises ValueError for an unknown name, ImportError for a missing SDK."""
+    """name -> (sink class, settings). Raises ConfigError for an unknown name, MissingExtraError for a missing SDK."""
     classes = {name: backend_class(name) for name in names}  # every name checked before anything starts
     for cls in classes.values():
         check_installed(cls)

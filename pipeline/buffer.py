@@ -7,9 +7,9 @@ caller take the slow path: wake the shipper, or apply the overflow policy
 (``drop_oldest`` evicts the oldest records at once; ``block`` waits up to a deadline for
 the shipper to make room, then evicts). Every eviction is counted.
 
-Items are tuples whose last field is their estimated size and whose third is the
-``time.time()`` of the call. The byte counters assume one producer thread (rank 0's
-trainer); more threads are safe, only the byte bound becomes approximate.
+Items are ``Captured`` tuples (captured.py): their ``size`` is an estimate of their bytes and
+their ``time`` the ``time.time()`` of the call. The byte counters assume one producer thread
+(rank 0's trainer); more threads are safe, only the byte bound becomes approximate.
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ import threading
 import time
 from collections import deque
 
-_SIZE = -1
-_TIME = 2
+from .captured import Captured
 
 
 class RecordBuffer:
     def __init__(self, max_bytes: int, batch_bytes: int, policy: str, block_timeout_s: float) -> None:
-        self._items: deque[tuple] = deque()
+        self._items: deque[Captured] = deque()
         self._produced = 0  # bytes appended, written by the producer only
         self._evicted = 0  # bytes dropped by the producer (under the lock)
         self._consumed = 0  # bytes taken by the shipper (under the lock)
@@ -40,10 +39,10 @@ class RecordBuffer:
         self._room = threading.Condition(self._lock)
         self.dropped = 0
 
-    def put(self, item: tuple) -> None:
+    def put(self, item: Captured) -> None:
         """Append one item; never raises. The caller's hot path: keep it this short."""
         self._items.append(item)
-        self._produced = produced = self._produced + item[_SIZE]
+        self._produced = produced = self._produced + item.size
         if produced >= self._slow_at:
             self._slow_path()
 
@@ -68,18 +67,18 @@ class RecordBuffer:
                 self.ready.notify()
                 self._room.wait(left)
         while self.nbytes > self._max_bytes and len(self._items) > 1:
-            self._evicted += self._items.popleft()[_SIZE]
+            self._evicted += self._items.popleft().size
             self.dropped += 1
 
-    def take(self, max_bytes: int) -> list[tuple]:
+    def take(self, max_bytes: int) -> list[Captured]:
         """Remove and return the oldest items, up to ``max_bytes`` (at least one)."""
         with self._lock:
-            out: list[tuple] = []
+            out: list[Captured] = []
             taken = 0
-            while self._items and (not out or taken + self._items[0][_SIZE] <= max_bytes):
+            while self._items and (not out or taken + self._items[0].size <= max_bytes):
                 item = self._items.popleft()
                 out.append(item)
-                taken += item[_SIZE]
+                taken += item.size
             self._consumed += taken
             self._woken = False
             self._rearm()
@@ -97,7 +96,7 @@ class RecordBuffer:
     def due(self, flush_interval_s: float) -> float:
         """Seconds until the oldest item must be shipped (inf when empty, 0 when overdue or a batch is full)."""
         try:
-            oldest = self._items[0][_TIME]
+            oldest = self._items[0].time
         except IndexError:
             return float("inf")
         if self.nbytes >= self._batch_bytes:

@@ -20,11 +20,12 @@ import msgpack
 import zstandard
 
 from .errors import CodecError
-from .records import (RECORD_TYPES, Artifact, Batch, Generations, Histogram, Image, Metrics, Record, Text,
-                      Trajectories, Trajectory)
+from .histogram import FIELDS as HISTOGRAM_FIELDS
+from .histogram import HistogramFigures
+from .png import PNG_SIGNATURE
+from .records import RECORD_TYPES, Artifact, Batch, Generations, Histogram, Image, Metrics, Record, Text, Trajectories, Trajectory
 
 MAGIC = "TLB"
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 VERSION = 1
 
 
@@ -50,6 +51,8 @@ def _record_to_wire(record: Record) -> list:
     fields = {name: getattr(record, name) for name in record.__slots__}
     if isinstance(record, Trajectories):
         fields["trajectories"] = [{name: getattr(t, name) for name in t.__slots__} for t in record.trajectories]
+    if isinstance(record, Histogram) and record.figures is not None:
+        fields["figures"] = record.figures.to_plain()
     return [record.kind, fields]
 
 
@@ -119,7 +122,8 @@ def _record_from_wire(wire: Any) -> Record:
         _expect(_is_only(only), "metrics 'only' must be nil or a list of backend names")
         return Metrics(step=step, time=float(when), values=values, only=only)
     schema = _SCHEMAS.get(kind)
-    _expect(schema is not None, f"unknown record kind {kind!r}")
+    if schema is None:
+        raise CodecError(f"malformed batch: unknown record kind {kind!r}")
     _expect(len(wire) == 2 and isinstance(wire[1], dict), f"{kind} record must be [kind, fields]")
     fields = wire[1]
     _expect(set(fields) == set(schema), f"{kind} record has fields {sorted(fields)}, expected {sorted(schema)}")
@@ -127,6 +131,8 @@ def _record_from_wire(wire: Any) -> Record:
         _expect(check(fields[name]), f"{kind} field {name!r} is malformed")
     if kind == Trajectories.kind:
         fields["trajectories"] = [Trajectory(**t) for t in fields["trajectories"]]
+    if kind == Histogram.kind and fields["figures"] is not None:
+        fields["figures"] = HistogramFigures(**fields["figures"])
     fields["time"] = float(fields["time"])
     return RECORD_TYPES[kind](**fields)
 
@@ -151,6 +157,15 @@ def _is_sample(row: Any) -> bool:
     return isinstance(row, list) and len(row) == 3 and _is_str(row[0]) and _is_str(row[1]) and _is_number(row[2])
 
 
+def _is_figures(f: Any) -> bool:
+    return f is None or (
+        isinstance(f, dict) and set(f) == set(HISTOGRAM_FIELDS)
+        and all(type(f[name]) is int for name in ("count", "nan", "posinf", "neginf"))
+        and all(_is_number(f[name]) for name in ("min", "max", "mean", "std", "sum", "sum_squares"))
+        and isinstance(f["bin_edges"], list) and all(map(_is_number, f["bin_edges"]))
+        and isinstance(f["counts"], list) and all(type(n) is int for n in f["counts"]))
+
+
 def _is_trajectory(t: Any) -> bool:
     return (isinstance(t, dict) and set(t) == set(Trajectory.__slots__)
             and isinstance(t["messages"], list)
@@ -168,7 +183,8 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
                        "samples": lambda v: isinstance(v, list) and all(map(_is_sample, v))},
     Trajectories.kind: {**_COMMON, "key": _is_str,
                         "trajectories": lambda v: isinstance(v, list) and all(map(_is_trajectory, v))},
-    Histogram.kind: {**_COMMON, "name": _is_str, "values": lambda v: type(v) is bytes and len(v) % 8 == 0},
+    Histogram.kind: {**_COMMON, "name": _is_str, "values": lambda v: type(v) is bytes and len(v) % 8 == 0,
+                     "figures": _is_figures},
     Text.kind: {**_COMMON, "name": _is_str, "text": _is_str},
     Image.kind: {**_COMMON, "name": _is_str, "png": lambda v: type(v) is bytes and v[:8] == PNG_SIGNATURE},
     Artifact.kind: {**_COMMON, "path": _is_str, "name": _is_str, "type": _is_str},

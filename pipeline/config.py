@@ -7,8 +7,9 @@ key raises ``ConfigError`` naming it, before anything starts.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import ConfigError
 

@@ -1,15 +1,17 @@
 """From what ``Tracking`` captured on the caller's thread to typed records (shipper side).
 
-A captured item is ``(step, payload, time, backend, kind, size)``: for metrics the payload is
-the shallow copy of the dict; for rich kinds it is what the matching ``log_*`` call took.
-A bad item is skipped, counted and warned about; it never reaches a tracker and never
-raises into the training loop.
+A ``Captured`` item (captured.py) holds, for metrics, the shallow copy of the dict; for rich
+kinds, what the matching ``log_*`` call took. A bad item is skipped, counted and warned about;
+it never reaches a tracker and never raises into the training loop.
 """
 
 from __future__ import annotations
 
 import logging
+
+from .captured import Captured
 from .records import Metrics, Record
+from .report import PipelineReport
 from .rich import RecordLimits, RichConverter
 from .values import MetricCleaner, as_number
 
@@ -25,26 +27,32 @@ class Converter:
         self.rejected = 0
         """Items (whole records) that could not be converted."""
 
-    def record(self, item: tuple) -> Record | None:
-        step, payload, when, backend, kind, _ = item
-        number = as_number(step)
-        if type(number) is not int:
-            return self._reject(kind, f"step {step!r} is not an integer")
+    def record(self, item: Captured) -> Record | None:
+        step = as_number(item.step)
+        if type(step) is not int:
+            self._reject(item.kind, f"step {item.step!r} is not an integer")
+            return None
+        backend = item.backend
         only = None if backend is None else ([backend] if isinstance(backend, str) else [str(b) for b in backend])
-        if kind == METRICS:
-            values = self.metrics.clean(payload)
-            return Metrics(step=number, values=values, time=when, only=only) if values else None
+        if item.kind == METRICS:
+            values = self.metrics.clean(item.payload)
+            return Metrics(step=step, values=values, time=item.time, only=only) if values else None
         try:
-            return getattr(self.rich, kind)(number, payload, when, only)
+            return self.rich.build(item.kind, step, item.payload, item.time, only)
         except Exception as exc:  # malformed input to a log_* call
-            return self._reject(kind, f"{type(exc).__name__}: {exc}")
+            self._reject(item.kind, f"{type(exc).__name__}: {exc}")
+            return None
 
     def _reject(self, kind: str, why: str) -> None:
         self.rejected += 1
         log.warning("tracklane: a %s record was skipped: %s", kind, why)
         return None
 
-    def counts(self) -> dict[str, int]:
-        return {"skipped_values": self.metrics.skipped, "rejected_records": self.rejected,
-                "truncated_strings": self.rich.truncated, "sampled_out": self.rich.sampled_out}
+    def counted(self, report: PipelineReport) -> PipelineReport:
+        """``report`` with this converter's counts of what it skipped, rejected, cut or left out."""
+        report.skipped_values = self.metrics.skipped
+        report.rejected_records = self.rejected
+        report.truncated_strings = self.rich.truncated
+        report.sampled_out = self.rich.sampled_out
+        return report
 

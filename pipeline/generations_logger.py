@@ -10,8 +10,9 @@ tracker stores them natively and incrementally (see the sinks), off the trainer'
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .tracking import active_tracking
 

@@ -18,7 +18,8 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
-from .report import LaneReport
+from .ack import Ack
+from .report import LaneInfo, LaneReport
 
 _LAGS_KEPT = 10_000
 _TASK_ERRORS_TOLERATED = 5  # consecutive failed apply() calls before the lane gives up
@@ -52,13 +53,13 @@ class Lane:
         self._dead = False
         self._frozen = False  # set when the tracker is being closed
         self._task_errors = 0  # consecutive apply() calls that raised inside the actor
-        self._failed_before = 0  # failures counted by earlier incarnations of the actor
+        self._pid = 0  # of the actor, from its latest answer
+        self._node_id = ""
         # The first answer we wait for is the actor opening its tracker.
         self._probe: Any = actor.ready.remote()
         self._probe_deadline = time.monotonic() + startup_timeout_s
         self._lags: deque[float] = deque(maxlen=_LAGS_KEPT)
         self.report = LaneReport(name=name)
-        self.opened: bool | None = None
 
     # -- feeding -------------------------------------------------------------------------
     def has_room(self, nbytes: int) -> bool:
@@ -107,7 +108,7 @@ class Lane:
     def _answer(self, ref: Any) -> None:
         epoch, seq = self._calls.pop(ref)
         try:
-            result = ray.get(ref)
+            ack = Ack.unpack(ray.get(ref))
         except RayActorError as exc:
             if epoch == self._epoch:
                 self._actor_lost(exc)
@@ -117,8 +118,8 @@ class Lane:
                 self._task_failed(exc)
             return
         self._task_errors = 0
-        self._acknowledge(result)
-        if result.get("gap") and epoch == self._epoch:
+        self.accept(ack)
+        if ack.gap and epoch == self._epoch:
             self._restart_sending()
 
     def _task_failed(self, exc: Exception) -> None:
@@ -130,8 +131,9 @@ class Lane:
         else:
             self._restart_sending()
 
-    def _acknowledge(self, result: dict[str, Any]) -> None:
-        applied = int(result["applied"])
+    def accept(self, ack: Ack) -> None:
+        """Take an answer of the actor: trim what it applied, merge its figures into the report."""
+        applied = ack.applied
         now = time.time()
         while self._window:
             seq, entry = next(iter(self._window.items()))
@@ -142,20 +144,14 @@ class Lane:
             self._lags.append(now - entry.oldest_log_time)
         self._acked = max(self._acked, applied)
         self._last_sent = max(self._last_sent, self._acked)
-        if "failed_records" in result:
-            self.report.failed_records = self._failed_before + int(result["failed_records"])
-        if result.get("error"):
-            self.report.error = result["error"]
-        if "unsupported" in result:
-            self.report.unsupported = dict(result["unsupported"])
-            self.report.artifacts_missing = int(result.get("artifacts_missing", 0))
+        self._pid, self._node_id = ack.pid, ack.node_id
+        self.report.take(ack)
 
     def _actor_lost(self, exc: Exception) -> None:
         if isinstance(exc, ActorDiedError):  # Ray will not restart it: the lane is dead for good
             self._die(f"actor died: {type(exc).__name__}")
             return
         self.report.restarts += 1
-        self._failed_before = self.report.failed_records
         self.report.error = f"actor restarting after {type(exc).__name__}"
         self._probe_deadline = time.monotonic() + self._dead_after_s
         self._restart_sending()
@@ -168,7 +164,7 @@ class Lane:
                 self._die("actor did not answer before its deadline")
             return
         try:
-            info = ray.get(self._probe)
+            ack = Ack.unpack(ray.get(self._probe))
         except ActorDiedError as exc:
             self._die(f"actor died: {type(exc).__name__}")
             return
@@ -176,10 +172,7 @@ class Lane:
             self._probe = self.actor.ready.remote()  # still restarting: ask again
             return
         self._probe = None
-        self.opened = bool(info["opened"])
-        if info.get("error"):
-            self.report.error = f"open: {info['error']}"
-        self._acknowledge(info)
+        self.accept(ack)
 
     def _restart_sending(self) -> None:
         self._epoch += 1
@@ -221,6 +214,9 @@ class Lane:
     @property
     def unacked_bytes(self) -> int:
         return self._bytes
+
+    def info(self) -> LaneInfo:
+        return LaneInfo(name=self.name, pid=self._pid, node_id=self._node_id, unacked_bytes=self._bytes)
 
     def lag_s(self) -> float:
         if not self._window:

@@ -13,6 +13,8 @@ from typing import Any, Union
 
 import numpy as np
 
+from .histogram import HistogramFigures, histogram_figures
+
 
 @dataclass(slots=True, kw_only=True)
 class Metrics:
@@ -94,11 +96,17 @@ class Histogram:
     """float64 little-endian; use ``array()``."""
     time: float
     only: list[str] | None = None
+    figures: HistogramFigures | None = None
+    """Bins and summary of ``values``, computed once on the shipper side; use ``summary()``."""
 
     kind = "histogram"
 
     def array(self) -> np.ndarray:
         return np.frombuffer(self.values, dtype="<f8")
+
+    def summary(self) -> HistogramFigures:
+        """The carried figures (computed here only for a record built without them, as tests do)."""
+        return self.figures if self.figures is not None else histogram_figures(self.array())
 
 
 @dataclass(slots=True, kw_only=True)

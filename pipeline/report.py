@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .codec import decode_batch
-from .records import Record
+from .ack import Ack
 
 
 @dataclass(slots=True, kw_only=True)
@@ -21,7 +20,7 @@ class LaneReport:
     dropped_records: int = 0
     """Records this lane dropped because its bound was hit, or because its actor died for good."""
     failed_records: int = 0
-    """Records the tracker rejected after every retry."""
+    """Records the tracker rejected after every retry (or that never reached an opened tracker)."""
     lag_s: float = 0.0
     """Age of the oldest unacknowledged batch."""
     lag_p50_s: float = 0.0
@@ -31,20 +30,28 @@ class LaneReport:
     """Records of kinds this tracker cannot store (e.g. artifacts in TensorBoard), by kind."""
     artifacts_missing: int = 0
     """Artifacts skipped because their file was gone when the tracker got to them."""
+    cuts: dict[str, int] = field(default_factory=dict)
+    """Values this tracker's own limits cut or left out, by what: ``params_truncated`` (MLflow param
+    values cut to 6000 characters), ``histogram_nonfinite`` (NaN/Inf histogram values wandb cannot bin)."""
     restarts: int = 0
     """Times the lane's actor died and was re-attached."""
     error: str | None = None
     where: str = ""
-    snapshot: bytes | None = field(default=None, repr=False)
-    """A memory sink's records, encoded as a batch."""
 
     @property
     def complete(self) -> bool:
         return self.unacked_records == 0 and self.dropped_records == 0 and self.failed_records == 0
 
-    def records(self) -> list[Record]:
-        """The memory sink's records (empty for other sinks)."""
-        return decode_batch(self.snapshot).records if self.snapshot else []
+    def take(self, ack: Ack) -> None:
+        """Merge a sink host's answer: its counts are cumulative over the lane's life, so they replace ours."""
+        self.failed_records = ack.counts.failed_records
+        self.unsupported = dict(ack.counts.unsupported)
+        self.artifacts_missing = ack.counts.artifacts_missing
+        self.cuts = dict(ack.counts.cuts)
+        if ack.error:
+            self.error = ack.error
+        if ack.where:
+            self.where = ack.where
 
     def line(self) -> str:
         text = (f"{self.name}: acked through batch {self.acked_seq}, {self.unacked_records} unacknowledged, "
@@ -54,6 +61,8 @@ class LaneReport:
             text += ", not storable here: " + ", ".join(f"{n} {kind}" for kind, n in self.unsupported.items())
         if self.artifacts_missing:
             text += f", {self.artifacts_missing} artifact(s) skipped: file missing"
+        if self.cuts:
+            text += ", cut by the tracker: " + ", ".join(f"{n} {what}" for what, n in self.cuts.items())
         if self.restarts:
             text += f", {self.restarts} restart(s)"
         if self.error:
@@ -93,3 +102,16 @@ class PipelineReport:
                 f"{self.skipped_values} non-numeric values skipped, {self.rejected_records} records rejected, "
                 f"{self.truncated_strings} strings truncated, {self.sampled_out} samples left out")
         return "\n".join([head, *(f"  {lane.line()}" for lane in self.lanes.values())])
+
+
+@dataclass(slots=True, kw_only=True, frozen=True)
+class LaneInfo:
+    """Where one lane runs, for tests, benchmarks and the curious (``Tracking.lanes()``)."""
+
+    name: str
+    pid: int
+    """Process of the lane's sink host: its Ray actor, or the trainer itself on the synchronous path."""
+    node_id: str
+    """Ray node id of that process ("" outside Ray)."""
+    unacked_bytes: int
+    """Encoded bytes shipped to the lane and not acknowledged yet (0 on the synchronous path)."""

@@ -12,17 +12,18 @@ import json
 import logging
 import math
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from .errors import ConfigError
-from .png import encode_png
-from .records import Artifact, Generations, Histogram, Image, Text, Trajectories, Trajectory
+from .histogram import histogram_figures
+from .png import PNG_SIGNATURE, encode_png
+from .records import Artifact, Generations, Histogram, Image, Record, Text, Trajectories, Trajectory
 
 log = logging.getLogger("tracklane")
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -65,6 +66,14 @@ class RichConverter:
         self.sampled_out = 0
         """Samples or trajectories left out by max_generations / max_trajectories."""
         self._warned: set[str] = set()
+        self._builders: dict[str, Callable[[int, tuple, float, list[str] | None], Record]] = {
+            Generations.kind: self.generations, Trajectories.kind: self.trajectories, Histogram.kind: self.histogram,
+            Text.kind: self.text, Image.kind: self.image, Artifact.kind: self.artifact,
+        }
+
+    def build(self, kind: str, step: int, payload: tuple, when: float, only: list[str] | None) -> Record:
+        """The record of ``kind`` from what its ``log_*`` call captured; raises on malformed input."""
+        return self._builders[kind](step, payload, when, only)
 
     # -- one method per kind: (step, payload, time, only) -> record ------------------------
     def generations(self, step: int, payload: tuple, when: float, only: list[str] | None) -> Generations:
@@ -83,7 +92,8 @@ class RichConverter:
         if array.size > self.limits.max_histogram_values:
             self.sampled_out += array.size - self.limits.max_histogram_values
             array = array[np.linspace(0, array.size - 1, self.limits.max_histogram_values).astype(np.int64)]
-        return Histogram(step=step, name=str(name), values=array.astype("<f8").tobytes(), time=when, only=only)
+        return Histogram(step=step, name=str(name), values=array.astype("<f8").tobytes(), time=when, only=only,
+                         figures=histogram_figures(array))
 
     def text(self, step: int, payload: tuple, when: float, only: list[str] | None) -> Text:
         name, text = payload
@@ -134,7 +144,7 @@ class RichConverter:
                           token_ids=_int32_bytes(data.get("token_ids")))
 
     def _tool_call(self, call: Mapping[str, Any]) -> dict[str, Any]:
-        out = {"name": self._text(call.get("name", "")), "arguments": self._text(call.get("arguments", "")),
+        out: dict[str, Any] = {"name": self._text(call.get("name", "")), "arguments": self._text(call.get("arguments", "")),
                "result": self._text(call.get("result", ""))}
         latency = call.get("latency_s", call.get("latency"))
         out["latency_s"] = _score(latency) if latency is not None else None

@@ -16,13 +16,15 @@ from typing import Any
 
 import ray
 
+from .ack import Ack
 from .buffer import RecordBuffer
+from .captured import Captured
 from .codec import encode_batch
 from .config import AsyncLogConfig
+from .convert import Converter
 from .lane import Entry, Lane
 from .records import Batch, Metrics, Record
 from .report import PipelineReport
-from .convert import Converter
 from .rich import RecordLimits
 
 log = logging.getLogger("tracklane")
@@ -128,7 +130,7 @@ class Shipper:
             if records:
                 self._send(records)
 
-    def _records(self, items: list[tuple]) -> list[Record]:
+    def _records(self, items: list[Captured]) -> list[Record]:
         records = []
         for item in items:
             record = self._converter.record(item)
@@ -212,12 +214,10 @@ class Shipper:
     def _answer(self, barrier: _Barrier, timed_out: bool) -> None:
         results = self._collect(barrier.calls)
         for name, result in results.items():
-            report = self._lanes[name].report
-            report.failed_records = max(report.failed_records, int(result.get("failed_records", 0)))
-            report.where = result.get("where", report.where)
-            report.snapshot = result.get("snapshot", report.snapshot)
-            if result.get("error"):
-                report.error = result["error"]
+            if isinstance(result, Ack):
+                self._lanes[name].accept(result)
+            else:
+                self._lanes[name].report.error = result
         for name in barrier.calls:
             if name and name not in results:
                 self._lanes[name].report.error = "did not answer before the deadline"
@@ -230,16 +230,17 @@ class Shipper:
             self._barriers.remove(barrier)
         barrier.done.set()
 
-    def _collect(self, calls: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        results = {}
+    def _collect(self, calls: dict[str, Any]) -> dict[str, Ack | str]:
+        """Each answered call's ``Ack``, or the error that stood in for it."""
+        results: dict[str, Ack | str] = {}
         for name, ref in calls.items():
             if ref is None:
                 continue
             if ray.wait([ref], timeout=0)[0]:
                 try:
-                    results[name] = ray.get(ref)
+                    results[name] = Ack.unpack(ray.get(ref))
                 except Exception as exc:  # the actor died while closing
-                    results[name] = {"error": f"{type(exc).__name__} while closing"}
+                    results[name] = f"{type(exc).__name__} while closing"
         return results
 
     def _kill_actors(self) -> None:
@@ -250,11 +251,10 @@ class Shipper:
                 pass
 
     def _report(self, barrier: _Barrier, timed_out: bool) -> PipelineReport:
-        return PipelineReport(
+        return self._converter.counted(PipelineReport(
             lanes={name: lane.snapshot() for name, lane in self._lanes.items()},
             buffered_records=len(self._buffer),
             dropped_records=self._buffer.dropped + self.late_drops,
-            **self._converter.counts(),
             elapsed_s=time.monotonic() - barrier.started,
             timed_out=timed_out,
-        )
+        ))

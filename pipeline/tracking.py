@@ -16,17 +16,18 @@ import re
 import secrets
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from workers.sink import BACKENDS
-
-from .backends import backend_names, resolve_backends
+from .backends import BACKENDS, backend_names, resolve_backends
+from .captured import Captured
 from .config import async_log_config, trainer_section
+from .convert import METRICS
 from .errors import ConfigError
 from .params import plain_config
+from .pipe import open_pipe
 from .records import RunSpec
-from .report import PipelineReport
-from .convert import METRICS
+from .report import LaneInfo, PipelineReport
 from .rich import record_limits
 from .values import BYTES_PER_ENTRY
 
@@ -54,15 +55,7 @@ class Tracking:
                            run_id=_checked_run_id(run_id) if run_id else secrets.token_hex(6), resume=resume)
         backends = resolve_backends(backend_names(default_backend), self.run, os.environ, trainer)
         self.backends = list(backends)
-        if self.log_async:
-            from .async_pipeline import AsyncPipeline
-
-            self._pipe: Any = AsyncPipeline(self._cfg, limits, self.run, backends, os.environ)
-        else:
-            from .sync_fanout import SyncFanout
-
-            self._pipe = SyncFanout({name: cls(self.run, settings) for name, (cls, settings) in backends.items()},
-                                    limits)
+        self._pipe = open_pipe(self.log_async, self._cfg, limits, self.run, backends, os.environ)
         self._put = self._pipe.put  # bound once: log() is the hot path
         self._report: PipelineReport | None = None
         self._warned_late = False
@@ -80,7 +73,7 @@ class Tracking:
             if self._report is not None:
                 return self._drop_late()
             values = data.copy() if type(data) is dict else dict(data)
-            self._put((step, values, _now(), backend, METRICS, len(values) * BYTES_PER_ENTRY))
+            self._put(Captured(step, values, _now(), backend, METRICS, len(values) * BYTES_PER_ENTRY))
         except Exception:  # bad input must never stop the training loop; it is counted
             self._reject("log", data)
 
@@ -121,8 +114,11 @@ class Tracking:
     def log_image(self, name: str, image: Any, step: int, backend: str | list[str] | None = None) -> None:
         """PNG bytes, or an HxW / HxWxC uint8 array (encoded to PNG off the caller's thread)."""
         try:
-            copied = image if isinstance(image, bytes) else image.copy()
-            self._rich("image", step, (name, copied), backend, len(image) if isinstance(image, bytes) else copied.nbytes)
+            if isinstance(image, bytes):
+                self._rich("image", step, (name, image), backend, len(image))
+            else:
+                copied = image.copy()  # arrays change in place
+                self._rich("image", step, (name, copied), backend, copied.nbytes)
         except Exception:
             self._reject("log_image", image)
 
@@ -138,7 +134,7 @@ class Tracking:
     def _rich(self, kind: str, step: int, payload: tuple, backend: Any, size: int) -> None:
         if self._report is not None:
             return self._drop_late()
-        self._put((step, payload, _now(), backend, kind, size))
+        self._put(Captured(step, payload, _now(), backend, kind, size))
 
     def _reject(self, call: str, data: Any) -> None:
         self._rejected += 1
@@ -150,11 +146,16 @@ class Tracking:
         shipped; cheap enough for a progress bar. Empty on the synchronous path."""
         return self._pipe.health
 
+    def lanes(self) -> dict[str, LaneInfo]:
+        """Where each tracker's sink host runs (name, pid, Ray node id) and what it holds unacknowledged.
+        On the asynchronous path a lane's pid is known once its actor answered: ``flush()`` first."""
+        return self._pipe.lanes()
+
     def flush(self, timeout: float = 30.0) -> PipelineReport:
         """Wait (up to ``timeout``) until every tracker acknowledged what was logged so far."""
         if self._report is not None:
             return self._report
-        report = self._pipe.flush(timeout) if self.log_async else self._pipe.flush()
+        report = self._pipe.flush(timeout)
         report.dropped_records += self._rejected
         return report
 
@@ -163,7 +164,7 @@ class Tracking:
         if self._report is not None:
             return self._report
         deadline = self._cfg.finish_timeout_s if timeout is None else timeout
-        report = self._pipe.close(exit_code, deadline) if self.log_async else self._pipe.close(exit_code)
+        report = self._pipe.close(exit_code, deadline)
         report.dropped_records += self._rejected
         self._report = report
         _unfinished.pop(self, None)
@@ -174,14 +175,14 @@ class Tracking:
         return report
 
     def _drop_late(self) -> None:
-        if self.log_async:
-            self._pipe.drop_late()
+        assert self._report is not None
+        self._pipe.drop_late()
         self._report.dropped_records += 1
         if not self._warned_late:
             self._warned_late = True
             log.warning("tracklane: log() after finish(); the record is dropped and counted")
 
-    def __enter__(self) -> "Tracking":
+    def __enter__(self) -> Tracking:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests.mlflow_server import mlflow_server_uri  # noqa: F401  (a fixture, re-exported)
+from pipeline.testing.mlflow_server import URI_ENV, start_server, stop_server
+
+
+@pytest.fixture(scope="session")
+def mlflow_server_uri(tmp_path_factory: pytest.TempPathFactory):
+    """The URI of a running MLflow tracking server, shared by the whole test session."""
+    if os.environ.get(URI_ENV):
+        yield os.environ[URI_ENV]
+        return
+    proc, uri = start_server(tmp_path_factory.mktemp("mlflow_server"))
+    try:
+        yield uri
+    finally:
+        stop_server(proc.pid)
+        proc.wait(timeout=5)
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,9 @@ import pytest
 import ray
 
 from pipeline import Tracking
+from pipeline.testing.memory import memory_records
+from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir
 from tests.conftest import log_verl_steps, same_value
-from tests.readers.tensorboard_reader import read_tensorboard_dir
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -43,7 +44,7 @@ def test_every_record_arrives_once_in_order(offline_trackers):
     report = tracking.finish()
     assert report.complete, report.summary()
     memory = {}
-    for record in report.lanes["memory"].records():
+    for record in memory_records(tracking.run_id):
         memory.setdefault(record.step, {}).update(_user_values(record.values))
     lines = _file_steps(offline_trackers["file"])
     assert [line["step"] for line in lines] == sorted({line["step"] for line in lines}) == list(range(300))
@@ -84,8 +85,8 @@ def test_failing_tracker_does_not_stop_the_others(offline_trackers):
 def test_killed_actors_are_restarted_without_duplicates(offline_trackers):
     """Actors killed mid-run are restarted; the file and TensorBoard still hold every step exactly once."""
     tracking = Tracking("proj", "exp", ["file", "tensorboard"], config=_config())
-    lanes = tracking._pipe.lanes
-    pids = {name: ray.get(lane.actor.ready.remote())["pid"] for name, lane in lanes.items()}
+    tracking.flush(timeout=60)  # every actor has answered: its pid is known
+    pids = {name: lane.pid for name, lane in tracking.lanes().items()}
     for step in range(400):
         tracking.log({"x": float(step), "y": step}, step=step)
         if step in (150, 250):
@@ -96,7 +97,7 @@ def test_killed_actors_are_restarted_without_duplicates(offline_trackers):
     assert report.lanes["file"].restarts >= 1 and report.lanes["tensorboard"].restarts >= 1, report.summary()
     assert [line["step"] for line in _file_steps(offline_trackers["file"])] == list(range(400))
     board = read_tensorboard_dir(offline_trackers["tensorboard"])
-    assert not board.duplicates()
+    assert not board.duplicates(), (sorted({s for s, _ in board.duplicates()}), report.summary())
     assert sorted(step for step, key, _ in board.points if key == "x") == list(range(400))
 
 
@@ -115,7 +116,7 @@ def test_drop_oldest_bounds_a_slow_lane(offline_trackers):
     assert memory.dropped_records > 0
     # Exact accounting: each batch carried one health record; every record either arrived or was counted.
     batches = file.acked_seq
-    assert len(memory.records()) + memory.dropped_records == 300 + batches
+    assert len(memory_records(tracking.run_id)) + memory.dropped_records == 300 + batches
     file_lines = _file_steps(offline_trackers["file"])
     assert file.complete and [line["step"] for line in file_lines] == list(range(300))
     unacked = [line["data"]["tracklane/lane/memory/unacked_bytes"] for line in file_lines
@@ -145,7 +146,7 @@ def test_backend_argument_routes_records(offline_trackers):
         tracking.log({"both": 1.0}, step=0)
         tracking.log({"file_only": 2.0}, step=1, backend=["file"])
     report = tracking.finish()
-    memory_keys = set().union(*(r.values for r in report.lanes["memory"].records()))
+    memory_keys = set().union(*(r.values for r in memory_records(tracking.run_id)))
     assert "both" in memory_keys and "file_only" not in memory_keys
     file_keys = set().union(*(line["data"] for line in _file_steps(offline_trackers["file"])))
     assert {"both", "file_only"} <= file_keys

@@ -6,10 +6,11 @@ import threading
 import time
 
 from pipeline.buffer import RecordBuffer
+from pipeline.captured import Captured
 
 
-def _item(n: int, size: int = 100) -> tuple:
-    return (n, {}, time.time(), None, size)
+def _item(n: int, size: int = 100) -> Captured:
+    return Captured(step=n, payload={}, time=time.time(), backend=None, kind="metrics", size=size)
 
 
 def test_drop_oldest_keeps_the_bound_and_counts():
@@ -18,7 +19,7 @@ def test_drop_oldest_keeps_the_bound_and_counts():
     for n in range(25):
         buffer.put(_item(n))
         assert buffer.nbytes <= 1000
-    kept = [item[0] for item in buffer.take(10_000)]
+    kept = [item.step for item in buffer.take(10_000)]
     assert kept == list(range(15, 25)) and buffer.dropped == 15 and buffer.nbytes == 0
 
 
@@ -27,8 +28,8 @@ def test_take_respects_batch_bytes():
     buffer = RecordBuffer(max_bytes=10_000, batch_bytes=5000, policy="drop_oldest", block_timeout_s=0)
     for n in range(10):
         buffer.put(_item(n))
-    assert [i[0] for i in buffer.take(350)] == [0, 1, 2]
-    assert [i[0] for i in buffer.take(1)] == [3]
+    assert [i.step for i in buffer.take(350)] == [0, 1, 2]
+    assert [i.step for i in buffer.take(1)] == [3]
     assert len(buffer) == 6 and buffer.nbytes == 600
 
 

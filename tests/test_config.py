@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 from pipeline import ConfigError, Tracking
 from pipeline.config import AsyncLogConfig, async_log_config, trainer_section
 from pipeline.params import REDACTED, flatten_params, plain_config
-from workers.sink import Sink, check_installed
+from pipeline.backends import check_installed
+from workers.sink import Sink
 
 
 def test_defaults():

@@ -9,27 +9,30 @@ import numpy as np
 import torch
 from PIL import Image as PILImage
 
+from pipeline.captured import Captured
 from pipeline.convert import Converter
 from pipeline.records import Trajectory
+from pipeline.report import PipelineReport
 from pipeline.rich import RecordLimits
 
 
 def _item(kind, payload, step=3, backend=None):
-    return (step, payload, 12.5, backend, kind, 64)
+    return Captured(step=step, payload=payload, time=12.5, backend=backend, kind=kind, size=64)
 
 
 def test_metrics_item():
     """A metrics item keeps its step, time and backend; a numpy step is accepted."""
-    record = Converter(RecordLimits()).record((np.int64(7), {"x": 1.0}, 12.5, "wandb", "metrics", 64))
+    record = Converter(RecordLimits()).record(_item("metrics", {"x": 1.0}, step=np.int64(7), backend="wandb"))
     assert (record.step, record.values, record.time, record.only) == (7, {"x": 1.0}, 12.5, ["wandb"])
 
 
 def test_bad_step_and_empty_metrics():
     """A non-integer step is rejected and counted; a dict with no numbers yields no record."""
     converter = Converter(RecordLimits())
-    assert converter.record(("seven", {"x": 1.0}, 0.0, None, "metrics", 64)) is None
-    assert converter.record((1, {"s": "text"}, 0.0, None, "metrics", 64)) is None
-    assert converter.counts()["rejected_records"] == 1 and converter.counts()["skipped_values"] == 1
+    assert converter.record(_item("metrics", {"x": 1.0}, step="seven")) is None
+    assert converter.record(_item("metrics", {"s": "text"}, step=1)) is None
+    counts = converter.counted(PipelineReport())
+    assert counts.rejected_records == 1 and counts.skipped_values == 1
 
 
 def test_generations_thinned_and_truncated():
@@ -39,7 +42,8 @@ def test_generations_thinned_and_truncated():
     record = converter.record(_item("generations", (samples, "val/generations")))
     assert [row[0] for row in record.samples] == ["in0", "in3", "in6", "in9"]
     assert record.samples[0][1] == "x" * 10 and math.isnan(record.samples[3][2])
-    assert converter.counts()["sampled_out"] == 6 and converter.counts()["truncated_strings"] == 1
+    counts = converter.counted(PipelineReport())
+    assert counts.sampled_out == 6 and counts.truncated_strings == 1
 
 
 def test_trajectories_packed():
@@ -75,4 +79,4 @@ def test_malformed_rich_input_is_rejected():
     converter = Converter(RecordLimits())
     assert converter.record(_item("trajectories", ([42], "k"))) is None
     assert converter.record(_item("image", ("x", b"not a png"))) is None
-    assert converter.counts()["rejected_records"] == 2
+    assert converter.counted(PipelineReport()).rejected_records == 2

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from pipeline import Tracking
+from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from pipeline.testing.readers.swanlab_reader import read_swanlab_run
+from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir
+from pipeline.testing.readers.wandb_reader import read_wandb_run
 from tests.conftest import log_verl_steps, same_value
-from tests.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
-from tests.readers.swanlab_reader import read_swanlab_run
-from tests.readers.tensorboard_reader import read_tensorboard_dir
-from tests.readers.wandb_reader import read_wandb_run
 from workers.mlflow_sink import mlflow_key
 
 BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file"]

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import time
 
-from pipeline.codec import decode_batch, encode_batch
+from pipeline.ack import Ack
+from pipeline.codec import encode_batch
+from pipeline.opening import LaneOpening
 from pipeline.records import Batch, Metrics, RunSpec
-from workers.lane_actor import LaneActor, opening_bytes
+from pipeline.testing.memory import memory_records
+from workers.lane_actor import LaneActor
+
+RUN = RunSpec(project="p", experiment="e", run_id="lane-actor-test")
 
 
 def _blob(seq: int, steps: range, only=None) -> bytes:
@@ -15,27 +20,34 @@ def _blob(seq: int, steps: range, only=None) -> bytes:
 
 
 def _actor(tmp_path, **trainer) -> LaneActor:
-    run = RunSpec(project="p", experiment="e", run_id="r1")
     from workers.memory_sink import MemorySink
 
-    settings = MemorySink.resolve(run, {}, {"memory_sink": trainer})
-    return LaneActor("memory", opening_bytes("memory", run, settings, str(tmp_path), retries=1, backoff_s=0.0))
+    settings = MemorySink.resolve(RUN, {}, {"memory_sink": {"dir": str(tmp_path / "memory"), **trainer}})
+    opening = LaneOpening(backend="memory", run=RUN, settings=settings, state_dir=str(tmp_path),
+                          sink_retries=1, retry_backoff_s=0.0)
+    return LaneActor("memory", opening.pack())
 
 
-def _steps(actor: LaneActor) -> list[int]:
-    return [r.step for r in decode_batch(actor.close(0)["snapshot"]).records]
+def _apply(actor: LaneActor, seq: int, prev: int, blob: bytes) -> Ack:
+    return Ack.unpack(actor.apply(seq, prev, blob))
+
+
+def _steps(actor: LaneActor, tmp_path) -> list[int]:
+    actor.close(0)
+    return [r.step for r in memory_records(RUN.run_id, str(tmp_path / "memory"))]
 
 
 def test_applies_in_order_and_skips_resends(tmp_path):
     """A re-sent batch is acknowledged without being written twice; a batch after a gap is refused."""
     actor = _actor(tmp_path)
-    assert actor.apply(1, 0, _blob(1, range(0, 3)))["applied"] == 1
-    assert actor.apply(1, 0, _blob(1, range(0, 3)))["duplicate"] is True
-    gap = actor.apply(3, 2, _blob(3, range(6, 9)))
-    assert gap["gap"] is True and gap["applied"] == 1
-    assert actor.apply(2, 1, _blob(2, range(3, 6)))["applied"] == 2
-    assert actor.apply(3, 2, _blob(3, range(6, 9)))["applied"] == 3
-    assert _steps(actor) == list(range(9))
+    assert _apply(actor, 1, 0, _blob(1, range(0, 3))).applied == 1
+    resent = _apply(actor, 1, 0, _blob(1, range(0, 3)))
+    assert resent.applied == 1 and not resent.gap
+    gap = _apply(actor, 3, 2, _blob(3, range(6, 9)))
+    assert gap.gap is True and gap.applied == 1
+    assert _apply(actor, 2, 1, _blob(2, range(3, 6))).applied == 2
+    assert _apply(actor, 3, 2, _blob(3, range(6, 9))).applied == 3
+    assert _steps(actor, tmp_path) == list(range(9))
 
 
 def test_restart_resumes_from_saved_state(tmp_path):
@@ -43,35 +55,35 @@ def test_restart_resumes_from_saved_state(tmp_path):
     first = _actor(tmp_path)
     first.apply(1, 0, _blob(1, range(0, 2)))
     second = _actor(tmp_path)
-    assert second.ready()["applied"] == 1
-    assert second.apply(1, 0, _blob(1, range(0, 2)))["duplicate"] is True
-    assert second.apply(2, 1, _blob(2, range(2, 4)))["applied"] == 2
-    assert _steps(second) == [2, 3]
+    assert Ack.unpack(second.ready()).applied == 1
+    assert _apply(second, 1, 0, _blob(1, range(0, 2))).applied == 1  # skipped, not written again
+    assert _apply(second, 2, 1, _blob(2, range(2, 4))).applied == 2
+    assert _steps(second, tmp_path) == [0, 1, 2, 3]  # one sink file across both actors, no duplicate
 
 
 def test_corrupt_batch_is_counted_and_skipped(tmp_path):
     """A corrupt batch is acknowledged as failed (so the lane moves on) and reported."""
     actor = _actor(tmp_path)
-    result = actor.apply(1, 0, b"\x28\xb5\x2f\xfd garbage")
-    assert result["corrupt"] is True and result["failed_batches"] == 1 and "corrupt batch 1" in result["error"]
-    assert actor.apply(2, 1, _blob(2, range(2)))["applied"] == 2
-    assert _steps(actor) == [0, 1]
+    result = _apply(actor, 1, 0, b"\x28\xb5\x2f\xfd garbage")
+    assert result.applied == 1 and "corrupt batch 1" in result.error
+    assert _apply(actor, 2, 1, _blob(2, range(2))).applied == 2
+    assert _steps(actor, tmp_path) == [0, 1]
 
 
 def test_failing_tracker_is_retried_then_counted(tmp_path):
     """A tracker that fails every write is retried, then its records are counted as failed, not lost silently."""
     actor = _actor(tmp_path, fail_writes=True)
-    result = actor.apply(1, 0, _blob(1, range(5)))
-    assert result["applied"] == 1 and result["failed_records"] == 5
-    assert "told to fail" in result["error"]
+    result = _apply(actor, 1, 0, _blob(1, range(5)))
+    assert result.applied == 1 and result.counts.failed_records == 5
+    assert "told to fail" in result.error
 
 
 def test_failed_open_is_retried_on_next_batch(tmp_path):
     """A tracker that cannot open is reported by ready() and does not crash the actor."""
     actor = _actor(tmp_path, fail_open=True)
-    info = actor.ready()
-    assert info["opened"] is False and "fail on open" in info["error"]
-    assert actor.apply(1, 0, _blob(1, range(3)))["failed_records"] == 3
+    info = Ack.unpack(actor.ready())
+    assert info.opened is False and "fail on open" in info.error
+    assert _apply(actor, 1, 0, _blob(1, range(3))).counts.failed_records == 3
 
 
 def test_records_for_other_backends_are_skipped(tmp_path):
@@ -79,7 +91,7 @@ def test_records_for_other_backends_are_skipped(tmp_path):
     actor = _actor(tmp_path)
     actor.apply(1, 0, _blob(1, range(2), only=["wandb"]))
     actor.apply(2, 1, _blob(2, range(2, 4), only=["memory"]))
-    assert _steps(actor) == [2, 3]
+    assert _steps(actor, tmp_path) == [2, 3]
 
 
 def test_lane_gives_up_after_repeated_actor_errors(ray_session):
@@ -91,7 +103,7 @@ def test_lane_gives_up_after_repeated_actor_errors(ray_session):
     @ray.remote(num_cpus=0)
     class Broken:
         def ready(self):
-            return {"opened": True, "error": None, "applied": 0}
+            return Ack(applied=0).pack()
 
         def apply(self, seq, prev, blob):
             raise OSError("disk full")
@@ -104,3 +116,12 @@ def test_lane_gives_up_after_repeated_actor_errors(ray_session):
         time.sleep(0.05)
     report = lane.snapshot()
     assert lane.dead and report.dropped_records == 3 and "disk full" in report.error
+
+
+def test_restarted_actor_continues_its_counts(tmp_path):
+    """Failures counted before a restart are kept in the lane state: the new actor's counts continue them."""
+    first = _actor(tmp_path, fail_writes=True)
+    first.apply(1, 0, _blob(1, range(4)))
+    second = _actor(tmp_path, fail_writes=True)
+    assert Ack.unpack(second.ready()).counts.failed_records == 4
+    assert _apply(second, 2, 1, _blob(2, range(4, 6))).counts.failed_records == 6

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.png import encode_png
 from pipeline.records import (Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories,
                               Trajectory)
-from tests.readers.mlflow_reader import (list_mlflow_artifacts, read_mlflow_artifact, read_mlflow_images,
+from pipeline.testing.readers.mlflow_reader import (list_mlflow_artifacts, read_mlflow_artifact, read_mlflow_images,
                                          read_mlflow_run, read_mlflow_steps)
 from workers.mlflow_sink import MlflowSink
 
@@ -73,7 +73,7 @@ def test_generations_round_trip_per_step(store, request):
     assert read_mlflow_steps(uri, sink.run_id, "generations/val~générations") == {2: [{"input": "in", "output": "out",
                                                                                        "score": 0.25}]}
     assert list_mlflow_artifacts(uri, sink.run_id, "generations")[0] == "generations/val~generations/step_00000000.json"
-    assert sink.unsupported == {}
+    assert sink.counts.unsupported == {}
 
 
 def test_many_steps_of_generations_keep_the_run_usable(store, request):
@@ -181,4 +181,4 @@ def test_text_image_and_artifact(store, request, tmp_path):
     assert read_mlflow_artifact(uri, run_id, "model/best/model.safetensors") == checkpoint.read_bytes()
     assert json.loads(read_mlflow_artifact(uri, run_id, "checkpoint/step_3/config.json")) == {"a": 1}
     assert list_mlflow_artifacts(uri, run_id, "model") == ["model/best/model.safetensors"]
-    assert sink.artifacts_missing == 1 and sink.unsupported == {}
+    assert sink.counts.artifacts_missing == 1 and sink.counts.unsupported == {}

@@ -18,10 +18,10 @@ import pytest
 from PIL import Image as PILImage
 
 from pipeline import Tracking, ValidationGenerationsLogger
-from tests.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_artifact_dir, read_mlflow_run, read_mlflow_steps
-from tests.readers.swanlab_reader import read_swanlab_media
-from tests.readers.tensorboard_reader import read_tensorboard_rich
-from tests.readers.wandb_reader import read_wandb_media
+from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_artifact_dir, read_mlflow_run, read_mlflow_steps
+from pipeline.testing.readers.swanlab_reader import read_swanlab_media
+from pipeline.testing.readers.tensorboard_reader import read_tensorboard_rich
+from pipeline.testing.readers.wandb_reader import read_wandb_media
 
 BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file"]
 MAX_CHARS = 4000

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image as PILImage
 
 from pipeline import Tracking, ValidationGenerationsLogger
+from pipeline.testing.memory import memory_records
 
 SAMPLES = [("2+2=", "4", 1.0), ("héllo ✓ 世界", "", 0.0), ("long", "y" * 1_000_000, float("nan"))]
 
@@ -67,7 +68,7 @@ def test_rich_records_reach_file_console_and_memory(log_async, offline_trackers,
     assert (np.asarray(PILImage.open(io.BytesIO(png))) == logged["pixels"]).all()
     assert open(f"{base}_media/artifacts/checkpoint/policy/ckpt.bin", "rb").read() == logged["artifact"].read_bytes()
 
-    kinds = [r.kind for r in report.lanes["memory"].records() if r.kind != "metrics"]
+    kinds = [r.kind for r in memory_records(tracking.run_id) if r.kind != "metrics"]
     assert kinds == ["generations", "generations", "trajectories", "histogram", "text", "image", "artifact"]
 
     out = _wait_for(capfd, "artifact policy", 20 if log_async else 0)
@@ -83,8 +84,9 @@ def test_generations_logger_without_tracking_warns(caplog):
     assert "no unfinished Tracking" in caplog.text
 
 
-def test_log_trajectories_caller_cost_is_a_copy(offline_trackers, ray_session):
-    """On the async path, log_trajectories of 256 x (2 KB + 512 token ids) only copies: far under a millisecond at p50."""
+def test_big_trajectory_batches_arrive_whole_on_the_async_path(offline_trackers, ray_session):
+    """50 async log_trajectories calls of 256 x (2 KB + 512 token ids) arrive as 50 records (the caller's
+    cost is printed for information; benchmarks.overhead measures it)."""
     tracking = Tracking("proj", "exp", ["memory"], config={"trainer": {"log_async": True}})
     batch = _trajectories(256)
     costs = []
@@ -93,7 +95,7 @@ def test_log_trajectories_caller_cost_is_a_copy(offline_trackers, ray_session):
         tracking.log_trajectories(batch, step=step)
         costs.append(time.perf_counter() - started)
     report = tracking.finish(timeout=120)
-    assert report.complete and len([r for r in report.lanes["memory"].records() if r.kind == "trajectories"]) == 50
+    assert report.complete and len([r for r in memory_records(tracking.run_id) if r.kind == "trajectories"]) == 50
     print(f"log_trajectories p50 {sorted(costs)[25] * 1e6:.0f} us")
 
 

@@ -16,8 +16,8 @@ from PIL import Image as PILImage
 from pipeline.records import (
     Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory,
 )
+from pipeline.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
 from tests.conftest import same_value
-from tests.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
 from workers.swanlab_sink import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, SwanlabSink
 
 LONG = "é🚀x" * 333_334  # ~1 MB of characters, as if the converter had kept it whole
@@ -185,4 +185,4 @@ def test_artifacts_are_copied_into_the_run_and_saved(sink, logdir, tmp_path):
         assert entry.target.is_file() and not entry.target.is_symlink() and entry.target == entry.source
     assert saved["artifacts/model/actor_ckpt_step_10/step_10/model[1].bin"].target.read_bytes() == content
     assert saved["artifacts/dataset/tokenizer/step_10/tokenizer/vocab.json"].target.read_bytes() == b'{"a": 1}'
-    assert sink.artifacts_missing == 1
+    assert sink.counts.artifacts_missing == 1

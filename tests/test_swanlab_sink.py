@@ -17,7 +17,7 @@ pytest.importorskip("swanlab")
 from pipeline.errors import SinkError
 from pipeline.params import REDACTED, plain_config
 from pipeline.records import Metrics, RunSpec
-from tests.readers.swanlab_reader import list_swanlab_runs, read_swanlab_run
+from pipeline.testing.readers.swanlab_reader import list_swanlab_runs, read_swanlab_run
 from workers.swanlab_sink import SwanlabSink
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,14 +98,15 @@ def _same(stored: float, sent: float | int) -> bool:
 
 
 def test_resolve_reads_verl_variables_and_stays_plain(tmp_path, monkeypatch):
-    """resolve() uses verl's defaults (cloud, ./swanlog made absolute), notes the key, and msgpack can carry it."""
+    """resolve() uses verl's defaults (cloud, ./swanlog made absolute), never carries the API key (it travels
+    as Ray actor arguments; the sink reads the key from its own environment), and msgpack can carry it."""
     monkeypatch.chdir(tmp_path)
     run = RunSpec(project="p", experiment="e")
     settings = SwanlabSink.resolve(run, {}, {})
-    assert settings == {"mode": "cloud", "logdir": str(tmp_path / "swanlog"), "has_api_key": False, "api_key": None}
+    assert settings == {"mode": "cloud", "logdir": str(tmp_path / "swanlog")}
     settings = SwanlabSink.resolve(run, {"SWANLAB_MODE": "offline", "SWANLAB_API_KEY": API_KEY}, {})
-    assert settings["has_api_key"] and msgpack.unpackb(msgpack.packb(settings)) == settings
-    assert "api_key" not in SwanlabSink(run, settings).settings
+    assert msgpack.unpackb(msgpack.packb(settings)) == settings == {"mode": "offline", "logdir": str(tmp_path / "swanlog")}
+    assert API_KEY not in repr(settings)
 
 
 def test_metrics_round_trip_record_by_record(logdir, sinks):
@@ -131,7 +132,7 @@ def test_metrics_round_trip_record_by_record(logdir, sinks):
         assert bad == [], (step, bad)
     # swanlab's policy, asserted: NaN and +-Inf are stored as given and nothing is skipped.
     assert math.isnan(stored[3]["actor/grad_norm"]) and stored[1]["actor/ppo_kl"] == math.inf
-    assert stored[42]["actor/kl_loss"] == -math.inf and sink.skipped_nonfinite == 0
+    assert stored[42]["actor/kl_loss"] == -math.inf and sink.counts.cuts == {}
     assert back.status == "FINISHED"
 
 

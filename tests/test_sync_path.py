@@ -7,6 +7,7 @@ import json
 import pytest
 
 from pipeline import ConfigError, Tracking
+from pipeline.testing.memory import memory_records
 from tests.conftest import log_verl_steps, same_value
 
 
@@ -23,7 +24,7 @@ def test_every_value_arrives(offline_trackers):
     logged = log_verl_steps(tracking, 300)
     report = tracking.finish()
     assert report.complete, report.summary()
-    memory = {r.step: r.values for r in report.lanes["memory"].records()}
+    memory = {r.step: r.values for r in memory_records(tracking.run_id)}
     lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")][1:]
     for got in (memory, {line["step"]: line["data"] for line in lines}):
         assert list(got) == list(range(300))
@@ -43,7 +44,7 @@ def test_file_header_holds_redacted_config(offline_trackers):
 
 def test_failing_sink_does_not_stop_others(offline_trackers, caplog):
     """A sink raising on every write is counted and warned once; the file sink still gets every step."""
-    config = {"trainer": {"memory_sink": {"fail_writes": True}}}
+    config = {"trainer": {"memory_sink": {"fail_writes": True}, "async_log": {"retry_backoff_s": 0.0}}}
     tracking = Tracking("p", "e", ["memory", "file"], config=config)
     for step in range(20):
         tracking.log({"x": float(step)}, step=step)
@@ -56,7 +57,8 @@ def test_failing_sink_does_not_stop_others(offline_trackers, caplog):
 
 def test_sink_failing_to_open_is_reported(offline_trackers):
     """A tracker that cannot open is reported and its records counted as failed; the run goes on."""
-    tracking = Tracking("p", "e", ["memory", "file"], config={"trainer": {"memory_sink": {"fail_open": True}}})
+    config = {"trainer": {"memory_sink": {"fail_open": True}, "async_log": {"retry_backoff_s": 0.0}}}
+    tracking = Tracking("p", "e", ["memory", "file"], config=config)
     tracking.log({"x": 1.0}, step=0)
     report = tracking.finish()
     assert report.lanes["memory"].failed_records == 1 and "fail on open" in report.lanes["memory"].error
@@ -69,13 +71,13 @@ def test_bad_input_never_raises(offline_trackers, caplog):
     tracking.log({"x": 1.0}, step="not a step")
     tracking.log({"x": 2.0, "s": "x" * 10_000_000, "o": object()}, step=2)
     report = tracking.finish()
-    assert [(r.step, r.values) for r in report.lanes["memory"].records()] == [(2, {"x": 2.0})]
+    assert [(r.step, r.values) for r in memory_records(tracking.run_id)] == [(2, {"x": 2.0})]
     assert report.skipped_values == 2 and report.rejected_records == 1 and report.dropped_records == 1
 
 
 def test_resume_continues_the_run_by_id(offline_trackers):
     """resume=True with the first run's id appends to its file log and reopens its MLflow run."""
-    from tests.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+    from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
     config = {"trainer": {"log_async": False}}
     first = Tracking("p", "e", ["file", "mlflow"], config=config)

@@ -21,7 +21,7 @@ from tensorboard.plugin_util import markdown_to_safe_html
 from pipeline.png import encode_png
 from pipeline.records import (Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories,
                               Trajectory)
-from tests.readers.tensorboard_reader import parse_markdown_table, read_tensorboard_dir, read_tensorboard_rich
+from pipeline.testing.readers.tensorboard_reader import parse_markdown_table, read_tensorboard_dir, read_tensorboard_rich
 from workers.tensorboard_sink import TensorboardSink
 
 LONG = "长" * 16_384  # as long as record_limits.max_chars lets a string be
@@ -55,8 +55,8 @@ def test_generations_as_one_markdown_table_per_step(tmp_path):
     back = only(texts["val/generations/text_summary"])
     assert sorted(back) == list(range(5))
     for step, record in enumerate(records):
-        expected = [[str(i), row[0].replace("\r\n", "\n").replace("\r", "\n"), row[1], str(row[2])]
-                    for i, row in enumerate(record.samples)]
+        expected = [[str(step), row[0].replace("\r\n", "\n").replace("\r", "\n"), row[1], str(row[2])]
+                    for row in record.samples]
         assert parse_markdown_table(back[step]) == expected, step
         html = markdown_to_safe_html(back[step])  # how TensorBoard's text tab renders it
         assert html.count("<table>") == (step < 4) and html.count("<tr>") == (len(record.samples) + 1) * (step < 4)
@@ -77,7 +77,8 @@ def trajectory(index: int) -> Trajectory:
 
 
 def test_trajectories_round_trip_through_json_cells(tmp_path):
-    """Each trajectory is a table row whose JSON cells give back rewards, meta, messages, tool calls, token ids."""
+    """Each trajectory is a table row (media.TRAJECTORY_COLUMNS) whose cells give back rewards, meta, messages,
+    tool calls and the token count."""
     sink = open_sink(tmp_path)
     records = [Trajectories(step=3, trajectories=[trajectory(i) for i in range(3)], time=1.7e9),
                Trajectories(step=4, trajectories=[], time=1.7e9 + 1)]
@@ -88,12 +89,14 @@ def test_trajectories_round_trip_through_json_cells(tmp_path):
     assert back[4] == "*no trajectories*"
     rows = parse_markdown_table(back[3])
     for row, original in zip(rows, records[0].trajectories, strict=True):
-        index, score, rewards, meta, messages, tool_calls, token_ids = row
+        step, sample_index, rollout_index, validation, score, rewards, messages, tool_calls, num_tokens, meta = row
         assert json.loads(messages) == original.messages and json.loads(tool_calls) == original.tool_calls
-        assert json.loads(meta) == original.meta and json.loads(token_ids) == original.token_array().tolist()
+        meta_back = {**json.loads(meta), "sample_index": int(sample_index), "rollout_index": int(rollout_index),
+                     "validation": validation == "True"}
+        assert step == "3" and meta_back == original.meta and int(num_tokens) == original.token_array().size
         assert json.loads(rewards).keys() == original.rewards.keys()
         assert str(original.score()) == score
-    assert math.isnan(json.loads(rows[1][2])["score"]) and rows[1][1] == "nan"
+    assert math.isnan(json.loads(rows[1][5])["score"]) and rows[1][4] == "nan"
 
 
 def test_histogram_buckets_equal_numpy_bins(tmp_path):
@@ -141,7 +144,7 @@ def test_text_image_and_artifact(tmp_path):
         assert event.encoded_image_string == encode_png(array)
         assert (event.height, event.width) == array.shape[:2]
         assert np.array_equal(np.asarray(PIL_Image.open(io.BytesIO(event.encoded_image_string))), array)
-    assert sink.unsupported == {"artifact": 1}
+    assert sink.counts.unsupported == {"artifact": 1}
     assert read_tensorboard_dir(logdir).points == [(3, "a", 1.0)]
 
 

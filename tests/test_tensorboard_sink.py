@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 
 from pipeline.params import REDACTED, flatten_params, plain_config
 from pipeline.records import Metrics, RunSpec
-from tests.readers.tensorboard_reader import read_tensorboard_dir
+from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir
 from workers.tensorboard_sink import TensorboardSink
 
 STEPS = 300

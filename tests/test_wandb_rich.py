@@ -16,8 +16,8 @@ from PIL import Image as PILImage
 from pipeline.records import (
     Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory,
 )
+from pipeline.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
 from tests.conftest import same_value
-from tests.readers.wandb_reader import read_wandb_media, read_wandb_run
 from workers.wandb_sink import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, WandbSink
 
 LONG = "é🚀x" * 333_334  # ~1 MB of characters, as if the converter had kept it whole
@@ -146,7 +146,7 @@ def test_histogram_text_and_image_come_back_as_written(sink, wandb_dir):
     for step, array in values.items():
         counts, edges = np.histogram(array[np.isfinite(array)], bins=30)
         assert histograms[step] == (edges.tolist(), counts.tolist())
-    assert sink.histogram_nonfinite == 7 + 1 and media.histograms("rollout/empty") == {}
+    assert sink.counts.cuts == {"histogram_nonfinite": 7 + 1} and media.histograms("rollout/empty") == {}
 
     assert {step: [row[1] for row in rows] for step, rows in media.table_rows("notes/prompt").items()} == {
         step: [text] for step, text in texts.items()}
@@ -182,4 +182,4 @@ def test_artifacts_are_recorded_with_their_content(sink, wandb_dir, tmp_path):
     assert (tokenizer.name, tokenizer.type) == ("tokenizer", "dataset")
     assert {name: path.read_bytes() for name, path in tokenizer.files.items()} == {
         "vocab.json": b'{"a": 1}', "sub/merges.txt": b"a b\n"}
-    assert sink.artifacts_missing == 1
+    assert sink.counts.artifacts_missing == 1

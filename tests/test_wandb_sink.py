@@ -17,10 +17,10 @@ pytest.importorskip("wandb")
 from pipeline.errors import MissingExtraError
 from pipeline.params import REDACTED, plain_config
 from pipeline.records import Metrics, RunSpec
-from tests.conftest import same_value
-from tests.readers.wandb_reader import (
+from pipeline.testing.readers.wandb_reader import (
     CorruptRunFileError, iter_payloads, read_run_file, read_wandb_run, run_files,
 )
+from tests.conftest import same_value
 from workers.wandb_sink import WandbSink
 
 STEPS = 300

@@ -253,7 +253,7 @@ def _check_pipeline_sections(trainer: TrainerConfig) -> None:
     from pipeline.backends import backend_names
     from pipeline.config import async_log_config
     from pipeline.rich import record_limits
-    from workers.sink import BACKENDS
+    from pipeline.backends import BACKENDS
 
     async_log_config(trainer.async_log)
     record_limits(trainer.record_limits)

@@ -6,11 +6,11 @@ Rich records get one short summary line each (counts, mean score), never their f
 from __future__ import annotations
 
 import sys
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, Text, Trajectories
+from workers.media import mean_score
 from workers.sink import Sink
-from workers.media import histogram_figures, mean_score
 from workers.steps import merge_by_step
 
 
@@ -30,9 +30,9 @@ class ConsoleSink(Sink):
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         for r in records:
-            figures = histogram_figures(r.array())
-            self._say([f"step:{r.step} - {r.name}: histogram of {figures['count']} values, "
-                       f"mean {figures['mean']:.4g}, min {figures['min']:.4g}, max {figures['max']:.4g}"])
+            figures = r.summary()
+            self._say([f"step:{r.step} - {r.name}: histogram of {figures.count} values, "
+                       f"mean {figures.mean:.4g}, min {figures.min:.4g}, max {figures.max:.4g}"])
 
     def write_text(self, records: Sequence[Text]) -> None:
         self._say(f"step:{r.step} - {r.name}: text of {len(r.text)} characters" for r in records)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
+from workers.media import safe_name
 from workers.sink import Sink
-from workers.media import histogram_figures, safe_name
 from workers.steps import merge_by_step
 
 
@@ -68,7 +69,7 @@ class FileSink(Sink):
             self._append_lines(os.path.join(self.settings["rollout_dir"], f"{record.step}.jsonl"), lines)
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
-        lines = [{"step": r.step, "name": r.name, **histogram_figures(r.array())} for r in records]
+        lines = [{"step": r.step, "name": r.name, **_histogram_line(r)} for r in records]
         self._append_lines(os.path.join(self.settings["media_dir"], "histograms.jsonl"), lines)
 
     def write_text(self, records: Sequence[Text]) -> None:
@@ -103,3 +104,9 @@ class FileSink(Sink):
 
     def where(self) -> str:
         return f"file: {self.settings['path']}"
+
+
+def _histogram_line(record: Histogram) -> dict[str, Any]:
+    figures = record.summary()
+    return {"count": figures.count, "nonfinite": figures.nonfinite, "min": figures.min, "max": figures.max,
+            "mean": figures.mean, "std": figures.std, "bin_edges": figures.bin_edges, "counts": figures.counts}

@@ -1,40 +1,67 @@
-"""Shared shaping of rich records for trackers: histogram figures, safe file names, summary lines."""
+"""How rich records look in trackers, shaped once for every sink: table rows, JSON, safe names.
+
+Tables (wandb, SwanLab, TensorBoard's markdown) use one row shape per kind:
+
+    GENERATION_COLUMNS   step, input, output, score
+    TRAJECTORY_COLUMNS   step, sample_index, rollout_index, validation, score, rewards, messages,
+                         tool_calls, num_tokens, meta   (nested parts as JSON text)
+
+Trackers that store documents instead (MLflow, the file logger) write ``Trajectory.as_dict()``.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-from itertools import groupby
-from typing import Any, Iterator, Sequence, TypeVar
+from typing import Any
 
-import numpy as np
+from pipeline.records import Generations, Trajectories, Trajectory
 
-from pipeline.records import Generations, Trajectories
-
-HISTOGRAM_BINS = 30
 GENERATION_COLUMNS = ["step", "input", "output", "score"]
 TRAJECTORY_COLUMNS = ["step", "sample_index", "rollout_index", "validation", "score", "rewards", "messages",
                       "tool_calls", "num_tokens", "meta"]
-R = TypeVar("R")
 _UNSAFE = re.compile(r"[^\w.\-]+")
 
 
-def histogram_figures(values: np.ndarray, bins: int = HISTOGRAM_BINS) -> dict[str, Any]:
-    """Bins and summary of the finite values (non-finite ones are counted apart)."""
-    finite = values[np.isfinite(values)]
-    out: dict[str, Any] = {"count": int(finite.size), "nonfinite": int(values.size - finite.size)}
-    if finite.size == 0:
-        return {**out, "min": math.nan, "max": math.nan, "mean": math.nan, "std": math.nan,
-                "bin_edges": [], "counts": []}
-    counts, edges = np.histogram(finite, bins=bins)
-    return {**out, "min": float(finite.min()), "max": float(finite.max()), "mean": float(finite.mean()),
-            "std": float(finite.std()), "bin_edges": edges.tolist(), "counts": counts.tolist()}
+def generation_rows(record: Generations) -> list[list[Any]]:
+    """One GENERATION_COLUMNS row per sample."""
+    return [[record.step, text_in, text_out, score] for text_in, text_out, score in record.samples]
 
 
-def safe_name(name: str) -> str:
-    """A name usable as one path component."""
-    return _UNSAFE.sub("_", name).strip("._") or "_"
+def trajectory_rows(record: Trajectories) -> list[list[Any]]:
+    """One TRAJECTORY_COLUMNS row per trajectory."""
+    return [_trajectory_row(record.step, trajectory) for trajectory in record.trajectories]
+
+
+def _trajectory_row(step: int, trajectory: Trajectory) -> list[Any]:
+    meta = dict(trajectory.meta)
+    return [step, meta.pop("sample_index", None), meta.pop("rollout_index", None), meta.pop("validation", None),
+            trajectory.score(), as_json(trajectory.rewards), as_json(trajectory.messages),
+            as_json(trajectory.tool_calls), len(trajectory.token_ids) // 4, as_json(meta)]
+
+
+def as_json(value: Any, strict: bool = False) -> str:
+    """JSON text. By default NaN stays the token NaN, which Python reads back; ``strict`` writes
+    NaN and +-Inf as null, for stores that want strict JSON."""
+    if strict:
+        return json.dumps(_finite_or_none(value), ensure_ascii=False, allow_nan=False)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(item) for item in value]
+    return value
+
+
+def safe_name(name: str, fill: str = "_") -> str:
+    """A name usable as one path component (and as a wandb artifact name): other characters -> ``fill``."""
+    return _UNSAFE.sub(fill, name).strip("._" + fill) or "_"
 
 
 def mean_score(record: Generations | Trajectories) -> float:
@@ -42,21 +69,3 @@ def mean_score(record: Generations | Trajectories) -> float:
               else [t.score() for t in record.trajectories])
     finite = [s for s in scores if math.isfinite(s)]
     return sum(finite) / len(finite) if finite else math.nan
-
-
-def records_by_step(records: Sequence[R]) -> Iterator[tuple[int, list[R]]]:
-    """(step, records) per run of consecutive records sharing a step."""
-    for step, group in groupby(records, key=lambda record: record.step):
-        yield step, list(group)
-
-
-def trajectory_row(step: int, trajectory: Any) -> list[Any]:
-    """One table row (TRAJECTORY_COLUMNS) for a trajectory: nested parts as JSON text."""
-    meta = dict(trajectory.meta)
-    return [step, meta.pop("sample_index", None), meta.pop("rollout_index", None), meta.pop("validation", None),
-            trajectory.score(), as_json(trajectory.rewards), as_json(trajectory.messages),
-            as_json(trajectory.tool_calls), len(trajectory.token_ids) // 4, as_json(meta)]
-
-
-def as_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)  # NaN stays the token NaN, which Python reads back

@@ -1,19 +1,33 @@
-"""The test double: a sink that keeps records in memory, optionally slow or failing.
+"""The test double: a sink that keeps every record it gets, optionally slow or failing.
 
-Selected as backend ``"memory"``; configured under ``trainer.memory_sink``
-(``delay_s`` per write, ``fail_writes``, ``fail_open``). Tests read back what
-arrived from ``Tracking.finish()``'s report (``lanes["memory"].records()``).
+Selected as backend ``"memory"``; configured under ``trainer.memory_sink`` (``delay_s`` per
+write, ``fail_writes``, ``fail_open``, ``dir``). It appends each write as one encoded batch
+(msgpack + zstd, never pickle) to ``<dir>/records.tlb``, so what it got can be read back from any
+process, whether it ran in a lane actor or in-process: ``pipeline.testing.memory_records(run_id)``.
+The default ``dir`` is ``<temp>/tracklane-memory/<run_id>``; a fresh run starts it empty.
 """
 
 from __future__ import annotations
 
+import os
+import struct
+import tempfile
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pipeline.codec import encode_batch
 from pipeline.errors import SinkError
 from pipeline.records import Batch, Record, RunSpec
 from workers.sink import Sink
+
+RECORDS_FILE = "records.tlb"
+FRAME_HEADER = struct.Struct("<I")  # byte length of the encoded batch that follows
+
+
+def memory_dir(run_id: str) -> str:
+    """Where the memory sink of run ``run_id`` keeps its records unless told otherwise."""
+    return os.path.join(tempfile.gettempdir(), "tracklane-memory", run_id)
 
 
 class MemorySink(Sink):
@@ -26,13 +40,17 @@ class MemorySink(Sink):
             "delay_s": float(options.get("delay_s", 0.0)),
             "fail_writes": bool(options.get("fail_writes", False)),
             "fail_open": bool(options.get("fail_open", False)),
+            "dir": os.path.abspath(options.get("dir") or memory_dir(run.run_id)),
         }
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         if self.settings["fail_open"]:
             raise SinkError("memory sink told to fail on open")
-        self.records: list[Record] = []
-        self.closed_with: int | None = None
+        os.makedirs(self.settings["dir"], exist_ok=True)
+        fresh = resume is None and not self.run.resume
+        self._path = os.path.join(self.settings["dir"], RECORDS_FILE)
+        with open(self._path, "wb" if fresh else "ab"):
+            pass
         return {}
 
     def write(self, records: Sequence[Record]) -> None:
@@ -40,11 +58,9 @@ class MemorySink(Sink):
             time.sleep(self.settings["delay_s"])
         if self.settings["fail_writes"]:
             raise SinkError("memory sink told to fail every write")
-        self.records.extend(records)
+        blob = encode_batch(Batch(seq=0, created=time.time(), records=list(records)))
+        with open(self._path, "ab") as handle:
+            handle.write(FRAME_HEADER.pack(len(blob)) + blob)
 
-    def close(self, exit_code: int) -> None:
-        self.closed_with = exit_code
-
-    def snapshot(self) -> bytes:
-        """Everything received, encoded like a batch (msgpack + zstd, never pickle)."""
-        return encode_batch(Batch(seq=0, created=time.time(), records=list(getattr(self, "records", []))))
+    def where(self) -> str:
+        return f"memory: {os.path.join(self.settings['dir'], RECORDS_FILE)}"

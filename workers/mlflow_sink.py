@@ -30,20 +30,20 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
-import math
 import os
 import posixpath
 import re
 import time
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 from pipeline.errors import SinkError
+from pipeline.histogram import HistogramFigures
 from pipeline.params import flatten_params
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
-from workers.media import HISTOGRAM_BINS
+from workers.media import as_json
 from workers.sink import Sink, import_sdk
 
 log = logging.getLogger("tracklane")
@@ -103,8 +103,6 @@ class MlflowSink(Sink):
         super().__init__(run, settings)
         self.tracking_uri: str = self.settings["tracking_uri"]
         self.run_id: str = ""
-        self.params_truncated = 0
-        """How many param values were cut to MLflow's length limit."""
         self._client: Any = None
         self._keys: dict[str, str] = {}  # metric name -> sanitised name, warned once each
         self._closed = False
@@ -159,20 +157,21 @@ class MlflowSink(Sink):
         from mlflow.entities import Param
 
         params = []
+        truncated = 0
         for key, value in flatten_params(self.run.params).items():
             name, text = mlflow_key(key), str(value)
             if len(text) > MAX_PARAM_VALUE_LENGTH:
                 text = text[:MAX_PARAM_VALUE_LENGTH]
-                self.params_truncated += 1
+                truncated += 1
             if name in existing:  # attached run: MLflow params are write-once
                 if existing[name] != text:
                     log.warning("mlflow: run %s already has param %r = %r; keeping it, not %r",
                                 self.run_id, name, existing[name][:100], text[:100])
                 continue
             params.append(Param(name, text))
-        if self.params_truncated:
-            log.warning("mlflow: %d param value(s) cut to %d characters", self.params_truncated,
-                        MAX_PARAM_VALUE_LENGTH)
+        if truncated:
+            self.counts.add(self.counts.cuts, "params_truncated", truncated)
+            log.warning("mlflow: %d param value(s) cut to %d characters", truncated, MAX_PARAM_VALUE_LENGTH)
         for start in range(0, len(params), MAX_PARAMS_PER_REQUEST):
             self._client.log_batch(self.run_id, params=params[start:start + MAX_PARAMS_PER_REQUEST],
                                    synchronous=True)
@@ -207,18 +206,16 @@ class MlflowSink(Sink):
                 self._log_json(content, "trajectories", record.key, record.step)
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
-        import numpy as np
         from mlflow.entities import Metric
 
         metrics = []
         with _translate(f"log histograms to MLflow run {self.run_id}"):
             for record in records:
-                values = record.array()
-                finite = values[np.isfinite(values)]
-                self._log_json(_histogram_json(record, values, finite), "histograms", record.name, record.step)
+                figures = record.summary()
+                self._log_json(_histogram_json(record, figures), "histograms", record.name, record.step)
                 timestamp = int(record.time * 1000)
                 metrics += [Metric(self._key(f"{record.name}/{stat}"), value, timestamp, record.step)
-                            for stat, value in _summary(finite).items()]
+                            for stat, value in _summary(figures).items()]
             self._log_metrics(metrics)
 
     def write_text(self, records: Sequence[Text]) -> None:
@@ -247,8 +244,7 @@ class MlflowSink(Sink):
                     self._client.log_artifact(self.run_id, record.path, artifact_path=folder)
 
     def _log_json(self, content: Any, kind: str, name: str, step: int) -> None:
-        text = json.dumps(_strict_json(content), ensure_ascii=False, allow_nan=False)
-        self._client.log_text(self.run_id, text, _artifact_file(kind, name, step, "json"))
+        self._client.log_text(self.run_id, as_json(content, strict=True), _artifact_file(kind, name, step, "json"))
 
     def _key(self, key: str) -> str:
         name = self._keys.get(key)
@@ -282,34 +278,18 @@ def _artifact_file(kind: str, name: str, step: int, extension: str) -> str:
     return f"{kind}/{_path_part(name)}/step_{step:08d}.{extension}"
 
 
-def _strict_json(value: Any) -> Any:
-    """``value`` with every NaN or +-Inf replaced by None, so the file is strict JSON."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _strict_json(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(item) for item in value]
-    return value
-
-
-def _histogram_json(record: Histogram, values: Any, finite: Any) -> dict[str, Any]:
+def _histogram_json(record: Histogram, figures: HistogramFigures) -> dict[str, Any]:
     """Bin edges and counts of the finite values (numpy's bins), and how many values were not finite."""
-    import numpy as np
-
-    counts, edges = np.histogram(finite, bins=HISTOGRAM_BINS) if finite.size else (np.zeros(0, np.int64), np.zeros(0))
-    return {"step": record.step, "name": record.name, "bin_edges": edges.tolist(), "counts": counts.tolist(),
-            "count": int(finite.size), "nonfinite": {"nan": int(np.isnan(values).sum()),
-                                                     "+inf": int(np.isposinf(values).sum()),
-                                                     "-inf": int(np.isneginf(values).sum())}}
+    return {"step": record.step, "name": record.name, "bin_edges": figures.bin_edges, "counts": figures.counts,
+            "count": figures.count, "nonfinite": {"nan": figures.nan, "+inf": figures.posinf, "-inf": figures.neginf}}
 
 
-def _summary(finite: Any) -> dict[str, float]:
+def _summary(figures: HistogramFigures) -> dict[str, float]:
     """count, and mean / std (population) / min / max when there is any finite value."""
-    if not finite.size:
+    if not figures.count:
         return {"count": 0.0}
-    return {"mean": float(finite.mean()), "std": float(finite.std()), "min": float(finite.min()),
-            "max": float(finite.max()), "count": float(finite.size)}
+    return {"mean": figures.mean, "std": figures.std, "min": figures.min, "max": figures.max,
+            "count": float(figures.count)}
 
 
 @contextlib.contextmanager

@@ -1,16 +1,17 @@
-"""The one small protocol every tracker implements, and the registry of backends.
+"""The one small protocol every tracker implements.
 
-A sink is a plain class, one per tracker, one file each. The same object runs
-in-process (``log_async: false``) and inside a lane's Ray actor (``log_async: true``):
+A sink is a plain class, one per tracker, one file each, registered by name in
+``pipeline/backends.py``. The same object runs in-process (``log_async: false``) and inside a
+lane's Ray actor (``log_async: true``), always behind a ``SinkHost`` (sink_host.py):
 
     settings = SinkClass.resolve(run, env, trainer)   # trainer side, once: env read at the edge
     sink = SinkClass(run, settings)
     resume = sink.open(None)      # create the tracker run, log hyper-parameters once;
                                   # returns what is needed to re-attach (e.g. a run id)
-    sink.write(records)           # any number of times, records in step order; the base class
-                                  # hands each run of one kind to write_<kind>() (write_metrics,
-                                  # write_generations, write_trajectories, write_histogram,
-                                  # write_text, write_image, write_artifact)
+    sink.write(records)           # any number of times, records in step order; each run of one
+                                  # kind goes to its hook: write_metrics, write_generations,
+                                  # write_trajectories, write_histogram, write_text, write_image,
+                                  # write_artifact (the base's hooks count the kind unsupported)
     sink.flush()
     sink.close(exit_code)         # end the tracker run (FINISHED / FAILED, exit code ...)
 
@@ -21,31 +22,20 @@ the same tracker run without logging the hyper-parameters a second time.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
 import os
-from typing import Any, ClassVar, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
-from pipeline.errors import ConfigError, MissingExtraError
-from pipeline.records import Record, RunSpec
+from pipeline.ack import SinkCounts
+from pipeline.errors import MissingExtraError
+from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 
 log = logging.getLogger("tracklane")
 
-# backend name -> "module:Class"; modules are imported only when a backend is used.
-BACKENDS: dict[str, str] = {
-    "console": "workers.console_sink:ConsoleSink",
-    "wandb": "workers.wandb_sink:WandbSink",
-    "mlflow": "workers.mlflow_sink:MlflowSink",
-    "swanlab": "workers.swanlab_sink:SwanlabSink",
-    "tensorboard": "workers.tensorboard_sink:TensorboardSink",
-    "file": "workers.file_sink:FileSink",
-}
-# Not user-selectable by name in a config, but usable by tests and by users' own tests.
-EXTRA_SINKS: dict[str, str] = {"memory": "workers.memory_sink:MemorySink"}
-
 
 class Sink:
-    """Base class with the defaults; subclasses override what their tracker needs."""
+    """Base class with the defaults; subclasses override the hooks their tracker stores."""
 
     name: ClassVar[str] = ""
     sdk_module: ClassVar[str | None] = None
@@ -57,50 +47,74 @@ class Sink:
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
         """Settings from the environment and ``config.trainer``, read once on the trainer side.
 
-        The result must hold only plain values: it is sent to the lane actor with msgpack.
+        The result must hold only plain values and no secret: it is sent to the lane actor with
+        msgpack, and Ray keeps it to restart the actor. A sink reads its API key in ``open()``.
         """
         return {}
 
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         self.run = run
         self.settings = dict(settings)
-        self.unsupported: dict[str, int] = {}
-        """Records of kinds this tracker cannot store, by kind."""
-        self.artifacts_missing = 0
-        """Artifact records whose path did not exist when the sink reached them (skipped)."""
+        self.counts = SinkCounts()
+        """What this tracker did not store; the host may hand in the counts of an earlier actor."""
+        self._hooks: dict[str, Callable[[Any], None]] = {
+            Metrics.kind: self.write_metrics, Generations.kind: self.write_generations,
+            Trajectories.kind: self.write_trajectories, Histogram.kind: self.write_histogram,
+            Text.kind: self.write_text, Image.kind: self.write_image, Artifact.kind: self.write_artifact,
+        }
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
 
     def write(self, records: Sequence[Record]) -> None:
-        """Hand each run of consecutive records of one kind to ``write_<kind>``, keeping their order."""
+        """Hand each run of consecutive records of one kind to its hook, keeping their order."""
         start = 0
         for index in range(1, len(records) + 1):
             if index == len(records) or records[index].kind != records[start].kind:
-                self._write_kind(records[start].kind, records[start:index])
+                kind, run = records[start].kind, records[start:index]
+                if kind == Artifact.kind and type(self).write_artifact is not Sink.write_artifact:
+                    run = self._existing_files(run)  # type: ignore[arg-type]
+                if run:
+                    self._hooks[kind](run)
                 start = index
 
-    def _write_kind(self, kind: str, records: Sequence[Record]) -> None:
-        handler = getattr(self, f"write_{kind}", None)
-        if handler is not None:
-            if kind == "artifact":
-                records = self._existing_files(records)
-            if records:
-                handler(records)
-            return
-        self.unsupported[kind] = self.unsupported.get(kind, 0) + len(records)
-        if self.unsupported[kind] == len(records):
+    # -- the hooks: a tracker overrides what it stores ------------------------------------
+    def write_metrics(self, records: Sequence[Metrics]) -> None:
+        self._unsupported(Metrics.kind, len(records))
+
+    def write_generations(self, records: Sequence[Generations]) -> None:
+        self._unsupported(Generations.kind, len(records))
+
+    def write_trajectories(self, records: Sequence[Trajectories]) -> None:
+        self._unsupported(Trajectories.kind, len(records))
+
+    def write_histogram(self, records: Sequence[Histogram]) -> None:
+        self._unsupported(Histogram.kind, len(records))
+
+    def write_text(self, records: Sequence[Text]) -> None:
+        self._unsupported(Text.kind, len(records))
+
+    def write_image(self, records: Sequence[Image]) -> None:
+        self._unsupported(Image.kind, len(records))
+
+    def write_artifact(self, records: Sequence[Artifact]) -> None:
+        self._unsupported(Artifact.kind, len(records))
+
+    def _unsupported(self, kind: str, n: int) -> None:
+        first = kind not in self.counts.unsupported
+        self.counts.add(self.counts.unsupported, kind, n)
+        if first:
             log.warning("tracklane: the %s backend does not store %s records; skipping them (counted)", self.name, kind)
 
-    def _existing_files(self, records: Sequence[Record]) -> list[Record]:
-        """Artifacts whose file is gone are skipped and counted: retrying cannot help, and failing
-        the write would fail the whole batch around them."""
+    def _existing_files(self, records: Sequence[Artifact]) -> list[Artifact]:
+        """Artifacts whose file is still there; the others are skipped and counted (retrying cannot
+        help, and failing the write would fail the whole batch around them)."""
         kept = []
         for record in records:
             if os.path.exists(record.path):
                 kept.append(record)
                 continue
-            self.artifacts_missing += 1
+            self.counts.artifacts_missing += 1
             log.warning("tracklane: %s: artifact %r (%s) not found at %s; skipped (counted)",
                         self.name, record.name, record.type, record.path)
         return kept
@@ -116,24 +130,10 @@ class Sink:
         return self.name
 
 
-def backend_class(name: str) -> type[Sink]:
-    """The sink class registered for ``name`` (imports its module, not its SDK)."""
-    target = BACKENDS.get(name) or EXTRA_SINKS.get(name)
-    if target is None:
-        raise ConfigError(f"unknown backend {name!r}; valid backends are: {', '.join(BACKENDS)}")
-    module_name, _, class_name = target.partition(":")
-    return getattr(importlib.import_module(module_name), class_name)
-
-
-def check_installed(cls: type[Sink]) -> None:
-    """Raise ``MissingExtraError`` naming the pip extra if the tracker SDK is absent."""
-    if cls.sdk_module and importlib.util.find_spec(cls.sdk_module) is None:
-        raise MissingExtraError(cls.name, cls.sdk_module, cls.extra or cls.name)
-
-
 def import_sdk(cls: type[Sink], module: str | None = None) -> Any:
     """Import the tracker SDK inside a sink, translating ImportError to ``MissingExtraError``."""
     module = module or cls.sdk_module
+    assert module is not None, f"{cls.__name__} names no SDK module"
     try:
         return importlib.import_module(module)
     except ImportError as exc:

@@ -1,25 +1,36 @@
-"""Grouping of metric records by step, which every tracker wants."""
+"""Grouping records by step, which every tracker wants: one way, used by every sink."""
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import groupby
+from typing import TypeVar
 
 from pipeline.records import Metrics
 
+R = TypeVar("R")
+
+
+def records_by_step(records: Iterable[R]) -> Iterator[tuple[int, list[R]]]:
+    """(step, records) per run of consecutive records sharing a step."""
+    for step, group in groupby(records, key=lambda record: record.step):  # type: ignore[attr-defined]
+        yield step, list(group)
+
+
+def merged_values(group: Sequence[Metrics]) -> dict[str, float | int]:
+    """The values of one step's metric records; later values win.
+
+    A step with one record gives that record's own dict (no copy): callers must not change it.
+    """
+    if len(group) == 1:
+        return group[0].values
+    merged: dict[str, float | int] = {}
+    for record in group:
+        merged.update(record.values)
+    return merged
+
 
 def merge_by_step(records: Iterable[Metrics]) -> Iterator[tuple[int, dict[str, float | int]]]:
-    """Yield (step, values) once per run of consecutive records sharing a step; later values win.
-
-    A step with one record yields that record's own dict (no copy): callers must not change it.
-    """
-    step: int | None = None
-    merged: dict[str, float | int] = {}
-    for record in records:
-        if record.step == step:
-            merged = {**merged, **record.values}  # a new dict: the records stay untouched
-            continue
-        if step is not None:
-            yield step, merged
-        step, merged = record.step, record.values
-    if step is not None:
-        yield step, merged
+    """(step, values) once per run of consecutive metric records sharing a step."""
+    for step, group in records_by_step(records):
+        yield step, merged_values(group)

@@ -28,15 +28,15 @@ import logging
 import math
 import os
 import shutil
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any
 
 from pipeline.errors import SinkError
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
-from workers.media import (GENERATION_COLUMNS, TRAJECTORY_COLUMNS, R, histogram_figures, records_by_step,
-                           safe_name, trajectory_row)
+from workers.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
 from workers.sink import Sink, import_sdk
-from workers.steps import merge_by_step
+from workers.steps import R, merge_by_step, records_by_step
 
 log = logging.getLogger("tracklane")
 
@@ -55,24 +55,18 @@ class SwanlabSink(Sink):
     sdk_module = "swanlab"
     extra = "swanlab"
 
-    skipped_nonfinite: ClassVar[int] = 0
-    """Always 0: SwanLab stores NaN and +-Inf as given (its cloud upload shows +-Inf as NaN)."""
-
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
-        """Mode, log folder and API key from the same variables verl reads."""
-        api_key = env.get("SWANLAB_API_KEY") or None
+        """Mode and log folder from the same variables verl reads. ``SWANLAB_API_KEY`` is not among
+        them: settings travel as Ray actor arguments, so the key is read in ``open()`` from the
+        environment of the process that logs in (the actor inherits it from Ray's workers)."""
         return {
             "mode": env.get("SWANLAB_MODE") or DEFAULT_MODE,
             "logdir": os.path.abspath(env.get("SWANLAB_LOG_DIR") or DEFAULT_LOGDIR),
-            "has_api_key": api_key is not None,
-            "api_key": api_key,
         }
 
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         super().__init__(run, settings)
-        # Kept apart from self.settings so that nothing printing the settings shows it.
-        self._api_key: str | None = self.settings.pop("api_key", None)
         self._run: Any = None  # swanlab Run, None until open() and after close()
         self._where = f"swanlab: {self.settings.get('mode')} run (not started)"
 
@@ -102,8 +96,9 @@ class SwanlabSink(Sink):
     def _sdk_settings(self, swanlab: Any) -> Any:
         # Never prompt for a login (a lane actor has no terminal); the key is only needed
         # to log in to the cloud, so offline and local runs never receive it.
-        if self._api_key and self.settings["mode"] in _ONLINE:
-            return swanlab.Settings(interactive=False, api_key=self._api_key)
+        api_key = os.environ.get("SWANLAB_API_KEY")
+        if api_key and self.settings["mode"] in _ONLINE:
+            return swanlab.Settings(interactive=False, api_key=api_key)
         return swanlab.Settings(interactive=False)
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
@@ -114,24 +109,23 @@ class SwanlabSink(Sink):
             log(values, step=step)
 
     def write_generations(self, records: Sequence[Generations]) -> None:
-        self._log_tables(records, GENERATION_COLUMNS,
-                         lambda r: [[r.step, text_in, text_out, score] for text_in, text_out, score in r.samples])
+        self._log_tables(records, GENERATION_COLUMNS, generation_rows)
 
     def write_trajectories(self, records: Sequence[Trajectories]) -> None:
-        self._log_tables(records, TRAJECTORY_COLUMNS, lambda r: [trajectory_row(r.step, t) for t in r.trajectories])
+        self._log_tables(records, TRAJECTORY_COLUMNS, trajectory_rows)
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         swanlab = import_sdk(type(self))
         for step, group in records_by_step(self._live(records)):
             values: dict[str, Any] = {}
             for record in group:
-                figures = histogram_figures(record.array())
-                stats = HISTOGRAM_STATS if figures["count"] else ("count",)
-                values.update({f"{record.name}/{stat}": float(figures[stat]) for stat in stats})
-                if figures["count"]:
+                figures = record.summary()
+                stats = HISTOGRAM_STATS if figures.count else ("count",)
+                values.update({f"{record.name}/{stat}": float(getattr(figures, stat)) for stat in stats})
+                if figures.count:
                     bar = swanlab.echarts.Bar()
-                    bar.add_xaxis([f"{edge:.6g}" for edge in figures["bin_edges"][:-1]])
-                    bar.add_yaxis("count", figures["counts"])
+                    bar.add_xaxis([f"{edge:.6g}" for edge in figures.bin_edges[:-1]])
+                    bar.add_yaxis("count", figures.counts)
                     values[record.name] = bar
             self._run.log(values, step=step)
 
@@ -165,7 +159,7 @@ class SwanlabSink(Sink):
             for path in copies:  # one file per call: run.save takes a glob and refuses more than 100 matches
                 self._run.save(glob.escape(str(path)), base_path=str(files), policy="now")
 
-    def _log_tables(self, records: Sequence[R], columns: list[str], rows_of: Callable[[R], list[list[Any]]]) -> None:
+    def _log_tables(self, records: Sequence[Any], columns: list[str], rows_of: Callable[[Any], list[list[Any]]]) -> None:
         """One echarts Table per key and step, holding that step's rows."""
         swanlab = import_sdk(type(self))
         for step, group in records_by_step(self._live(records)):

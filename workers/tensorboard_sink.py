@@ -8,10 +8,10 @@ its events are handed to the OS, so an acknowledged batch survives the actor's d
 
 Rich records, one event per record at its step:
 
-    generations   text  "<key>/text_summary": markdown table | sample | input | output | score |
-    trajectories  text  "<key>/text_summary": markdown table | trajectory | score | rewards | meta | messages |
-                  tool_calls | token_ids |, the last five cells JSON (NaN written as the token NaN);
-                  an empty list is written as "*no samples*" / "*no trajectories*"
+    generations   text  "<key>/text_summary": markdown table, columns GENERATION_COLUMNS (workers/media.py)
+    trajectories  text  "<key>/text_summary": markdown table, columns TRAJECTORY_COLUMNS: nested parts as
+                  JSON cells (NaN written as the token NaN), the token count (the ids are in the file
+                  logger's and MLflow's JSON); an empty list is written as "*no samples*" / "*no trajectories*"
     histogram     histo "<name>": 30 bins of the finite values (non-finite ones left out; none finite: no event)
     text          text  "<name>/text_summary"
     image         image "<name>": the PNG bytes as given, with height, width and colour space from its header
@@ -23,23 +23,23 @@ validation generations that way). In table cells ``|`` and ``\\`` are escaped an
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 import uuid
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from pipeline.histogram import HistogramFigures
 from pipeline.params import flatten_params
 from pipeline.records import Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
-from workers.media import HISTOGRAM_BINS
+from workers.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, trajectory_rows
 from workers.sink import Sink, import_sdk
+from workers.steps import merged_values, records_by_step
 
 PARAMS_TAG = "hyperparameters"
 FLUSH_SECS = 10  # the writer thread's own flush period; write() and flush() force one
 MAX_QUEUED_EVENTS = 100  # events (steps) queued for the writer thread before add_event blocks
 TEXT_SUFFIX = "/text_summary"  # torch's SummaryWriter.add_text appends it to every text tag
-GENERATION_COLUMNS = ("sample", "input", "output", "score")
-TRAJECTORY_COLUMNS = ("trajectory", "score", "rewards", "meta", "messages", "tool_calls", "token_ids")
 # PNG colour type (IHDR byte 25) -> Summary.Image colorspace: 1 grey, 2 grey+alpha, 3 RGB, 4 RGBA
 _PNG_COLORSPACE = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
 
@@ -85,37 +85,29 @@ class TensorboardSink(Sink):
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
-        summary, step, wall_time = None, None, 0.0
-        for record in records:
-            if record.step != step:
-                if summary is not None:
-                    self._writer.add_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
-                summary, step, wall_time = summary_pb2.Summary(), record.step, record.time
-            summary.value.extend(
-                summary_pb2.Summary.Value(tag=key, simple_value=value) for key, value in record.values.items()
-            )
-        if summary is not None:
-            self._writer.add_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
+        for step, group in records_by_step(records):
+            summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=key, simple_value=value)
+                                                 for key, value in merged_values(group).items()])
+            self._writer.add_event(event_pb2.Event(wall_time=group[0].time, step=step, summary=summary))
         self._writer.flush()  # in the OS's hands before the batch is acknowledged
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         for record in records:
-            rows = [(index, row[0], row[1], row[2]) for index, row in enumerate(record.samples)]
-            self._add_text(record.step, record.time, record.key, _table(GENERATION_COLUMNS, rows, "no samples"))
+            table = _table(GENERATION_COLUMNS, generation_rows(record), "no samples")
+            self._add_text(record.step, record.time, record.key, table)
         self._writer.flush()
 
     def write_trajectories(self, records: Sequence[Trajectories]) -> None:
         for record in records:
-            rows = [(index, t.score(), *(_json(value) for value in (t.rewards, t.meta, t.messages, t.tool_calls)),
-                     _json(t.token_array().tolist())) for index, t in enumerate(record.trajectories)]
-            self._add_text(record.step, record.time, record.key, _table(TRAJECTORY_COLUMNS, rows, "no trajectories"))
+            table = _table(TRAJECTORY_COLUMNS, trajectory_rows(record), "no trajectories")
+            self._add_text(record.step, record.time, record.key, table)
         self._writer.flush()
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         from tensorboard.compat.proto import summary_pb2
 
         for record in records:
-            histogram = _histogram_proto(record.array())
+            histogram = _histogram_proto(record.summary())
             if histogram is not None:
                 self._add_value(record.step, record.time, summary_pb2.Summary.Value(tag=record.name, histo=histogram))
         self._writer.flush()
@@ -181,24 +173,17 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], empty: str) ->
     return "\n".join(lines)
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _histogram_proto(values: Any) -> Any:
+def _histogram_proto(figures: HistogramFigures) -> Any:
     """A HistogramProto of the finite values: 30 numpy bins after an empty one whose limit is the left edge.
 
     TensorBoard stores only right bin limits; the leading empty bucket keeps the left edge, as
     torch's ``make_histogram`` does. None when no value is finite.
     """
-    import numpy as np
     from tensorboard.compat.proto import summary_pb2
 
-    finite = values[np.isfinite(values)]
-    if not finite.size:
+    if not figures.count:
         return None
-    counts, edges = np.histogram(finite, bins=HISTOGRAM_BINS)
     return summary_pb2.HistogramProto(
-        min=float(finite.min()), max=float(finite.max()), num=float(finite.size), sum=float(finite.sum()),
-        sum_squares=float(finite @ finite), bucket_limit=edges.tolist(), bucket=[0.0, *counts.tolist()],
+        min=figures.min, max=figures.max, num=float(figures.count), sum=figures.sum, sum_squares=figures.sum_squares,
+        bucket_limit=figures.bin_edges, bucket=[0.0, *figures.counts],
     )

@@ -6,7 +6,7 @@ Rich records, as wandb 0.31 stores them (offline: under the run's ``files/``):
                   score; each log writes only the step's new rows (files/media/table/<key>_*.table.json)
     trajectories  the same, columns TRAJECTORY_COLUMNS (messages, tool calls, rewards, meta as JSON)
     histogram     ``wandb.Histogram`` of the finite values (30 bins, as the other trackers); non-finite
-                  values are left out and counted in ``histogram_nonfinite``
+                  values are left out and counted (``LaneReport.cuts["histogram_nonfinite"]``)
     text          an INCREMENTAL table per name, columns step, text (exact text back; ``wandb.Html``
                   would need escaping and wraps the text in markup)
     image         ``wandb.Image`` of the PNG file as given (files/media/images/)
@@ -22,21 +22,19 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import tempfile
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from pipeline.errors import SinkError
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
-from workers.media import (GENERATION_COLUMNS, TRAJECTORY_COLUMNS, R, histogram_figures, records_by_step,
-                           trajectory_row)
+from workers.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
 from workers.sink import Sink, import_sdk
-from workers.steps import merge_by_step
+from workers.steps import R, merge_by_step, records_by_step
 
 log = logging.getLogger("tracklane")
 
 TEXT_COLUMNS = ["step", "text"]
-_ARTIFACT_NAME = re.compile(r"[^\w.\-]+")  # wandb allows alphanumerics, dashes, underscores and dots
 
 
 class WandbSink(Sink):
@@ -62,8 +60,6 @@ class WandbSink(Sink):
         self._run_dir: str | None = None
         self._tables: dict[str, Any] = {}  # key -> the run's INCREMENTAL wandb.Table
         self._released: dict[str, int] = {}  # key -> rows of that table already logged and released
-        self.histogram_nonfinite = 0
-        """NaN and +-Inf histogram values left out (wandb.Histogram needs finite values)."""
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         wandb = import_sdk(type(self))
@@ -97,12 +93,10 @@ class WandbSink(Sink):
             self._run.log(values, step=step)
 
     def write_generations(self, records: Sequence[Generations]) -> None:
-        self._log_rows(records, GENERATION_COLUMNS, lambda r: r.key,
-                       lambda r: [[r.step, text_in, text_out, score] for text_in, text_out, score in r.samples])
+        self._log_rows(records, GENERATION_COLUMNS, lambda r: r.key, generation_rows)
 
     def write_trajectories(self, records: Sequence[Trajectories]) -> None:
-        self._log_rows(records, TRAJECTORY_COLUMNS, lambda r: r.key,
-                       lambda r: [trajectory_row(r.step, t) for t in r.trajectories])
+        self._log_rows(records, TRAJECTORY_COLUMNS, lambda r: r.key, trajectory_rows)
 
     def write_text(self, records: Sequence[Text]) -> None:
         self._log_rows(records, TEXT_COLUMNS, lambda r: r.name, lambda r: [[r.step, r.text]])
@@ -112,10 +106,11 @@ class WandbSink(Sink):
         for step, group in records_by_step(records):
             values = {}
             for record in group:
-                figures = histogram_figures(record.array())
-                self.histogram_nonfinite += figures["nonfinite"]
-                if figures["count"]:  # nothing finite: an empty histogram would only mislead
-                    values[record.name] = wandb.Histogram(np_histogram=(figures["counts"], figures["bin_edges"]))
+                figures = record.summary()
+                if figures.nonfinite:  # wandb.Histogram needs finite values
+                    self.counts.add(self.counts.cuts, "histogram_nonfinite", figures.nonfinite)
+                if figures.count:  # nothing finite: an empty histogram would only mislead
+                    values[record.name] = wandb.Histogram(np_histogram=(figures.counts, figures.bin_edges))
             if values:
                 self._run.log(values, step=step)
 
@@ -135,7 +130,8 @@ class WandbSink(Sink):
     def write_artifact(self, records: Sequence[Artifact]) -> None:
         wandb = import_sdk(type(self))
         for record in records:
-            artifact = wandb.Artifact(_artifact_name(record.name), type=_artifact_name(record.type),
+            # wandb allows only alphanumerics, dashes, underscores and dots in artifact names and types
+            artifact = wandb.Artifact(safe_name(record.name, "-"), type=safe_name(record.type, "-"),
                                       metadata={"step": record.step, "source": record.path})
             if os.path.isdir(record.path):
                 artifact.add_dir(record.path)
@@ -223,8 +219,3 @@ def _pil_image(png: bytes) -> Any:
     image = PILImage.open(io.BytesIO(png))
     image.load()
     return image
-
-
-def _artifact_name(name: str) -> str:
-    """wandb rejects other characters in artifact names and types: they become "-"."""
-    return _ARTIFACT_NAME.sub("-", name).strip("-") or "artifact"

@@ -29,9 +29,10 @@ import json
 import re
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from . import ReadBack
 
@@ -80,7 +81,7 @@ def read_run_file(path: str | Path) -> ReadBack:
 
     back = ReadBack()
     for payload in iter_payloads(path):
-        record = wandb_internal_pb2.Record()
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # generated protobuf
         record.ParseFromString(payload)
         kind = record.WhichOneof("record_type")
         if kind == "history":
@@ -276,7 +277,7 @@ def read_wandb_media(wandb_dir: str | Path, run_id: str | None = None) -> WandbM
     for path in run_files(wandb_dir, run_id):
         files_dir = Path(path).parent / "files"
         for payload in iter_payloads(path):
-            record = wandb_internal_pb2.Record.FromString(payload)
+            record = wandb_internal_pb2.Record.FromString(payload)  # type: ignore[attr-defined]  # generated protobuf
             kind = record.WhichOneof("record_type")
             if kind == "history":
                 step, _, values = _history_row(record.history)

@@ -1,9 +1,11 @@
-"""A real ``mlflow server`` for tests: a session fixture and a tiny start/stop CLI for CI.
+"""A real local ``mlflow server`` for tests and benchmarks: start/stop functions and a tiny CLI for CI.
 
-    pytest:   from tests.mlflow_server import mlflow_server_uri   (session-scoped fixture)
-    CI:       python tests/mlflow_server.py start DIR   -> prints the URI, writes DIR/server.pid
-              export TRACKLANE_TEST_MLFLOW_URI=...       (the fixture then reuses that server)
-              python tests/mlflow_server.py stop DIR
+    Python:   from pipeline.testing.mlflow_server import start_server, stop_server
+              proc, uri = start_server(DIR); ...; stop_server(proc.pid)
+    pytest:   the session fixture ``mlflow_server_uri`` (tests/conftest.py) is built on these
+    CI:       python -m pipeline.testing.mlflow_server start DIR   -> prints the URI, writes DIR/server.pid
+              export TRACKLANE_TEST_MLFLOW_URI=...                 (the fixture then reuses that server)
+              python -m pipeline.testing.mlflow_server stop DIR
 
 The server runs with one worker, a sqlite backend store in DIR and proxied artifacts, in its own
 process group so stopping it also ends the workers it forked.
@@ -20,9 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 URI_ENV = "TRACKLANE_TEST_MLFLOW_URI"
+"""When set, the URI of a running server that the tests reuse instead of starting their own."""
 START_TIMEOUT_S = 60.0
 
 
@@ -100,23 +101,10 @@ def stop_server(pid: int, timeout: float = 10.0) -> None:
             pass
 
 
-@pytest.fixture(scope="session")
-def mlflow_server_uri(tmp_path_factory: pytest.TempPathFactory):
-    """The URI of a running MLflow tracking server, shared by the whole test session."""
-    if os.environ.get(URI_ENV):
-        yield os.environ[URI_ENV]
-        return
-    proc, uri = start_server(tmp_path_factory.mktemp("mlflow_server"))
-    try:
-        yield uri
-    finally:
-        stop_server(proc.pid)
-        proc.wait(timeout=5)
-
-
 def main(argv: list[str]) -> int:
+    """The CLI: ``start DIR`` starts a server and prints its URI, ``stop DIR`` stops the one started there."""
     if len(argv) != 2 or argv[0] not in ("start", "stop"):
-        print("usage: python tests/mlflow_server.py start|stop DIR", file=sys.stderr)
+        print("usage: python -m pipeline.testing.mlflow_server start|stop DIR", file=sys.stderr)
         return 2
     action, root = argv[0], Path(argv[1])
     pid_file = root / "server.pid"

@@ -41,7 +41,8 @@ def find_mlflow_run_ids(tracking_uri: str, project: str, run_name: str) -> list[
 def list_mlflow_artifacts(tracking_uri: str, run_id: str, path: str | None = None) -> list[str]:
     """Every artifact file of the run under ``path`` (recursively), as run-relative paths, sorted."""
     client = MlflowClient(tracking_uri=tracking_uri)
-    files, folders = [], [path]
+    files: list[str] = []
+    folders = [path]
     while folders:
         for info in client.list_artifacts(run_id, folders.pop()):
             (folders if info.is_dir else files).append(info.path)

@@ -1,0 +1,99 @@
+"""What a sink host answers: how far its tracker got and what it could not store.
+
+The lane actor sends an ``Ack`` back for every call, as msgpack of its plain fields (never
+pickle); the trainer side reads it in ``Lane`` and merges it into a ``LaneReport`` in exactly
+one place (``LaneReport.take``). The synchronous path builds the same ``Ack`` in-process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from .errors import CodecError
+
+
+@dataclass(slots=True, kw_only=True)
+class SinkCounts:
+    """Records (or values) a tracker did not store, and why; cumulative over the lane's life.
+
+    The lane actor saves them with its acknowledgement state, so a restarted actor continues
+    the counts instead of starting again from zero.
+    """
+
+    failed_records: int = 0
+    """Records the tracker rejected after every retry (or that never reached an opened tracker)."""
+    unsupported: dict[str, int] = field(default_factory=dict)
+    """Records of kinds this tracker cannot store (e.g. artifacts in TensorBoard), by kind."""
+    artifacts_missing: int = 0
+    """Artifact records whose file was gone when the sink reached them (skipped)."""
+    cuts: dict[str, int] = field(default_factory=dict)
+    """Values a tracker's own limits cut or left out, by what (``params_truncated``: MLflow param
+    values cut to 6000 characters; ``histogram_nonfinite``: NaN/Inf histogram values wandb cannot bin)."""
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"failed_records": self.failed_records, "unsupported": dict(self.unsupported),
+                "artifacts_missing": self.artifacts_missing, "cuts": dict(self.cuts)}
+
+    @classmethod
+    def from_plain(cls, data: Any) -> SinkCounts:
+        if not isinstance(data, dict):
+            raise CodecError(f"sink counts must be a map, got {type(data).__name__}")
+        return cls(failed_records=_int(data.get("failed_records", 0)), unsupported=_counts(data.get("unsupported")),
+                   artifacts_missing=_int(data.get("artifacts_missing", 0)), cuts=_counts(data.get("cuts")))
+
+    def add(self, table: dict[str, int], what: str, n: int) -> None:
+        """Add ``n`` to ``table[what]`` (``table`` is ``self.unsupported`` or ``self.cuts``)."""
+        table[what] = table.get(what, 0) + n
+
+
+@dataclass(slots=True, kw_only=True)
+class Ack:
+    """One answer of a sink host: ``applied`` is the last batch durable in the tracker."""
+
+    applied: int
+    """Sequence number of the last batch written into the tracker (0 on the synchronous path)."""
+    gap: bool = False
+    """The batch was refused: it did not follow the last one applied (the lane re-sends in order)."""
+    opened: bool = True
+    """Whether the tracker is open (False: it failed to open and is retried at the next batch)."""
+    error: str | None = None
+    """The last error the host saw, if any."""
+    counts: SinkCounts = field(default_factory=SinkCounts)
+    where: str = ""
+    """Where the tracker writes, in one line for the end-of-run summary."""
+    pid: int = 0
+    """Process id of the host (the lane actor's, or the trainer's on the synchronous path)."""
+    node_id: str = ""
+    """Ray node id of the host ("" outside Ray)."""
+
+    def pack(self) -> bytes:
+        return msgpack.packb([self.applied, self.gap, self.opened, self.error, self.counts.to_plain(), self.where,
+                              self.pid, self.node_id], use_bin_type=True)
+
+    @classmethod
+    def unpack(cls, blob: bytes) -> Ack:
+        try:
+            applied, gap, opened, error, counts, where, pid, node_id = msgpack.unpackb(blob, raw=False)
+        except Exception as exc:  # msgpack raises several unrelated types for bad input
+            raise CodecError(f"malformed acknowledgement: {exc}") from exc
+        if type(applied) is not int or (error is not None and type(error) is not str):
+            raise CodecError("malformed acknowledgement: bad applied or error field")
+        return cls(applied=applied, gap=bool(gap), opened=bool(opened), error=error,
+                   counts=SinkCounts.from_plain(counts), where=str(where), pid=int(pid), node_id=str(node_id))
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise CodecError(f"a count must be an int, got {value!r}")
+    return value
+
+
+def _counts(value: Any) -> dict[str, int]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CodecError(f"counts must be a map, got {type(value).__name__}")
+    return {str(key): _int(n) for key, n in value.items()}

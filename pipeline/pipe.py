@@ -1,0 +1,49 @@
+"""The one interface both paths offer ``Tracking``, and the factory that picks one.
+
+``log_async: true`` gives ``AsyncPipeline`` (buffer, shipper thread, one Ray actor per tracker);
+``false`` gives ``SyncPipeline`` (the same sink hosts, in-process). ``Tracking`` talks to either
+through ``Pipe`` and never asks which it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from .captured import Captured
+from .config import AsyncLogConfig
+from .records import RunSpec
+from .report import LaneInfo, PipelineReport
+from .rich import RecordLimits
+
+
+class Pipe(Protocol):
+    @property
+    def health(self) -> dict[str, float | int]:
+        """The latest ``tracklane/*`` figures (empty on the synchronous path)."""
+
+    def put(self, item: Captured) -> None:
+        """Take one captured ``log*()`` call; never raises."""
+
+    def drop_late(self) -> None:
+        """Count a record logged after ``close()``."""
+
+    def lanes(self) -> dict[str, LaneInfo]:
+        """Where each tracker's sink host runs."""
+
+    def flush(self, timeout: float) -> PipelineReport:
+        """Barrier: returns once every tracker has what was put so far, or at ``timeout``."""
+
+    def close(self, exit_code: int, timeout: float) -> PipelineReport:
+        """Drain, close every tracker with ``exit_code``, and report; bounded by ``timeout``."""
+
+
+def open_pipe(log_async: bool, cfg: AsyncLogConfig, limits: RecordLimits, run: RunSpec,
+              backends: dict[str, tuple[type, dict[str, Any]]], env: Mapping[str, str]) -> Pipe:
+    if log_async:
+        from .async_pipeline import AsyncPipeline
+
+        return AsyncPipeline(cfg, limits, run, backends, env)
+    from .sync_pipeline import SyncPipeline
+
+    return SyncPipeline(cfg, limits, run, backends)

@@ -1,0 +1,72 @@
+"""The synchronous path (``log_async: false``): the same sink hosts, called in-process, in turn.
+
+This is the baseline the benchmarks compare against, and the fallback where Ray is not
+wanted. Each tracker sits behind its own ``SinkHost`` (workers/sink_host.py), exactly as in a
+lane actor: a failure is retried with backoff, then counted, and never stops the others or the
+training loop. The price of being synchronous: a failing tracker holds up the ``log()`` call
+for at most its retries' backoff (``retry_backoff_s * (2 ** sink_retries - 1)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+from .backends import SINK_HOST, load
+from .captured import Captured
+from .config import AsyncLogConfig
+from .convert import Converter
+from .records import RunSpec
+from .report import LaneInfo, LaneReport, PipelineReport
+from .rich import RecordLimits
+
+
+class SyncPipeline:
+    def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, run: RunSpec,
+                 backends: dict[str, tuple[type, dict[str, Any]]]) -> None:
+        host_class = load(SINK_HOST)
+        self._hosts = {name: host_class(name, cls(run, settings), cfg.sink_retries, cfg.retry_backoff_s)
+                       for name, (cls, settings) in backends.items()}
+        self.health: dict[str, float | int] = {}  # nothing queues on this path: no lag, no queue
+        self._reports = {name: LaneReport(name=name) for name in self._hosts}
+        self._converter = Converter(limits)
+        self._late_drops = 0
+        for host in self._hosts.values():
+            host.open()
+
+    def put(self, item: Captured) -> None:
+        """Write one captured item into every tracker it is addressed to, in turn."""
+        record = self._converter.record(item)
+        if record is not None:
+            for host in self._hosts.values():
+                host.write([record])
+
+    def drop_late(self) -> None:
+        self._late_drops += 1
+
+    def lanes(self) -> dict[str, LaneInfo]:
+        return {name: LaneInfo(name=name, pid=os.getpid(), node_id="", unacked_bytes=0) for name in self._hosts}
+
+    def flush(self, timeout: float) -> PipelineReport:
+        """Every record is written already; this asks each tracker to flush (``timeout`` is not needed)."""
+        started = time.monotonic()
+        for host in self._hosts.values():
+            host.flush()
+        return self._report(started)
+
+    def close(self, exit_code: int, timeout: float) -> PipelineReport:
+        """Close every tracker in turn (in-process closes cannot be cut short: ``timeout`` is not applied)."""
+        started = time.monotonic()
+        for host in self._hosts.values():
+            host.close(exit_code)
+        return self._report(started)
+
+    def _report(self, started: float) -> PipelineReport:
+        for name, host in self._hosts.items():
+            self._reports[name].take(host.ack(applied=0))
+        return self._converter.counted(PipelineReport(
+            lanes={name: dataclasses.replace(report) for name, report in self._reports.items()},
+            dropped_records=self._late_drops, elapsed_s=time.monotonic() - started))
+
