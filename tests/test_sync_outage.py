@@ -11,8 +11,6 @@ from urllib.parse import urlsplit
 
 import pytest
 
-pytest.importorskip("mlflow")
-
 from pipeline import Tracking
 from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 from pipeline.testing.tcp_proxy import TcpProxy
