@@ -47,9 +47,10 @@ class Lane:
         self._window: OrderedDict[int, Entry] = OrderedDict()  # unacknowledged, in seq order
         self._bytes = 0
         self._acked = 0
-        self._last_sent = 0  # seq of the last batch submitted in the current epoch
-        self._epoch = 0  # bumped on every recovery: answers to older calls only acknowledge
-        self._calls: dict[Any, tuple[int, int]] = {}  # result ref -> (epoch, seq)
+        self._last_sent = 0  # seq of the last batch submitted since the last recovery
+        # result ref -> seq. A recovery forgets every call: their batches are sent again in order
+        # and the actor skips what it applied already, so an older answer is never needed.
+        self._calls: dict[Any, int] = {}
         self._dead = False
         self._frozen = False  # set when the tracker is being closed
         self._task_errors = 0  # consecutive apply() calls that raised inside the actor
@@ -69,11 +70,12 @@ class Lane:
         if self._dead:
             self.report.dropped_records += entry.records
             return
-        while self._bytes + entry.nbytes > self._max_bytes and self._drop_oldest_unsent():
-            pass
-        if self._bytes + entry.nbytes > self._max_bytes:  # everything held is already submitted
+        submitted = sum(e.nbytes for seq, e in self._window.items() if seq <= self._last_sent)
+        if submitted + entry.nbytes > self._max_bytes:  # cannot fit even alone: keep what waits
             self.report.dropped_records += entry.records
             return
+        while self._bytes + entry.nbytes > self._max_bytes and self._drop_oldest_unsent():
+            pass
         self._window[entry.seq] = entry
         self._bytes += entry.nbytes
 
@@ -106,20 +108,18 @@ class Lane:
             self._submit()
 
     def _answer(self, ref: Any) -> None:
-        epoch, seq = self._calls.pop(ref)
+        del self._calls[ref]
         try:
             ack = Ack.unpack(ray.get(ref))
         except RayActorError as exc:
-            if epoch == self._epoch:
-                self._actor_lost(exc)
+            self._actor_lost(exc)
             return
         except Exception as exc:  # the actor's own code failed (e.g. its disk is full): re-send, then give up
-            if epoch == self._epoch:
-                self._task_failed(exc)
+            self._task_failed(exc)
             return
         self._task_errors = 0
         self.accept(ack)
-        if ack.gap and epoch == self._epoch:
+        if ack.gap:
             self._restart_sending()
 
     def _task_failed(self, exc: Exception) -> None:
@@ -171,11 +171,15 @@ class Lane:
         except RayActorError:
             self._probe = self.actor.ready.remote()  # still restarting: ask again
             return
+        except Exception as exc:  # ready() itself raised, or answered garbage: ask again, then give up
+            self._task_failed(exc)
+            if not self._dead:
+                self._probe = self.actor.ready.remote()
+            return
         self._probe = None
         self.accept(ack)
 
     def _restart_sending(self) -> None:
-        self._epoch += 1
         self._calls.clear()
         self._last_sent = self._acked
 
@@ -186,7 +190,7 @@ class Lane:
             if seq <= self._last_sent:
                 continue
             ref = self.actor.apply.remote(seq, self._last_sent, entry.ref)
-            self._calls[ref] = (self._epoch, seq)
+            self._calls[ref] = seq
             self._last_sent = seq
 
     def _die(self, why: str) -> None:

@@ -221,7 +221,7 @@ class Shipper:
         for name in barrier.calls:
             if name and name not in results:
                 self._lanes[name].report.error = "did not answer before the deadline"
-        unsettled = not self._all_settled(barrier.target or self._seq)
+        unsettled = not self._all_settled(barrier.target if barrier.target is not None else self._seq)
         barrier.report = self._report(barrier, timed_out=timed_out or unsettled)
         if barrier.closing:
             self._kill_actors()
