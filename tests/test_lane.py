@@ -1,0 +1,317 @@
+"""The trainer-side lane's state machine, driven against small fake Ray actors that record every call."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import ray
+
+from pipeline.ack import Ack, SinkCounts
+from pipeline.lane import Entry, Lane
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+_DEADLINE_S = 30.0  # generous: another test run may share this 2-core machine
+
+
+@ray.remote(num_cpus=0)
+class Signal:
+    """A flag one fake waits on, so a test decides when a held answer may come back."""
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+@ray.remote(num_cpus=0)
+class FakeSink:
+    """Follows the lane actor's protocol (skip re-sends, refuse gaps) and records every call it gets.
+
+    ``lose``: seqs whose first arrival is answered as if it never came (not applied, no gap).
+    ``hold_gap_of``/``signal``: the first gap answer for that seq waits until ``signal`` is set.
+    ``apply_sleep``/``ready_sleep``: seconds each apply()/ready() takes.
+    ``failed_per_batch``: cumulative failed_records grows by this much per applied batch.
+    """
+
+    def __init__(self, lose=(), hold_gap_of=None, signal=None, apply_sleep=0.0, ready_sleep=0.0,
+                 failed_per_batch=0) -> None:
+        self.applied = 0
+        self.calls: list[tuple[int, int]] = []  # (seq, prev) of every apply(), in arrival order
+        self.order: list[int] = []  # seqs actually applied, in order
+        self.blobs: dict[int, bytes] = {}
+        self.gaps: list[int] = []
+        self._lose = set(lose)
+        self._hold_gap_of = hold_gap_of
+        self._signal = signal
+        self._apply_sleep = apply_sleep
+        self._ready_sleep = ready_sleep
+        self._failed_per_batch = failed_per_batch
+
+    def _ack(self, gap: bool = False) -> bytes:
+        return Ack(applied=self.applied, gap=gap, pid=os.getpid(), node_id="fake-node",
+                   counts=SinkCounts(failed_records=self._failed_per_batch * len(self.order))).pack()
+
+    def ready(self) -> bytes:
+        time.sleep(self._ready_sleep)
+        return self._ack()
+
+    def apply(self, seq: int, prev: int, blob: bytes) -> bytes:
+        self.calls.append((seq, prev))
+        time.sleep(self._apply_sleep)
+        if seq <= self.applied:
+            return self._ack()
+        if seq in self._lose:
+            self._lose.discard(seq)
+            return self._ack()
+        if prev != self.applied:
+            self.gaps.append(seq)
+            if seq == self._hold_gap_of:
+                self._hold_gap_of = None
+                deadline = time.monotonic() + _DEADLINE_S
+                while not ray.get(self._signal.is_set.remote()) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            return self._ack(gap=True)
+        self.applied = seq
+        self.order.append(seq)
+        self.blobs[seq] = blob
+        return self._ack()
+
+    def log(self) -> dict:
+        return {"calls": self.calls, "order": self.order, "blobs": self.blobs, "gaps": self.gaps}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _lane(actor, max_inflight: int = 2, max_bytes: int = 1 << 20, startup_timeout_s: float = 60.0) -> Lane:
+    return Lane("fake", actor, max_bytes=max_bytes, max_inflight=max_inflight, dead_after_s=60.0,
+                startup_timeout_s=startup_timeout_s)
+
+
+def _entry(seq: int, records: int = 1, nbytes: int = 10) -> Entry:
+    return Entry(seq=seq, ref=ray.put(f"batch-{seq}".encode()), nbytes=nbytes, records=records,
+                 oldest_log_time=time.time())
+
+
+def _pump_until(lane: Lane, done, on_pump=None, timeout: float = _DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"condition not reached in {timeout} s: {lane.snapshot()}"
+        refs = lane.waitables()
+        if refs:
+            ray.wait(refs, num_returns=1, timeout=0.02)
+        else:
+            time.sleep(0.01)
+        lane.pump()
+        if on_pump is not None:
+            on_pump()
+
+
+def _kill(*actors) -> None:
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+
+
+def test_submits_in_order_within_max_inflight_and_settles():
+    """Batches go out in seq order, each naming the one before, never more than max_inflight at once; acked ones leave."""
+    actor = FakeSink.remote(apply_sleep=0.05)
+    lane = _lane(actor, max_inflight=2)
+    try:
+        entries = [_entry(seq, records=seq) for seq in range(1, 7)]
+        for entry in entries:
+            lane.offer(entry)
+        assert not lane.settled(1) and lane.unacked_bytes == 60
+        inflight: list[int] = []
+        settled_prefixes: list[list[bool]] = []
+
+        def watch() -> None:
+            inflight.append(len(lane.waitables()))
+            settled_prefixes.append([lane.settled(seq) for seq in range(1, 7)])
+
+        _pump_until(lane, lambda: lane.settled(6), on_pump=watch)
+        log = ray.get(actor.log.remote())
+        assert log["calls"] == [(seq, seq - 1) for seq in range(1, 7)]
+        assert log["order"] == list(range(1, 7))
+        assert log["blobs"] == {seq: f"batch-{seq}".encode() for seq in range(1, 7)}
+        assert max(inflight) == 2  # the first submission fills the window's two slots, never more
+        for flags in settled_prefixes:  # settled(k) implies settled(j) for every j < k
+            assert flags == sorted(flags, reverse=True), flags
+        report = lane.snapshot()
+        assert (report.acked_seq, report.unacked_batches, report.unacked_records) == (6, 0, 0)
+        assert lane.unacked_bytes == 0 and lane.waitables() == [] and report.dropped_records == 0
+    finally:
+        _kill(actor)
+
+
+def test_gap_resends_from_last_acknowledged_seq():
+    """A gap answer makes the lane re-send, in order, from its last acknowledged seq; nothing is applied twice."""
+    actor = FakeSink.remote(lose={2})  # batch 2 goes missing once: the batch after it is refused
+    lane = _lane(actor, max_inflight=2)
+    try:
+        for seq in range(1, 6):
+            lane.offer(_entry(seq))
+        _pump_until(lane, lambda: lane.settled(5))
+        log = ray.get(actor.log.remote())
+        assert log["order"] == [1, 2, 3, 4, 5]
+        assert log["gaps"] and log["gaps"][0] == 3
+        calls = log["calls"]
+        assert calls.count((2, 1)) == 2, calls  # lost once, re-sent once
+        resent_at = len(calls) - 1 - calls[::-1].index((2, 1))
+        assert calls[resent_at:] == [(2, 1), (3, 2), (4, 3), (5, 4)], calls  # one recovery, in order
+        assert lane.snapshot().acked_seq == 5
+    finally:
+        _kill(actor)
+
+
+def test_gap_answer_of_a_forgotten_call_does_not_restart_again():
+    """A gap answered to a call sent before a recovery arrives after it and triggers no second re-send."""
+    signal = Signal.remote()
+    # Batch 1 goes missing once: (2, 1) and (3, 2) are both refused; the answer to (3, 2) is held back
+    # until the lane has recovered and re-sent, so it reaches a lane in a newer epoch.
+    actor = FakeSink.remote(lose={1}, hold_gap_of=3, signal=signal)
+    lane = _lane(actor, max_inflight=3)
+    try:
+        for seq in range(1, 4):
+            lane.offer(_entry(seq))
+        _pump_until(lane, lambda: lane.info().pid != 0)  # the probe answered; the same pump submitted
+        first = set(lane.waitables())
+        assert len(first) == 3  # the first three calls, all in epoch 0
+        # Recovery: with the window all in flight, a new call is only ever a re-send.
+        _pump_until(lane, lambda: any(ref not in first for ref in lane.waitables()))
+        ray.get(signal.set.remote())  # now the stale gap for (3, 2) comes back
+        _pump_until(lane, lambda: lane.settled(3))
+        log = ray.get(actor.log.remote())
+        assert log["gaps"] == [2, 3]
+        assert log["calls"] == [(1, 0), (2, 1), (3, 2), (1, 0), (2, 1), (3, 2)]  # exactly one re-send
+        assert log["order"] == [1, 2, 3]
+        assert lane.snapshot().acked_seq == 3 and not lane.dead
+    finally:
+        _kill(actor, signal)
+
+
+def test_full_lane_drops_oldest_unsent_only():
+    """At the byte bound the oldest batches not yet submitted are dropped and counted; submitted ones are kept."""
+    actor = FakeSink.remote(apply_sleep=3600)  # takes the first batch and never answers
+    lane = _lane(actor, max_inflight=1, max_bytes=100)
+    try:
+        lane.offer(_entry(1, records=1, nbytes=30))
+        _pump_until(lane, lambda: lane.info().pid != 0)  # the probe answered and batch 1 went out
+        assert len(lane.waitables()) == 1
+        lane.offer(_entry(2, records=2, nbytes=30))
+        lane.offer(_entry(3, records=4, nbytes=30))
+        assert lane.unacked_bytes == 90
+        assert lane.has_room(10) and not lane.has_room(11)
+        lane.offer(_entry(4, records=8, nbytes=30))  # evicts 2, the oldest not submitted
+        assert lane.report.dropped_records == 2 and lane.unacked_bytes == 90
+        lane.offer(_entry(5, records=16, nbytes=60))  # evicts 3 and 4
+        assert lane.report.dropped_records == 2 + 4 + 8 and lane.unacked_bytes == 90
+        lane.pump()
+        report = lane.snapshot()
+        assert (report.unacked_batches, report.unacked_records) == (2, 1 + 16)  # batches 1 (in flight) and 5
+        assert not lane.settled(1) and not lane.dead
+        lane.offer(_entry(6, records=32, nbytes=71))  # 30 in flight + 71 > 100 even with 5 evicted
+        assert lane.unacked_bytes <= 100
+        assert not lane.settled(1)  # the submitted batch is never dropped
+        assert lane.snapshot().dropped_records + lane.snapshot().unacked_records == 63  # every record accounted for
+    finally:
+        _kill(actor)
+
+
+def test_probe_deadline_kills_the_lane_and_counts_its_window():
+    """An actor that never answers ready() before startup_timeout_s leaves the lane dead, its records dropped."""
+    actor = FakeSink.remote(ready_sleep=30)
+    started = time.monotonic()
+    lane = _lane(actor, startup_timeout_s=0.5)
+    try:
+        lane.offer(_entry(1, records=3))
+        lane.offer(_entry(2, records=4))
+        _pump_until(lane, lambda: lane.dead)
+        assert time.monotonic() - started >= 0.5  # not before its deadline
+        report = lane.snapshot()
+        assert "did not answer before its deadline" in report.error
+        assert report.dropped_records == 7 and report.unacked_records == 0 and lane.unacked_bytes == 0
+        assert lane.settled(2) and lane.settled(10**9) and lane.waitables() == []
+        lane.offer(_entry(3, records=5))  # a dead lane takes nothing more: counted at once
+        assert lane.snapshot().dropped_records == 12 and lane.has_room(10**12)
+    finally:
+        _kill(actor)
+
+
+def test_accept_replaces_counts_and_info_names_the_actor():
+    """The actor's cumulative counts replace the report's (never summed); info() carries the answering pid."""
+    actor = FakeSink.remote(failed_per_batch=2)
+    lane = _lane(actor, max_inflight=1)
+    try:
+        assert lane.info().pid == 0  # nothing answered yet
+        for seq in range(1, 4):
+            lane.offer(_entry(seq))
+        _pump_until(lane, lambda: lane.settled(3))
+        assert lane.report.failed_records == 6  # 2, 4, 6 cumulative: the last one, not 12
+        info = lane.info()
+        assert info.pid == ray.get(actor.pid.remote()) and info.pid != os.getpid()
+        assert info.node_id == "fake-node" and info.name == "fake" and info.unacked_bytes == 0
+
+        lane.accept(Ack(applied=0, error="tracker said no", pid=4242, node_id="n2",
+                        counts=SinkCounts(failed_records=9, unsupported={"artifact": 2},
+                                          cuts={"params_truncated": 1}, artifacts_missing=1)))
+        report = lane.snapshot()
+        assert (report.failed_records, report.unsupported, report.cuts, report.artifacts_missing) == \
+            (9, {"artifact": 2}, {"params_truncated": 1}, 1)
+        assert report.error == "tracker said no" and report.acked_seq == 3  # an older applied never un-acks
+        assert (lane.info().pid, lane.info().node_id) == (4242, "n2")
+
+        lane.accept(Ack(applied=3, counts=SinkCounts(failed_records=10, unsupported={"table": 1})))
+        report = lane.snapshot()
+        assert (report.failed_records, report.unsupported, report.cuts, report.artifacts_missing) == \
+            (10, {"table": 1}, {}, 0)
+        assert report.error == "tracker said no"  # an answer without an error keeps the last one seen
+        lane.accept(Ack(applied=3, error="and again"))
+        assert lane.snapshot().error == "and again" and lane.snapshot().failed_records == 0
+    finally:
+        _kill(actor)
+
+
+@ray.remote(num_cpus=0)
+class RaisingReady:
+    """ready() raises inside the actor every time (a tracker whose start-up code crashes)."""
+
+    def ready(self):
+        raise ValueError("tracker init exploded")
+
+    def apply(self, seq, prev, blob):
+        return Ack(applied=seq).pack()
+
+
+def test_probe_that_raises_is_retried_then_the_lane_dies():
+    """A ready() that raises never escapes pump(): it is asked again a few times, then the lane dies, records counted."""
+    actor = RaisingReady.remote()
+    lane = _lane(actor, startup_timeout_s=60.0)
+    lane.offer(_entry(1, records=3))
+    try:
+        _pump_until(lane, lambda: lane.dead)
+        report = lane.snapshot()
+        assert report.dropped_records == 3 and "tracker init exploded" in report.error
+    finally:
+        _kill(actor)
+
+
+def test_batch_that_cannot_fit_leaves_waiting_batches_alone():
+    """A batch too big for what is in flight plus itself is dropped alone; the batches waiting to be sent stay."""
+    actor = FakeSink.remote(apply_sleep=3600)
+    lane = _lane(actor, max_inflight=1, max_bytes=100)
+    try:
+        lane.offer(_entry(1, records=1, nbytes=30))
+        _pump_until(lane, lambda: lane.info().pid != 0)  # batch 1 submitted and in flight
+        lane.offer(_entry(2, records=5, nbytes=60))  # 90 held: fits
+        lane.offer(_entry(3, records=7, nbytes=80))  # 30 in flight + 80 > 100 whatever is evicted
+        report = lane.snapshot()
+        assert (report.dropped_records, report.unacked_records) == (7, 6), report
+    finally:
+        _kill(actor)
