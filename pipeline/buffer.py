@@ -7,9 +7,10 @@ caller take the slow path: wake the shipper, or apply the overflow policy
 (``drop_oldest`` evicts the oldest records at once; ``block`` waits up to a deadline for
 the shipper to make room, then evicts). Every eviction is counted.
 
-Items are ``Captured`` tuples (captured.py): their ``size`` is an estimate of their bytes and
-their ``time`` the ``time.time()`` of the call. The byte counters assume one producer thread
-(rank 0's trainer); more threads are safe, only the byte bound becomes approximate.
+Items are tuples laid out as ``Captured`` (captured.py): their ``size`` is an estimate of their
+bytes and their ``time`` the ``time.time()`` of the call, read by index (``SIZE``, ``TIME``).
+The byte counters assume one producer thread (rank 0's trainer); more threads are safe, only
+the byte bound becomes approximate.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import threading
 import time
 from collections import deque
 
-from .captured import Captured
+from .captured import SIZE, TIME, Captured
 
 
 class RecordBuffer:
@@ -42,7 +43,7 @@ class RecordBuffer:
     def put(self, item: Captured) -> None:
         """Append one item; never raises. The caller's hot path: keep it this short."""
         self._items.append(item)
-        self._produced = produced = self._produced + item.size
+        self._produced = produced = self._produced + item[SIZE]
         if produced >= self._slow_at:
             self._slow_path()
 
@@ -67,7 +68,7 @@ class RecordBuffer:
                 self.ready.notify()
                 self._room.wait(left)
         while self.nbytes > self._max_bytes and len(self._items) > 1:
-            self._evicted += self._items.popleft().size
+            self._evicted += self._items.popleft()[SIZE]
             self.dropped += 1
 
     def take(self, max_bytes: int) -> list[Captured]:
@@ -75,10 +76,10 @@ class RecordBuffer:
         with self._lock:
             out: list[Captured] = []
             taken = 0
-            while self._items and (not out or taken + self._items[0].size <= max_bytes):
+            while self._items and (not out or taken + self._items[0][SIZE] <= max_bytes):
                 item = self._items.popleft()
                 out.append(item)
-                taken += item.size
+                taken += item[SIZE]
             self._consumed += taken
             self._woken = False
             self._rearm()
@@ -96,7 +97,7 @@ class RecordBuffer:
     def due(self, flush_interval_s: float) -> float:
         """Seconds until the oldest item must be shipped (inf when empty, 0 when overdue or a batch is full)."""
         try:
-            oldest = self._items[0].time
+            oldest = self._items[0][TIME]
         except IndexError:
             return float("inf")
         if self.nbytes >= self._batch_bytes:

@@ -1,13 +1,20 @@
-"""What ``Tracking``'s ``log*()`` calls leave in the buffer: one named tuple per call.
+"""What ``Tracking``'s ``log*()`` calls leave in the buffer: one tuple per call, laid out as ``Captured``.
 
 Built on the caller's thread, so it holds only what was cheap to take there (the shallow copy
 of a metrics dict, or the raw arguments of a rich ``log_*`` call); ``convert.py`` turns it into a
-typed record on the shipper thread. A ``NamedTuple`` keeps field access at tuple speed.
+typed record on the shipper thread.
+
+``Captured`` is the one definition of the layout. The caller's hot path builds a plain tuple in
+this field order rather than calling ``Captured(...)``: NamedTuple's ``__new__`` is a Python-level
+call, and on the cold cache a trainer's step leaves behind (sleep or GPU wait between ``log()``
+calls) it cost log() ~10 us more at p50 in a micro-benchmark and ~4 us at p50 in
+``benchmarks.overhead --only gpu50ms/full/all``. Everything else may pass ``Captured`` items (a
+NamedTuple is a tuple) and reads fields through the names or the indices below.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 
 class Captured(NamedTuple):
@@ -23,3 +30,9 @@ class Captured(NamedTuple):
     """"metrics" or a rich record kind (records.py)."""
     size: int
     """Estimated bytes, for the buffer's bound."""
+
+
+# Indices for the hot path (literals, so type checkers know the field types).
+TIME: Final = 2
+SIZE: Final = 5
+assert Captured._fields[TIME] == "time" and Captured._fields[SIZE] == "size"

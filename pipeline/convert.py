@@ -28,19 +28,19 @@ class Converter:
         """Items (whole records) that could not be converted."""
 
     def record(self, item: Captured) -> Record | None:
-        step = as_number(item.step)
+        raw_step, payload, when, backend, kind, _size = item  # Captured's layout (the caller builds plain tuples)
+        step = as_number(raw_step)
         if type(step) is not int:
-            self._reject(item.kind, f"step {item.step!r} is not an integer")
+            self._reject(kind, f"step {raw_step!r} is not an integer")
             return None
-        backend = item.backend
         only = None if backend is None else ([backend] if isinstance(backend, str) else [str(b) for b in backend])
-        if item.kind == METRICS:
-            values = self.metrics.clean(item.payload)
-            return Metrics(step=step, values=values, time=item.time, only=only) if values else None
+        if kind == METRICS:
+            values = self.metrics.clean(payload)
+            return Metrics(step=step, values=values, time=when, only=only) if values else None
         try:
-            return self.rich.build(item.kind, step, item.payload, item.time, only)
+            return self.rich.build(kind, step, payload, when, only)
         except Exception as exc:  # malformed input to a log_* call
-            self._reject(item.kind, f"{type(exc).__name__}: {exc}")
+            self._reject(kind, f"{type(exc).__name__}: {exc}")
             return None
 
     def _reject(self, kind: str, why: str) -> None:

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from .backends import BACKENDS, backend_names, resolve_backends
-from .captured import Captured
 from .config import async_log_config, trainer_section
 from .convert import METRICS
 from .errors import ConfigError
@@ -56,7 +55,9 @@ class Tracking:
         backends = resolve_backends(backend_names(default_backend), self.run, os.environ, trainer)
         self.backends = list(backends)
         self._pipe = open_pipe(self.log_async, self._cfg, limits, self.run, backends, os.environ)
-        self._put = self._pipe.put  # bound once: log() is the hot path
+        # Bound once: log() is the hot path. It is fed plain tuples in Captured's field order (captured.py
+        # says why: Captured(...) itself costs microseconds on a cold cache).
+        self._put: Any = self._pipe.put
         self._report: PipelineReport | None = None
         self._warned_late = False
         self._rejected = 0  # log*() calls whose data could not even be copied
@@ -73,7 +74,7 @@ class Tracking:
             if self._report is not None:
                 return self._drop_late()
             values = data.copy() if type(data) is dict else dict(data)
-            self._put(Captured(step, values, _now(), backend, METRICS, len(values) * BYTES_PER_ENTRY))
+            self._put((step, values, _now(), backend, METRICS, len(values) * BYTES_PER_ENTRY))  # a Captured
         except Exception:  # bad input must never stop the training loop; it is counted
             self._reject("log", data)
 
@@ -134,7 +135,7 @@ class Tracking:
     def _rich(self, kind: str, step: int, payload: tuple, backend: Any, size: int) -> None:
         if self._report is not None:
             return self._drop_late()
-        self._put(Captured(step, payload, _now(), backend, kind, size))
+        self._put((step, payload, _now(), backend, kind, size))  # a Captured
 
     def _reject(self, call: str, data: Any) -> None:
         self._rejected += 1
