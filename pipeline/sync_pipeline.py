@@ -9,11 +9,11 @@ for at most its retries' backoff (``retry_backoff_s * (2 ** sink_retries - 1)``)
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from typing import Any
 
+from .ack import Ack
 from .backends import SINK_HOST, load
 from .captured import Captured
 from .config import AsyncLogConfig
@@ -30,7 +30,6 @@ class SyncPipeline:
         self._hosts = {name: host_class(name, cls(run, settings), cfg.sink_retries, cfg.retry_backoff_s)
                        for name, (cls, settings) in backends.items()}
         self.health: dict[str, float | int] = {}  # nothing queues on this path: no lag, no queue
-        self._reports = {name: LaneReport(name=name) for name in self._hosts}
         self._converter = Converter(limits)
         self._late_drops = 0
         for host in self._hosts.values():
@@ -64,9 +63,14 @@ class SyncPipeline:
         return self._report(started)
 
     def _report(self, started: float) -> PipelineReport:
-        for name, host in self._hosts.items():
-            self._reports[name].take(host.ack(applied=0))
         return self._converter.counted(PipelineReport(
-            lanes={name: dataclasses.replace(report) for name, report in self._reports.items()},
+            lanes={name: _lane_report(name, host.ack(applied=0)) for name, host in self._hosts.items()},
             dropped_records=self._late_drops, elapsed_s=time.monotonic() - started))
+
+
+def _lane_report(name: str, ack: Ack) -> LaneReport:
+    """A host's figures as a report: its counts and last error live in the host, so nothing is kept here."""
+    report = LaneReport(name=name)
+    report.take(ack)
+    return report
 
