@@ -56,6 +56,7 @@ class BenchEnv:
             "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         })
         os.environ.pop("MLFLOW_RUN_ID", None)
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray binds 127.0.0.1
         import ray
 
         if not ray.is_initialized():  # the lane actors take no CPU slot; 2 leaves room for the trainer's own

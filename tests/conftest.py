@@ -8,6 +8,9 @@ import pytest
 
 from pipeline.testing.mlflow_server import URI_ENV, start_server, stop_server
 
+# Every Ray process the tests start (here, in Tracking, in subprocesses) binds 127.0.0.1.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 
 @pytest.fixture(scope="session")
 def mlflow_server_uri(tmp_path_factory: pytest.TempPathFactory):
