@@ -7,6 +7,7 @@ one place (``LaneReport.take``). The synchronous path builds the same ``Ack`` in
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,9 @@ class Ack:
     """Sequence number of the last batch written into the tracker (0 on the synchronous path)."""
     gap: bool = False
     """The batch was refused: it did not follow the last one applied (the lane re-sends in order)."""
+    held: bool = False
+    """The tracker is down: the batch was not applied and nothing was counted (the lane sends it again
+    after a backoff; it is in the spool meanwhile)."""
     opened: bool = True
     """Whether the tracker is open (False: it failed to open and is retried at the next batch)."""
     error: str | None = None
@@ -71,23 +75,24 @@ class Ack:
 
     def pack(self) -> bytes:
         return msgpack.packb([self.applied, self.gap, self.opened, self.error, self.counts.to_plain(), self.where,
-                              self.pid, self.node_id], use_bin_type=True)
+                              self.pid, self.node_id, self.held], use_bin_type=True)
 
     @classmethod
     def unpack(cls, blob: bytes) -> Ack:
         try:
-            applied, gap, opened, error, counts, where, pid, node_id = msgpack.unpackb(blob, raw=False)
+            applied, gap, opened, error, counts, where, pid, node_id, held = msgpack.unpackb(blob, raw=False)
         except Exception as exc:  # msgpack raises several unrelated types for bad input
             raise CodecError(f"malformed acknowledgement: {exc}") from exc
-        if type(applied) is not int or (error is not None and type(error) is not str):
-            raise CodecError("malformed acknowledgement: bad applied or error field")
-        return cls(applied=applied, gap=bool(gap), opened=bool(opened), error=error,
-                   counts=SinkCounts.from_plain(counts), where=str(where), pid=int(pid), node_id=str(node_id))
+        if type(applied) is not int or type(pid) is not int or (error is not None and type(error) is not str) \
+                or type(where) is not str or type(node_id) is not str:  # int() or str() of a hostile value would raise
+            raise CodecError("malformed acknowledgement: bad applied, pid, error, where or node_id field")
+        return cls(applied=applied, gap=bool(gap), held=bool(held), opened=bool(opened), error=error,
+                   counts=SinkCounts.from_plain(counts), where=where, pid=pid, node_id=node_id)
 
 
 def _int(value: Any) -> int:
     if type(value) is not int:
-        raise CodecError(f"a count must be an int, got {value!r}")
+        raise CodecError(f"a count must be an int, got {reprlib.repr(value)}")  # bounded: value may nest 1000 deep
     return value
 
 

@@ -1,4 +1,4 @@
-"""Starting the asynchronous path: Ray, one lane actor per tracker, the buffer and the shipper."""
+"""Starting the asynchronous path: Ray, the spool, one lane actor per tracker, the buffer and the shipper."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from .params import is_secret_key
 from .records import RunSpec
 from .report import LaneInfo, PipelineReport
 from .rich import RecordLimits
-from .shipper import Shipper
+from .shipper import Shipper, SpoolReloader
+from .spooling import open_spooling
 
 # Tracker SDK settings the actors must see even if Ray started before they were set.
 _FORWARDED_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "SWANLAB_", "TENSORBOARD_", "VERL_")
@@ -31,11 +32,9 @@ class AsyncPipeline:
 
         if not ray.is_initialized():
             ray.init(**{"num_cpus": 1, "include_dashboard": False, "log_to_driver": True, **cfg.ray_init})
-        # One folder per pipeline, not per run id: a resumed run reuses its id, and must not
-        # mistake the acknowledgements of the process it continues for its own.
-        parent = cfg.state_dir or os.path.join(tempfile.gettempdir(), "tracklane")
-        os.makedirs(parent, exist_ok=True)
-        state_dir = tempfile.mkdtemp(prefix=f"{run.run_id}-", dir=parent)
+        spooling = open_spooling(cfg, run, {name: settings for name, (_, settings) in backends.items()}) \
+            if cfg.spool else None
+        state_dir = spooling.state_dir if spooling is not None else _fresh_state_dir(cfg, run)
         options = {
             "num_cpus": 0,  # lane actors only do I/O
             "max_restarts": cfg.max_restarts,
@@ -46,16 +45,22 @@ class AsyncPipeline:
             **cfg.actor_options,
         }
         actor_class = ray.remote(load(LANE_ACTOR))
+        reload = SpoolReloader(spooling.spool) if spooling is not None else None
         self._lanes: dict[str, Lane] = {}
         for name, (_, settings) in backends.items():
             opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
                                   sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s)
             actor = actor_class.options(**options).remote(name, opening.pack())
-            self._lanes[name] = Lane(name, actor, cfg.lane_max_bytes, cfg.max_inflight_batches,
-                                    dead_after_s=max(30.0, cfg.startup_timeout_s / 2),
-                                    startup_timeout_s=cfg.startup_timeout_s)
+            lane = Lane(name, actor, cfg.lane_max_bytes, cfg.max_inflight_batches,
+                        dead_after_s=max(30.0, cfg.startup_timeout_s / 2), startup_timeout_s=cfg.startup_timeout_s,
+                        reload=reload, backoff_s=max(cfg.retry_backoff_s, 0.05), max_backoff_s=cfg.max_retry_backoff_s,
+                        max_outage_s=cfg.max_outage_s)
+            if spooling is not None:
+                lane.preload(spooling.pending.get(name, ()))
+            self._lanes[name] = lane
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
-        self._shipper = Shipper(cfg, limits, self.buffer, self._lanes)
+        self._shipper = Shipper(cfg, limits, self.buffer, self._lanes, spooling,
+                                first_seq=spooling.first_seq if spooling is not None else 0)
         self._switch_interval = sys.getswitchinterval()
         if cfg.gil_switch_interval_s is not None:
             sys.setswitchinterval(cfg.gil_switch_interval_s)
@@ -69,6 +74,9 @@ class AsyncPipeline:
     def drop_late(self) -> None:
         self._shipper.late_drops += 1
 
+    def last_step(self) -> Any:
+        return self.buffer.last_step()
+
     def lanes(self) -> dict[str, LaneInfo]:
         """Each lane's actor as of its latest answer (pid 0 until it answered: ``flush()`` first)."""
         return {name: lane.info() for name, lane in self._lanes.items()}
@@ -81,6 +89,15 @@ class AsyncPipeline:
             return self._shipper.close(exit_code, timeout)
         finally:
             sys.setswitchinterval(self._switch_interval)
+
+
+def _fresh_state_dir(cfg: AsyncLogConfig, run: RunSpec) -> str:
+    # Without the spool: one folder per pipeline, not per run id. A resumed run reuses its id and
+    # starts its sequence again at 1, so it must not mistake the acknowledgements of the process it
+    # continues for its own.
+    parent = cfg.state_dir or os.path.join(tempfile.gettempdir(), "tracklane")
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"{run.run_id}-", dir=parent)
 
 
 def _forwarded_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from typing import Any
 
-from .captured import SIZE, TIME, Captured
+from .captured import SIZE, STEP, TIME, Captured
 
 
 class RecordBuffer:
@@ -39,6 +40,7 @@ class RecordBuffer:
         """Notified when a full batch waits, and by flush/close requests."""
         self._room = threading.Condition(self._lock)
         self.dropped = 0
+        self._last_taken_step: Any = None
 
     def put(self, item: Captured) -> None:
         """Append one item; never raises. The caller's hot path: keep it this short."""
@@ -81,11 +83,18 @@ class RecordBuffer:
                 out.append(item)
                 taken += item[SIZE]
             self._consumed += taken
+            if out:
+                self._last_taken_step = out[-1][STEP]
             self._woken = False
             self._rearm()
             if out:
                 self._room.notify_all()
             return out
+
+    def last_step(self) -> Any:
+        """The step of the newest item put (as the caller passed it; None before the first)."""
+        with self._lock:  # not the hot path: the crash record asks once
+            return self._items[-1][STEP] if self._items else self._last_taken_step
 
     @property
     def nbytes(self) -> int:

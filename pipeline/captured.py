@@ -33,6 +33,7 @@ class Captured(NamedTuple):
 
 
 # Indices for the hot path (literals, so type checkers know the field types).
+STEP: Final = 0
 TIME: Final = 2
 SIZE: Final = 5
-assert Captured._fields[TIME] == "time" and Captured._fields[SIZE] == "size"
+assert Captured._fields[STEP] == "step" and Captured._fields[TIME] == "time" and Captured._fields[SIZE] == "size"

@@ -51,10 +51,33 @@ class AsyncLogConfig:
     default is 0.005). The shipper holds the GIL while it converts and packs a batch, and a trainer thread
     waking from a GPU wait can queue for up to one interval behind it; 0.0005 bounds that wait at 0.5 ms.
     Process-wide, so off unless set; restored at finish()."""
+    spool: bool = True
+    """Keep every shipped batch on local disk until every tracker acknowledged it: what a crash, an
+    outage or a dead actor left undelivered is delivered after ``resume`` or by ``tracklane replay``."""
+    spool_dir: str | None = None
+    """The spool's folder (default: ``<trainer.default_local_dir>/tracklane_spool/<run id>`` when the
+    config has ``default_local_dir``, else ``$TRACKLANE_SPOOL_ROOT`` or ``./tracklane_spool``, then
+    ``<project>/<experiment>/<run id>``). A resumed run finds its spool there."""
+    spool_max_bytes: int = 4 * 2**30
+    """Disk bound of the spool. When reached, the oldest segment is deleted even if a tracker has not
+    acknowledged it yet; what that loses is counted per tracker and warned about."""
+    spool_segment_bytes: int = 8 * 2**20
+    """Size at which the spool starts a new segment file (the unit of deletion)."""
+    spool_fsync_s: float = 1.0
+    """How often the spool is fsynced, for power loss (0: after every batch). A killed process needs
+    none: written bytes stay in the page cache."""
+    spool_retention_s: float = 0.0
+    """Keep segments this long after every tracker acknowledged them (for replay and migration)."""
+    max_outage_s: float | None = None
+    """How long a tracker that is down is retried before its records are counted failed; None: until
+    finish()'s deadline (what is left stays in the spool for ``tracklane replay``)."""
+    max_retry_backoff_s: float = 30.0
+    """Cap of the doubling backoff between attempts at a tracker that is down."""
     health_metrics: bool = True
     """Log the pipeline's own figures as ``tracklane/*`` metrics."""
     state_dir: str | None = None
-    """Where lane actors keep their acknowledgement state (default: a folder under the system temp dir)."""
+    """Where lane actors keep their acknowledgement state when the spool is off (default: a folder under
+    the system temp dir); with the spool on it is the spool's ``lanes/`` folder."""
     actor_options: dict[str, Any] = field(default_factory=dict)
     """Extra Ray actor options for the lane actors (e.g. {"num_cpus": 0, "resources": {...}})."""
     ray_init: dict[str, Any] = field(default_factory=dict)
@@ -76,6 +99,16 @@ class AsyncLogConfig:
             raise ConfigError(f"trainer.async_log.compression_level must be in 1..22, got {self.compression_level}")
         if self.sink_retries < 0 or self.max_restarts < 0:
             raise ConfigError("trainer.async_log.sink_retries and max_restarts must be >= 0")
+        for name in ("spool_max_bytes", "spool_segment_bytes", "max_retry_backoff_s"):
+            _positive(name, getattr(self, name))
+        for name in ("spool_fsync_s", "spool_retention_s"):
+            _positive(name, getattr(self, name), allow_zero=True)
+        if self.max_outage_s is not None:
+            _positive("max_outage_s", self.max_outage_s, allow_zero=True)
+        if not isinstance(self.spool, bool):
+            raise ConfigError(f"trainer.async_log.spool must be true or false, got {self.spool!r}")
+        if self.spool_segment_bytes > self.spool_max_bytes:
+            raise ConfigError("trainer.async_log.spool_segment_bytes must not exceed spool_max_bytes")
         if self.max_batch_bytes > min(self.lane_max_bytes, self.queue_max_bytes):
             raise ConfigError("trainer.async_log.max_batch_bytes must not exceed lane_max_bytes or queue_max_bytes")
 

@@ -3,8 +3,13 @@
 Used only by the shipper thread. A lane submits at most ``max_inflight`` batches to its
 actor, each naming the batch sent before it, so the actor can refuse gaps and skip
 re-sends. If the actor dies, Ray restarts it; the lane probes until it answers, then
-re-sends every unacknowledged batch in order. The lane's bytes are bounded; when full,
-its oldest batches not yet submitted are dropped and counted.
+re-sends every unacknowledged batch in order. If the tracker is down the actor answers
+"held" and the lane sends the batch again after a capped, doubling backoff.
+
+The lane's memory is bounded by bytes. With the spool on, a batch that does not fit is kept
+only on disk (its entry holds no Ray object) and is read back when its turn comes, so an outage
+costs disk, not memory, and loses nothing until the spool's own bound. Without the spool, the
+oldest batches not yet submitted are dropped and counted.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,22 +36,34 @@ class Entry:
     """One encoded batch as a lane holds it."""
 
     seq: int
-    ref: Any  # ray.ObjectRef of the encoded bytes, shared by every lane
+    ref: Any  # ray.ObjectRef of the encoded bytes, shared by every lane; None: only in the spool
     nbytes: int
     records: int
     oldest_log_time: float  # time.time() of the batch's first log() call
 
 
+Reload = Callable[[int], Any]
+"""seq -> a Ray object of that batch read back from the spool, or None if the spool lost it."""
+
+
 class Lane:
     def __init__(self, name: str, actor: Any, max_bytes: int, max_inflight: int, dead_after_s: float,
-                 startup_timeout_s: float) -> None:
+                 startup_timeout_s: float, reload: Reload | None = None, backoff_s: float = 0.5,
+                 max_backoff_s: float = 30.0, max_outage_s: float | None = None) -> None:
         self.name = name
         self.actor = actor
         self._max_bytes = max_bytes
         self._max_inflight = max_inflight
         self._dead_after_s = dead_after_s
+        self._reload = reload
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._max_outage_s = max_outage_s
+        self._hold_s = 0.0  # current backoff while the tracker is down
+        self._hold_until = 0.0  # monotonic time before which nothing is submitted
+        self._down_since: float | None = None  # monotonic time of the first "held" of this outage
         self._window: OrderedDict[int, Entry] = OrderedDict()  # unacknowledged, in seq order
-        self._bytes = 0
+        self._bytes = 0  # of the window's entries that hold a Ray object
         self._acked = 0
         self._last_sent = 0  # seq of the last batch submitted since the last recovery
         # result ref -> seq. A recovery forgets every call: their batches are sent again in order
@@ -64,11 +82,16 @@ class Lane:
 
     # -- feeding -------------------------------------------------------------------------
     def has_room(self, nbytes: int) -> bool:
-        return self._dead or self._bytes + nbytes <= self._max_bytes
+        return self._dead or self._reload is not None or self._bytes + nbytes <= self._max_bytes
 
     def offer(self, entry: Entry) -> None:
         if self._dead:
             self.report.dropped_records += entry.records
+            return
+        if self._reload is not None:  # over the bound, the batch waits on disk only
+            fits = self._bytes + entry.nbytes <= self._max_bytes
+            self._window[entry.seq] = dataclasses.replace(entry, ref=entry.ref if fits else None)
+            self._bytes += entry.nbytes if fits else 0
             return
         submitted = sum(e.nbytes for seq, e in self._window.items() if seq <= self._last_sent)
         if submitted + entry.nbytes > self._max_bytes:  # cannot fit even alone: keep what waits
@@ -78,6 +101,24 @@ class Lane:
             pass
         self._window[entry.seq] = entry
         self._bytes += entry.nbytes
+
+    def preload(self, entries: Iterable[Entry]) -> None:
+        """Batches an earlier process spooled (recovery): waiting on disk; the actor's first answer
+        says which its tracker already holds."""
+        for entry in entries:
+            self._window[entry.seq] = dataclasses.replace(entry, ref=None)
+        self._window = OrderedDict(sorted(self._window.items()))
+
+    def evicted(self, seqs: set[int]) -> int:
+        """The spool deleted these batches: those this lane holds only there are lost. Returns how many records."""
+        lost = 0
+        for seq in [s for s in self._window if s in seqs]:
+            entry = self._window[seq]
+            if entry.ref is None:
+                del self._window[seq]
+                lost += entry.records
+        self.report.dropped_records += lost
+        return lost
 
     def _drop_oldest_unsent(self) -> bool:
         for seq, entry in self._window.items():
@@ -118,9 +159,29 @@ class Lane:
             self._task_failed(exc)
             return
         self._task_errors = 0
+        progressed = ack.applied > self._acked
         self.accept(ack)
+        if ack.held:
+            self._hold(ack)
+        elif progressed or not ack.gap:
+            self._up()
         if ack.gap:
             self._restart_sending()
+
+    def _hold(self, ack: Ack) -> None:
+        """The tracker is down: nothing of the batch was applied; send it again after a backoff."""
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+        self._hold_s = min(self._max_backoff_s, max(self._backoff_s, self._hold_s * 2))
+        self._hold_until = now + self._hold_s
+        self.report.error = f"tracker down, retrying in {self._hold_s:.1f} s: {ack.error}"
+        self._restart_sending()
+
+    def _up(self) -> None:
+        self._down_since = None
+        self._hold_s = 0.0
+        self._hold_until = 0.0
 
     def _task_failed(self, exc: Exception) -> None:
         self._task_errors += 1
@@ -140,7 +201,7 @@ class Lane:
             if seq > applied:
                 break
             del self._window[seq]
-            self._bytes -= entry.nbytes
+            self._bytes -= entry.nbytes if entry.ref is not None else 0
             self._lags.append(now - entry.oldest_log_time)
         self._acked = max(self._acked, applied)
         self._last_sent = max(self._last_sent, self._acked)
@@ -183,15 +244,45 @@ class Lane:
         self._calls.clear()
         self._last_sent = self._acked
 
+    @property
+    def acked(self) -> int:
+        """The last batch this lane's tracker holds durably."""
+        return self._acked
+
+    @property
+    def outage_s(self) -> float:
+        """How long the tracker has been down (0 while it answers)."""
+        return 0.0 if self._down_since is None else time.monotonic() - self._down_since
+
     def _submit(self) -> None:
-        for seq, entry in self._window.items():
+        now = time.monotonic()
+        if now < self._hold_until:
+            return
+        # After max_outage_s of a continuous outage the actor counts failures instead of holding.
+        final = () if self._max_outage_s is None or self._down_since is None \
+            or now - self._down_since < self._max_outage_s else (True,)
+        for seq, entry in list(self._window.items()):
             if len(self._calls) >= self._max_inflight:
                 return
             if seq <= self._last_sent:
                 continue
-            ref = self.actor.apply.remote(seq, self._last_sent, entry.ref)
+            if entry.ref is None and not self._load(entry):
+                continue
+            ref = self.actor.apply.remote(seq, self._last_sent, entry.ref, *final)
             self._calls[ref] = seq
             self._last_sent = seq
+
+    def _load(self, entry: Entry) -> bool:
+        """Read a batch that waited on disk back into Ray; False (dropped, counted) if the spool lost it."""
+        ref = self._reload(entry.seq) if self._reload is not None else None
+        if ref is None:
+            del self._window[entry.seq]
+            self.report.dropped_records += entry.records
+            self.report.error = f"batch {entry.seq} is no longer in the spool ({entry.records} records lost)"
+            return False
+        entry.ref = ref
+        self._bytes += entry.nbytes
+        return True
 
     def _die(self, why: str) -> None:
         self._dead = True
@@ -234,6 +325,7 @@ class Lane:
         r.unacked_batches = len(self._window)
         r.unacked_records = sum(e.records for e in self._window.values())
         r.lag_s = self.lag_s()
+        r.outage_s = self.outage_s
         r.lag_p50_s = lags[len(lags) // 2] if lags else 0.0
         r.lag_p99_s = lags[min(len(lags) - 1, int(len(lags) * 0.99))] if lags else 0.0
         return dataclasses.replace(r)

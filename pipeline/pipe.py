@@ -31,6 +31,9 @@ class Pipe(Protocol):
     def lanes(self) -> dict[str, LaneInfo]:
         """Where each tracker's sink host runs."""
 
+    def last_step(self) -> Any:
+        """The step of the newest item put (as the caller passed it; None before the first)."""
+
     def flush(self, timeout: float) -> PipelineReport:
         """Barrier: returns once every tracker has what was put so far, or at ``timeout``."""
 

@@ -35,6 +35,8 @@ class LaneReport:
     values cut to 6000 characters), ``histogram_nonfinite`` (NaN/Inf histogram values wandb cannot bin)."""
     restarts: int = 0
     """Times the lane's actor died and was re-attached."""
+    outage_s: float = 0.0
+    """How long the tracker has been down at the moment of the report (0: it answers)."""
     error: str | None = None
     where: str = ""
 
@@ -65,6 +67,8 @@ class LaneReport:
             text += ", cut by the tracker: " + ", ".join(f"{n} {what}" for what, n in self.cuts.items())
         if self.restarts:
             text += f", {self.restarts} restart(s)"
+        if self.outage_s:
+            text += f", tracker down for {self.outage_s:.0f} s"
         if self.error:
             text += f", last error: {self.error}"
         return text
@@ -89,19 +93,59 @@ class PipelineReport:
     """Generations, trajectories or histogram values left out by ``record_limits``."""
     elapsed_s: float = 0.0
     timed_out: bool = False
+    spool: SpoolReport | None = None
+    """The durable spool, when it is on."""
 
     @property
     def complete(self) -> bool:
         """Nothing buffered, dropped, failed or unacknowledged anywhere."""
         return (not self.timed_out and self.buffered_records == 0 and self.dropped_records == 0
-                and self.rejected_records == 0 and all(lane.complete for lane in self.lanes.values()))
+                and self.rejected_records == 0 and all(lane.complete for lane in self.lanes.values())
+                and (self.spool is None or self.spool.damaged == 0))
 
     def summary(self) -> str:
         head = (f"tracklane: {'complete' if self.complete else 'INCOMPLETE'} in {self.elapsed_s:.2f} s; "
                 f"{self.buffered_records} buffered, {self.dropped_records} dropped by the producer, "
                 f"{self.skipped_values} non-numeric values skipped, {self.rejected_records} records rejected, "
                 f"{self.truncated_strings} strings truncated, {self.sampled_out} samples left out")
-        return "\n".join([head, *(f"  {lane.line()}" for lane in self.lanes.values())])
+        lines = [head, *(f"  {lane.line()}" for lane in self.lanes.values())]
+        if self.spool is not None:
+            lines.append(f"  {self.spool.line()}")
+            behind = [name for name, lane in self.lanes.items() if lane.unacked_records]
+            if behind:
+                lines.append(f"  not delivered yet, kept in the spool; deliver with: {self.spool.replay_command(behind)}")
+        return "\n".join(lines)
+
+
+@dataclass(slots=True, kw_only=True)
+class SpoolReport:
+    """The spool at the moment of the report."""
+
+    directory: str
+    nbytes: int = 0
+    batches: int = 0
+    """Batches on disk (not yet acknowledged by every lane, or kept for retention)."""
+    evicted_records: int = 0
+    """Records the disk bound (spool_max_bytes) deleted before every lane had them (also in the lanes' drops)."""
+    damaged: int = 0
+    """Frames or segments found corrupt or missing when the spool was reopened (each lost)."""
+    torn_bytes: int = 0
+    """Bytes of an interrupted last write cut off at reopening."""
+    recovered_batches: int = 0
+    """Batches an earlier process spooled that this one found and delivered where they were missing."""
+
+    def line(self) -> str:
+        text = f"spool {self.directory}: {self.batches} batches, {self.nbytes / 2**20:.1f} MiB on disk"
+        if self.recovered_batches:
+            text += f", {self.recovered_batches} recovered from the previous process"
+        if self.evicted_records:
+            text += f", {self.evicted_records} records evicted by spool_max_bytes before delivery"
+        if self.damaged or self.torn_bytes:
+            text += f", {self.damaged} damaged frame(s) lost, {self.torn_bytes} torn byte(s) cut"
+        return text
+
+    def replay_command(self, lanes: list[str]) -> str:
+        return f"tracklane replay {self.directory} --to {','.join(lanes)}"
 
 
 @dataclass(slots=True, kw_only=True, frozen=True)

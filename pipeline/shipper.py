@@ -1,9 +1,11 @@
-"""The shipper thread: buffer -> batches -> msgpack + zstd -> Ray -> every lane.
+"""The shipper thread: buffer -> batches -> msgpack + zstd -> spool -> Ray -> every lane.
 
 Everything slow happens here, never on the caller's thread: cleaning values,
-encoding, compression, ``ray.put``, actor calls, collecting acknowledgements,
-re-sending after an actor restart, and the flush/close barriers. Shutdown is a
-request like a flush, with a deadline: drain, close each tracker, kill the actors.
+encoding, compression, the spool's appends, ``ray.put``, actor calls, collecting
+acknowledgements, re-sending after an actor restart, and the flush/close barriers.
+Shutdown is a request like a flush, with a deadline: drain, close each tracker, kill
+the actors. A batch is in the spool before any lane sees it, and leaves it once every
+lane's tracker acknowledged it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +27,10 @@ from .config import AsyncLogConfig
 from .convert import Converter
 from .lane import Entry, Lane
 from .records import Batch, Metrics, Record
-from .report import PipelineReport
+from .report import PipelineReport, SpoolReport
 from .rich import RecordLimits
+from .spool import Spool, SpoolEntry
+from .spooling import Spooling
 
 log = logging.getLogger("tracklane")
 
@@ -48,13 +53,38 @@ class _Barrier:
     report: PipelineReport | None = None
 
 
+class SpoolReloader:
+    """Reads a batch that waited on disk back into Ray; lanes asking for the same batch share one object."""
+
+    _KEPT = 4  # recent objects kept: lanes catching up read the same batches one after another
+
+    def __init__(self, spool: Spool) -> None:
+        self._spool = spool
+        self._recent: OrderedDict[int, Any] = OrderedDict()
+
+    def __call__(self, seq: int) -> Any:
+        ref = self._recent.get(seq)
+        if ref is None:
+            blob = self._spool.read(seq)
+            if blob is None:
+                return None
+            ref = self._recent[seq] = ray.put(blob)
+            while len(self._recent) > self._KEPT:
+                self._recent.popitem(last=False)
+        return ref
+
+
 class Shipper:
-    def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, buffer: RecordBuffer, lanes: dict[str, Lane]) -> None:
+    def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, buffer: RecordBuffer, lanes: dict[str, Lane],
+                 spooling: Spooling | None = None, first_seq: int = 0) -> None:
         self._cfg = cfg
         self._buffer = buffer
         self._lanes = lanes
         self._converter = Converter(limits)
-        self._seq = 0
+        self._spooling = spooling
+        self._released = 0  # every lane acknowledged batches up to here
+        self._evicted_lost = 0  # records the spool's bound deleted before the slowest lane had them
+        self._seq = first_seq
         self._barriers: list[_Barrier] = []  # guarded by the buffer's lock
         self._finished = False
         self._closing = False  # set once trackers are being closed: nothing more is shipped
@@ -102,6 +132,7 @@ class Shipper:
                 self._ship(force=bool(self._barriers))
                 for lane in self._lanes.values():
                     lane.pump()
+                self._release()
                 self._serve_barriers()
                 failures = 0
             except Exception:  # a bug here must not end delivery: log it, back off, go on
@@ -153,6 +184,8 @@ class Shipper:
             "tracklane/rejected_records": self._converter.rejected,
             "tracklane/lag_s": max((lane.lag_s() for lane in lanes), default=0.0),
         }
+        if self._spooling is not None:
+            figures["tracklane/spool_bytes"] = self._spooling.spool.nbytes
         for lane in lanes:
             figures[f"tracklane/lane/{lane.name}/lag_s"] = lane.lag_s()
             figures[f"tracklane/lane/{lane.name}/unacked_bytes"] = lane.unacked_bytes
@@ -162,8 +195,10 @@ class Shipper:
     def _send(self, records: list[Record]) -> None:
         self._seq += 1
         blob = encode_batch(Batch(seq=self._seq, created=time.time(), records=records), self._cfg.compression_level)
-        entry = Entry(seq=self._seq, ref=ray.put(blob), nbytes=len(blob), records=len(records),
-                      oldest_log_time=min(r.time for r in records))
+        oldest = min(r.time for r in records)
+        if self._spooling is not None:  # on disk before any lane can see it
+            self._evicted(self._spooling.spool.append(self._seq, len(records), oldest, blob))
+        entry = Entry(seq=self._seq, ref=ray.put(blob), nbytes=len(blob), records=len(records), oldest_log_time=oldest)
         for lane in self._lanes.values():
             if self._cfg.overflow == "block":
                 self._wait_for_room(lane, entry.nbytes)
@@ -178,6 +213,48 @@ class Shipper:
             else:
                 time.sleep(0.01)
             lane.pump()
+
+    # -- the spool -----------------------------------------------------------------------
+    def _evicted(self, entries: list[SpoolEntry]) -> None:
+        if not entries:
+            return
+        seqs = {e.seq for e in entries}
+        lost = {lane.name: lane.evicted(seqs) for lane in self._lanes.values()}
+        self._evicted_lost += max(lost.values(), default=0)
+        if any(lost.values()):
+            log.warning("tracklane: the spool reached spool_max_bytes=%d and evicted batches %d-%d; records lost "
+                        "that a tracker did not have yet: %s", self._cfg.spool_max_bytes, entries[0].seq,
+                        entries[-1].seq, ", ".join(f"{name} {n}" for name, n in lost.items() if n))
+
+    def _release(self) -> None:
+        if self._spooling is None:
+            return
+        floor = min((lane.acked for lane in self._lanes.values()), default=self._seq)
+        if floor > self._released:
+            self._spooling.spool.release(floor)
+            self._released = floor
+        self._spooling.spool.sync_if_due()
+
+    def _spool_report(self) -> SpoolReport | None:
+        if self._spooling is None:
+            return None
+        spool = self._spooling.spool
+        stats = spool.stats
+        return SpoolReport(directory=spool.directory, nbytes=spool.nbytes, batches=len(spool.entries()),
+                           evicted_records=self._evicted_lost, damaged=stats.damaged, torn_bytes=stats.torn_bytes,
+                           recovered_batches=self._spooling.recovered)
+
+    def _close_spool(self, exit_code: int) -> None:
+        """The runs are closed: record how, and delete what every tracker has (the last segment too)."""
+        if self._spooling is None:
+            return
+        spool = self._spooling.spool
+        self._spooling.manifest.exit_code = exit_code
+        try:
+            self._spooling.manifest.save(spool.directory)
+        finally:
+            spool.close()
+            spool.release(min((lane.acked for lane in self._lanes.values()), default=self._seq))
 
     # -- barriers ------------------------------------------------------------------------
     def _serve_barriers(self) -> None:
@@ -222,6 +299,8 @@ class Shipper:
             if name and name not in results:
                 self._lanes[name].report.error = "did not answer before the deadline"
         unsettled = not self._all_settled(barrier.target if barrier.target is not None else self._seq)
+        if barrier.closing:
+            self._close_spool(barrier.exit_code)
         barrier.report = self._report(barrier, timed_out=timed_out or unsettled)
         if barrier.closing:
             self._kill_actors()
@@ -257,4 +336,5 @@ class Shipper:
             dropped_records=self._buffer.dropped + self.late_drops,
             elapsed_s=time.monotonic() - barrier.started,
             timed_out=timed_out,
+            spool=self._spool_report(),
         ))

@@ -15,7 +15,7 @@ from typing import Any
 
 from .ack import Ack
 from .backends import SINK_HOST, load
-from .captured import Captured
+from .captured import STEP, Captured
 from .config import AsyncLogConfig
 from .convert import Converter
 from .records import RunSpec
@@ -32,11 +32,13 @@ class SyncPipeline:
         self.health: dict[str, float | int] = {}  # nothing queues on this path: no lag, no queue
         self._converter = Converter(limits)
         self._late_drops = 0
+        self._last_step: Any = None
         for host in self._hosts.values():
             host.open()
 
     def put(self, item: Captured) -> None:
         """Write one captured item into every tracker it is addressed to, in turn."""
+        self._last_step = item[STEP]
         record = self._converter.record(item)
         if record is not None:
             for host in self._hosts.values():
@@ -44,6 +46,9 @@ class SyncPipeline:
 
     def drop_late(self) -> None:
         self._late_drops += 1
+
+    def last_step(self) -> Any:
+        return self._last_step
 
     def lanes(self) -> dict[str, LaneInfo]:
         return {name: LaneInfo(name=name, pid=os.getpid(), node_id="", unacked_bytes=0) for name in self._hosts}

@@ -2,6 +2,8 @@
 
 Same constructor, ``log(data, step, backend=None)`` and ``finish(exit_code)``; plus
 ``flush(timeout)``, a context manager, and finishing at interpreter exit.
+An uncaught exception leaves its traceback in every unfinished run (text record
+``error/traceback`` at the last step logged) before the runs are finished as failed.
 ``config["trainer"]["log_async"]`` picks the path: false (verl's default) calls the
 sinks in-process; true hands records to the asynchronous pipeline, and ``log()``
 only copies them into a bounded buffer.
@@ -10,12 +12,14 @@ only copies them into a bounded buffer.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import re
 import secrets
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +32,8 @@ from .pipe import open_pipe
 from .records import RunSpec
 from .report import LaneInfo, PipelineReport
 from .rich import record_limits
-from .values import BYTES_PER_ENTRY
+from .spool_manifest import default_spool_dir
+from .values import BYTES_PER_ENTRY, as_number
 
 log = logging.getLogger("tracklane")
 _now = time.time
@@ -52,12 +57,15 @@ class Tracking:
             raise ConfigError("Tracking(resume=True) needs the run_id of the run to continue")
         self.run = RunSpec(project=project_name, experiment=experiment_name, params=plain_config(config),
                            run_id=_checked_run_id(run_id) if run_id else secrets.token_hex(6), resume=resume)
+        if self._cfg.spool and not self._cfg.spool_dir:
+            self._cfg = dataclasses.replace(self._cfg, spool_dir=default_spool_dir(self.run, trainer, os.environ))
         backends = resolve_backends(backend_names(default_backend), self.run, os.environ, trainer)
         self.backends = list(backends)
         self._pipe = open_pipe(self.log_async, self._cfg, limits, self.run, backends, os.environ)
         # Bound once: log() is the hot path. It is fed plain tuples in Captured's field order (captured.py
         # says why: Captured(...) itself costs microseconds on a cold cache).
         self._put: Any = self._pipe.put
+        self._max_chars = limits.max_chars  # the converter cuts longer text (head kept): the crash record fits in it
         self._report: PipelineReport | None = None
         self._warned_late = False
         self._rejected = 0  # log*() calls whose data could not even be copied
@@ -175,6 +183,22 @@ class Tracking:
             log.warning("%s", report.summary())
         return report
 
+    def _last_logged_step(self) -> int | None:
+        """The step of the newest ``log*()`` call (None if none was logged or its step is no integer)."""
+        step = self._pipe.last_step()
+        number = as_number(step) if step is not None else None
+        return number if type(number) is int else None
+
+    def _log_crash(self, exc_type: Any, trace: str) -> None:
+        """The crash record: ``error/traceback`` at the last step logged, through ``log_text``."""
+        if self._report is not None:
+            return
+        step = self._last_logged_step()
+        when = f"last step logged: {step}" if step is not None else "no step logged"
+        header = f"Uncaught {getattr(exc_type, '__name__', exc_type)} in the trainer (pid {os.getpid()}); {when}\n"
+        self.log_text(CRASH_TEXT, _capped(header, trace, min(CRASH_TEXT_MAX_CHARS, self._max_chars)),
+                      step=0 if step is None else step)
+
     def _drop_late(self) -> None:
         assert self._report is not None
         self._pipe.drop_late()
@@ -227,6 +251,11 @@ _unfinished: dict[Tracking, None] = {}  # insertion-ordered: the newest is last
 _uncaught = False
 _hooked = False
 
+CRASH_TEXT = "error/traceback"
+"""Name of the text record an uncaught exception leaves in every unfinished run."""
+CRASH_TEXT_MAX_CHARS = 64 * 1024
+"""Longest crash record (and never above ``record_limits.max_chars``); the tail of the traceback is kept."""
+
 
 def _finish_at_exit(tracking: Tracking) -> None:
     global _hooked
@@ -240,12 +269,48 @@ def _finish_at_exit(tracking: Tracking) -> None:
 def _install_excepthook() -> None:
     previous = sys.excepthook
 
-    def hook(*args: Any) -> None:
+    def hook(exc_type: Any, exc: Any, tb: Any) -> None:
         global _uncaught
         _uncaught = True  # a crash: finish the runs as failed
-        previous(*args)
+        try:
+            _log_crash(exc_type, exc, tb)  # queued before atexit's _finish_all drains and closes
+        finally:
+            previous(exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+def _log_crash(exc_type: Any, exc: Any, tb: Any) -> None:
+    """Leave the traceback in every unfinished run; never raises (it runs inside sys.excepthook)."""
+    try:
+        try:
+            trace = "".join(traceback.format_exception(exc_type, exc, tb))
+        except Exception:
+            trace = f"{getattr(exc_type, '__name__', exc_type)}: (the traceback could not be formatted)\n"
+        for tracking in list(_unfinished):
+            try:
+                tracking._log_crash(exc_type, trace)
+            except Exception:
+                log.warning("tracklane: the crash record of run %s could not be logged", tracking.run_id,
+                            exc_info=True)
+    except BaseException:  # even logging may fail this late; the crash itself is reported by the previous hook
+        pass
+
+
+def _capped(header: str, body: str, limit: int) -> str:
+    """``header + body`` in at most ``limit`` characters: the header and the end of ``body`` are kept
+    (a traceback's last lines name the exception), from a line start, after a note of what was cut."""
+    if len(header) + len(body) <= limit:
+        return header + body
+    note_room = len(f"[... {len(body)} of {len(body)} characters cut ...]\n")
+    keep = limit - len(header) - note_room
+    if keep <= 0:
+        return (header + body)[-limit:] if limit > 0 else ""
+    tail = body[-keep:]
+    start = tail.find("\n") + 1
+    if 0 < start < len(tail):
+        tail = tail[start:]
+    return f"{header}[... {len(body) - len(tail)} of {len(body)} characters cut ...]\n{tail}"
 
 
 def active_tracking(project_name: str | None = None, experiment_name: str | None = None) -> Tracking | None:

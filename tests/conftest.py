@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -10,6 +11,8 @@ from pipeline.testing.mlflow_server import URI_ENV, start_server, stop_server
 
 # Every Ray process the tests start (here, in Tracking, in subprocesses) binds 127.0.0.1.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Spools of runs whose config names no folder go under one temp folder, not the checkout.
+os.environ.setdefault("TRACKLANE_SPOOL_ROOT", tempfile.mkdtemp(prefix="tracklane-test-spools-"))
 
 
 @pytest.fixture(scope="session")

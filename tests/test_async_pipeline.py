@@ -102,9 +102,10 @@ def test_killed_actors_are_restarted_without_duplicates(offline_trackers):
 
 
 def test_drop_oldest_bounds_a_slow_lane(offline_trackers):
-    """A slow tracker with a small lane drops its oldest batches, counts every one, and never exceeds its bound."""
+    """Without the spool, a slow tracker with a small lane drops its oldest batches, counts every one, and never
+    exceeds its bound."""
     bound = 128 * 1024
-    config = _config(lane_max_bytes=bound, max_batch_bytes=32 * 1024, memory_sink={"delay_s": 0.3})
+    config = _config(lane_max_bytes=bound, max_batch_bytes=32 * 1024, memory_sink={"delay_s": 0.3}, spool=False)
     tracking = Tracking("proj", "exp", ["memory", "file"], config=config)
     tracking.flush(timeout=120)  # both actors up: the file lane must not fill while starting
     rng = np.random.default_rng(0)
@@ -124,10 +125,37 @@ def test_drop_oldest_bounds_a_slow_lane(offline_trackers):
     assert unacked and max(unacked) <= bound
 
 
+def test_with_the_spool_a_slow_lane_waits_on_disk_and_loses_nothing(offline_trackers, tmp_path):
+    """With the spool, a slow tracker's lane keeps its memory bound by leaving batches on disk only, and every record
+    arrives, in order, once; the spool is emptied as the trackers acknowledge."""
+    bound = 128 * 1024
+    config = _config(lane_max_bytes=bound, max_batch_bytes=32 * 1024, memory_sink={"delay_s": 0.1},
+                     spool_dir=str(tmp_path / "spool"), spool_segment_bytes=64 * 1024)
+    tracking = Tracking("proj", "exp", ["memory", "file"], config=config)
+    tracking.flush(timeout=120)
+    rng = np.random.default_rng(0)
+    for step in range(300):
+        tracking.log({f"k{i}": float(v) for i, v in enumerate(rng.random(100))}, step=step)
+        time.sleep(0.005)
+    report = tracking.finish(timeout=120)
+    memory, file = report.lanes["memory"], report.lanes["file"]
+    assert report.complete, report.summary()
+    steps = [r.step for r in memory_records(tracking.run_id) if "k0" in getattr(r, "values", {})]
+    assert steps == list(range(300))
+    file_lines = _file_steps(offline_trackers["file"])
+    unacked = [line["data"]["tracklane/lane/memory/unacked_bytes"] for line in file_lines
+               if "tracklane/lane/memory/unacked_bytes" in line["data"]]
+    assert unacked and max(unacked) <= bound + 2 * 32 * 1024  # plus the batches in flight, read back from disk
+    spooled = [line["data"]["tracklane/spool_bytes"] for line in file_lines if "tracklane/spool_bytes" in line["data"]]
+    assert max(spooled) > bound  # it did wait on disk
+    assert memory.dropped_records == 0 and file.complete
+    assert report.spool is not None and report.spool.batches <= 2  # acknowledged segments were deleted
+
+
 def test_block_policy_waits_no_longer_than_the_deadline(offline_trackers):
     """Under "block", a full buffer makes log() wait at most block_timeout_s, then drops and counts."""
     config = _config(overflow="block", block_timeout_s=0.3, queue_max_bytes=8 * 1024, lane_max_bytes=8 * 1024,
-                     max_batch_bytes=4 * 1024, max_inflight_batches=1, memory_sink={"delay_s": 1.0})
+                     max_batch_bytes=4 * 1024, max_inflight_batches=1, memory_sink={"delay_s": 1.0}, spool=False)
     tracking = Tracking("proj", "exp", ["memory"], config=config)
     waits = []
     for step in range(60):

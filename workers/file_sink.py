@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
+from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from workers.media import safe_name
 from workers.sink import Sink
 from workers.steps import merge_by_step
@@ -97,6 +97,27 @@ class FileSink(Sink):
         with open(path, "wb") as handle:
             handle.write(data)
 
+    # -- exactly once: the files a batch appends to are cut back to where they stood --------
+    def mark(self, records: Sequence[Record]) -> dict[str, Any]:
+        paths = {self.settings["path"]}
+        for record in records:
+            if isinstance(record, Generations):
+                paths.add(os.path.join(self.settings["validation_dir"], f"{record.step}.jsonl"))
+            elif isinstance(record, Trajectories):
+                paths.add(os.path.join(self.settings["rollout_dir"], f"{record.step}.jsonl"))
+            elif isinstance(record, Histogram):
+                paths.add(os.path.join(self.settings["media_dir"], "histograms.jsonl"))
+        # text, images and artifacts are written whole under their step's name: writing them again is harmless
+        return {"sizes": {path: _size(path) for path in sorted(paths)}}
+
+    def rollback(self, mark: Mapping[str, Any]) -> None:
+        for path, size in dict(mark.get("sizes") or {}).items():
+            now = _size(path)
+            if size < 0 and now >= 0:
+                os.remove(path)
+            elif 0 <= size < now:
+                os.truncate(path, size)
+
     def close(self, exit_code: int) -> None:
         handle = getattr(self, "_handle", None)
         if handle is not None and not handle.closed:
@@ -104,6 +125,14 @@ class FileSink(Sink):
 
     def where(self) -> str:
         return f"file: {self.settings['path']}"
+
+
+def _size(path: str) -> int:
+    """Bytes in ``path``, -1 if it does not exist."""
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return -1
 
 
 def _histogram_line(record: Histogram) -> dict[str, Any]:

@@ -2,8 +2,13 @@
 
 It decodes each batch, skips what it already applied (re-sends after a restart), refuses a
 batch that does not follow the last one applied, hands the rest to its ``SinkHost`` (which
-writes with retries and counts), records the sequence number durably, and answers with an
-``Ack`` packed as msgpack. A failing tracker costs only this lane.
+writes with retries, flushes and counts), records the sequence number durably, and answers with
+an ``Ack`` packed as msgpack. A tracker that cannot be reached makes it answer "held" (nothing
+applied; the lane sends the batch again later). A failing tracker costs only this lane.
+
+Exactly once: the state moves right after the tracker's flush returned, and a sink that can undo
+a partial write (``Sink.mark``) has its undo point saved before the write, so an actor killed
+between the two is rolled back by its successor and the re-sent batch lands once.
 """
 
 from __future__ import annotations
@@ -13,8 +18,8 @@ import os
 from pipeline.backends import backend_class
 from pipeline.codec import decode_batch
 from pipeline.errors import CodecError
+from pipeline.lane_state import LaneState
 from pipeline.opening import LaneOpening
-from workers.lane_state import LaneState
 from workers.sink_host import SinkHost
 
 
@@ -27,15 +32,19 @@ class LaneActor:
         sink = backend_class(spec.backend)(spec.run, spec.settings)
         self._host = SinkHost(lane, sink, spec.sink_retries, spec.retry_backoff_s, resume=self._state.resume,
                               counts=self._state.counts, node_id=_node_id())
-        if self._host.open() and self._state.resume is None:
+        if self._state.pending and self._state.mark is not None:  # the previous actor died inside a write
+            self._host.rollback(self._state.mark)
+        self._state.pending, self._state.mark = 0, None
+        if self._host.open():
             self._save()
 
     def ready(self) -> bytes:
         """Whether the tracker opened, and what was applied before (non-zero after a restart)."""
         return self._answer()
 
-    def apply(self, seq: int, prev: int, blob: bytes) -> bytes:
-        """Write batch ``seq`` if it follows ``prev``, the last batch the lane sent before it."""
+    def apply(self, seq: int, prev: int, blob: bytes, final: bool = False) -> bytes:
+        """Write batch ``seq`` if it follows ``prev``, the last batch the lane sent before it. ``final``:
+        the lane waited long enough (max_outage_s); count what does not arrive instead of holding it."""
         applied = self._state.applied
         if seq <= applied:  # a re-send of what the tracker holds already
             return self._answer()
@@ -46,8 +55,14 @@ class LaneActor:
         except CodecError as exc:
             self._host.note_error(f"corrupt batch {seq}: {exc}")
         else:
-            self._host.write(batch.records)
+            mark = self._host.mark(batch.records)
+            if mark is not None:
+                self._state.pending, self._state.mark = seq, mark
+                self._save()
+            if not self._host.write(batch.records, hold=not final):
+                return self._answer(held=True)  # the mark stays: rolling back to it undoes nothing
         self._state.applied = seq
+        self._state.pending, self._state.mark = 0, None
         self._save()
         return self._answer()
 
@@ -66,8 +81,8 @@ class LaneActor:
         self._state.counts = self._host.counts
         self._state.save()
 
-    def _answer(self, gap: bool = False) -> bytes:
-        return self._host.ack(self._state.applied, gap=gap).pack()
+    def _answer(self, gap: bool = False, held: bool = False) -> bytes:
+        return self._host.ack(self._state.applied, gap=gap, held=held).pack()
 
 
 def _node_id() -> str:

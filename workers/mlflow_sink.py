@@ -44,7 +44,7 @@ from pipeline.histogram import HistogramFigures
 from pipeline.params import flatten_params
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
 from workers.media import as_json
-from workers.sink import Sink, import_sdk
+from workers.sink import Sink, exception_chain, import_sdk
 
 log = logging.getLogger("tracklane")
 
@@ -89,6 +89,9 @@ def absolute_tracking_uri(uri: str) -> str:
     return uri
 
 
+_BUSY_STATUSES = (429, 502, 503, 504)
+
+
 class MlflowSink(Sink):
     name = "mlflow"
     sdk_module = "mlflow"
@@ -98,6 +101,24 @@ class MlflowSink(Sink):
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
         uri = env.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
         return {"tracking_uri": absolute_tracking_uri(uri), "run_id": env.get("MLFLOW_RUN_ID") or ""}
+
+    @classmethod
+    def is_outage(cls, exc: BaseException) -> bool:
+        """The server cannot be reached, or answers that it cannot serve now (429, 502-504; a 500 may be
+        these records' fault, so it counts as a refusal). MLflow's client raises its own exception
+        while handling the network's, so the cause is in the chain."""
+        import requests
+        from mlflow.exceptions import MlflowException
+
+        network = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                   requests.exceptions.RetryError)
+        for error in exception_chain(exc):
+            if isinstance(error, network) or super().is_outage(error):
+                return True
+            if isinstance(error, MlflowException):
+                if error.get_http_status_code() in _BUSY_STATUSES:
+                    return True
+        return False
 
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         super().__init__(run, settings)

@@ -120,14 +120,42 @@ class Sink:
         return kept
 
     def flush(self) -> None:
-        pass
+        """Make everything written so far durable in the tracker (its own buffers handed on): the lane
+        acknowledges a batch only after this returned."""
 
     def close(self, exit_code: int) -> None:
         pass
 
+    # -- exactly once: what a sink that can undo a partial write overrides ------------------
+    def mark(self, records: Sequence[Record]) -> dict[str, Any] | None:
+        """Where the tracker stands before ``records`` are written (plain values), or None if a partial
+        write cannot be undone. Saved with the lane's state before the write."""
+        return None
+
+    def rollback(self, mark: Mapping[str, Any]) -> None:
+        """Undo whatever was written after ``mark`` (the actor died before acknowledging it); called
+        before ``open()`` by the actor that takes over."""
+
+    @classmethod
+    def is_outage(cls, exc: BaseException) -> bool:
+        """True if ``exc`` says the tracker cannot be reached (retry later, count nothing) rather than
+        that it refused these records (count them failed). The default: a connection or timeout error
+        anywhere in the exception's chain."""
+        return any(isinstance(e, (ConnectionError, TimeoutError)) for e in exception_chain(exc))
+
     def where(self) -> str:
         """One line saying where this sink wrote, for the end-of-run summary."""
         return self.name
+
+
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it was raised from or during (SDKs wrap the network's errors in their own)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain and len(chain) < 16:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
 
 
 def import_sdk(cls: type[Sink], module: str | None = None) -> Any:

@@ -2,7 +2,9 @@
 
 The lane actor wraps a host in sequence bookkeeping (``log_async: true``); the synchronous
 path is a loop over hosts (``log_async: false``). A host never raises: a tracker that fails is
-retried with doubling backoff, then its records are counted as failed and the caller goes on.
+retried with doubling backoff. Then, if it cannot be reached and the caller can wait (a lane
+with the spool behind it), the batch is held: nothing applied, nothing counted, sent again
+later. Otherwise the records it refused are counted as failed and the caller goes on.
 On the synchronous path that bounds one ``log()`` per failing tracker to
 ``retry_backoff_s * (2 ** sink_retries - 1)`` seconds of waiting (3.5 s with the defaults),
 plus the tracker's own time per attempt.
@@ -41,6 +43,8 @@ class SinkHost:
         self._opened = False
         self._closed = False
         self._failing = False  # the last write failed: warn once per outage, not per batch
+        self._open_error: BaseException | None = None
+        self._open_warned = False
         self.error: str | None = None
         """The last error seen (open, write, flush or close)."""
 
@@ -55,38 +59,71 @@ class SinkHost:
         try:
             resume = self.sink.open(self.resume)
         except Exception as exc:  # the tracker may be down: reported, retried at the next write
+            self._open_error = exc
             self.error = f"open: {type(exc).__name__}: {exc}"
-            log.warning("tracklane: lane %s could not open its tracker: %s", self.lane, self.error)
+            if not self._open_warned:  # once per outage: open is retried at every attempt
+                self._open_warned = True
+                log.warning("tracklane: lane %s could not open its tracker: %s", self.lane, self.error)
             return False
         self._opened = True
         if self.resume is None:
             self.resume = dict(resume or {})
         return True
 
-    def write(self, records: Sequence[Record]) -> None:
-        """Write the records addressed to this lane, retrying with backoff; count them failed at the end."""
+    def write(self, records: Sequence[Record], hold: bool = False) -> bool:
+        """Write the records addressed to this lane (then flush: durable before it returns), retrying
+        with backoff. Returns False, having applied and counted nothing, if ``hold`` and the tracker is
+        unreachable: the caller sends them again later. Otherwise a batch the tracker refuses is
+        written record by record, and only the records it refuses are counted failed."""
         mine = [r for r in records if r.only is None or self.lane in r.only]
         if not mine or self._closed:
-            return
+            return True
+        exc = self._attempt(mine)
+        if exc is None:
+            return True
+        if self._unreachable(exc):
+            if hold:
+                if not self._failing:
+                    self._failing = True
+                    log.warning("tracklane: backend %s cannot be reached (%s); retrying with backoff, "
+                                "its records wait in the spool", self.lane, self.error)
+                return False
+            failed = mine
+        else:  # the tracker answered and refused: find the records it refuses
+            failed = [r for r in mine if self._attempt([r], retries=0) is not None] if len(mine) > 1 else mine
+        self.counts.failed_records += len(failed)
+        if not self._failing:
+            self._failing = True
+            log.warning("tracklane: backend %s failed: %d of %d record(s) after %d retries (%s); counting failures "
+                        "from now on", self.lane, len(failed), len(mine), self._retries, self.error)
+        return True
+
+    def _attempt(self, records: Sequence[Record], retries: int | None = None) -> BaseException | None:
+        """Open if needed, write and flush, with doubling backoff; None on success, else the last error."""
         delay = self._backoff_s
-        for attempt in range(self._retries + 1):
+        retries = self._retries if retries is None else retries
+        last: BaseException | None = None
+        for attempt in range(retries + 1):
             if self.open():
                 try:
-                    self.sink.write(mine)
+                    self.sink.write(records)
+                    self.sink.flush()
                     if self._failing:
                         self._failing = False
                         log.warning("tracklane: backend %s writes again", self.lane)
-                    return
+                    return None
                 except Exception as exc:  # any SDK error: isolated to this lane
                     self.error = f"{type(exc).__name__}: {exc}"
-            if attempt < self._retries:
+                    last = exc
+            else:
+                last = self._open_error or RuntimeError(self.error or "the tracker did not open")
+            if attempt < retries:
                 self._sleep(delay)
                 delay *= 2
-        self.counts.failed_records += len(mine)
-        if not self._failing:
-            self._failing = True
-            log.warning("tracklane: backend %s failed: %d record(s) after %d retries (%s); counting failures from now on",
-                        self.lane, len(mine), self._retries, self.error)
+        return last
+
+    def _unreachable(self, exc: BaseException) -> bool:
+        return self.sink.is_outage(exc)
 
     def note_error(self, message: str) -> None:
         """Record an error that is not the tracker's (e.g. a corrupt batch)."""
@@ -110,7 +147,21 @@ class SinkHost:
             self.error = f"{what}: {type(exc).__name__}: {exc}"
             log.warning("tracklane: lane %s: %s", self.lane, self.error)
 
-    def ack(self, applied: int, gap: bool = False) -> Ack:
+    def mark(self, records: Sequence[Record]) -> dict[str, Any] | None:
+        """The sink's undo point before ``records`` (None if it has none, or is not open)."""
+        if not self._opened:
+            return None
+        try:
+            return self.sink.mark(records)
+        except Exception as exc:  # no undo point: the batch is still written, only not undoable
+            self.error = f"mark: {type(exc).__name__}: {exc}"
+            return None
+
+    def rollback(self, mark: Mapping[str, Any]) -> None:
+        """Undo a write the previous actor did not acknowledge (before this host opens)."""
+        self._guard("rollback", self.sink.rollback, mark)
+
+    def ack(self, applied: int, gap: bool = False, held: bool = False) -> Ack:
         """This host's figures now, as the lane and the report read them."""
-        return Ack(applied=applied, gap=gap, opened=self._opened, error=self.error, counts=self.counts,
+        return Ack(applied=applied, gap=gap, held=held, opened=self._opened, error=self.error, counts=self.counts,
                    where=self.sink.where(), pid=os.getpid(), node_id=self._node_id)

@@ -31,7 +31,7 @@ from typing import Any
 
 from pipeline.histogram import HistogramFigures
 from pipeline.params import flatten_params
-from pipeline.records import Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
+from pipeline.records import Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from workers.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, trajectory_rows
 from workers.sink import Sink, import_sdk
 from workers.steps import merged_values, records_by_step
@@ -145,6 +145,18 @@ class TensorboardSink(Sink):
     def flush(self) -> None:
         if self._writer is not None:
             self._writer.flush()
+
+    # -- exactly once: an event file is a sequence of records; cut it back to the last acknowledged one
+    def mark(self, records: Sequence[Record]) -> dict[str, Any] | None:
+        path = getattr(self._writer, "_file_name", None)  # EventFileWriter keeps its file's name here
+        if not isinstance(path, str) or not os.path.exists(path):
+            return None
+        return {"event_file": path, "size": os.path.getsize(path)}  # every earlier batch was flushed
+
+    def rollback(self, mark: Mapping[str, Any]) -> None:
+        path, size = str(mark["event_file"]), int(mark["size"])
+        if os.path.exists(path) and os.path.getsize(path) > size:
+            os.truncate(path, size)
 
     def close(self, exit_code: int) -> None:
         if self._writer is not None:
