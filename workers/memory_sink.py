@@ -1,7 +1,7 @@
 """The test double: a sink that keeps every record it gets, optionally slow or failing.
 
 Selected as backend ``"memory"``; configured under ``trainer.memory_sink`` (``delay_s`` per
-write, ``fail_writes``, ``fail_open``, ``dir``). It appends each write as one encoded batch
+write, ``fail_writes``, ``fail_open``, ``down_while``, ``dir``). It appends each write as one encoded batch
 (msgpack + zstd, never pickle) to ``<dir>/records.tlb``, so what it got can be read back from any
 process, whether it ran in a lane actor or in-process: ``pipeline.testing.memory_records(run_id)``.
 The default ``dir`` is ``<temp>/tracklane-memory/<run_id>``; a fresh run starts it empty.
@@ -40,6 +40,9 @@ class MemorySink(Sink):
             "delay_s": float(options.get("delay_s", 0.0)),
             "fail_writes": bool(options.get("fail_writes", False)),
             "fail_open": bool(options.get("fail_open", False)),
+            # While this file exists the sink behaves like a tracker that cannot be reached (a
+            # ConnectionError), so a test can take it down and bring it back across processes.
+            "down_while": str(options.get("down_while") or ""),
             "dir": os.path.abspath(options.get("dir") or memory_dir(run.run_id)),
         }
 
@@ -58,6 +61,8 @@ class MemorySink(Sink):
             time.sleep(self.settings["delay_s"])
         if self.settings["fail_writes"]:
             raise SinkError("memory sink told to fail every write")
+        if self.settings["down_while"] and os.path.exists(self.settings["down_while"]):
+            raise ConnectionError(f"memory sink down while {self.settings['down_while']} exists")
         blob = encode_batch(Batch(seq=0, created=time.time(), records=list(records)))
         with open(self._path, "ab") as handle:
             handle.write(FRAME_HEADER.pack(len(blob)) + blob)

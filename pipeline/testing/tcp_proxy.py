@@ -3,6 +3,7 @@
     with TcpProxy("127.0.0.1", 5000) as proxy:     # listens on 127.0.0.1:<free port>
         client = MlflowClient(f"http://{proxy.address}")
         proxy.cut()        # open connections closed, new ones accepted and reset at once
+        proxy.stall()      # open connections closed, new ones accepted and never answered (a hung server)
         proxy.restore()    # new connections forwarded again
 
 Threads and stdlib sockets only: one thread accepts, two threads per connection copy bytes each way.
@@ -32,6 +33,8 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()  # both ends of every open forwarded connection
         self._cut = False
+        self._stalled = False
+        self._held: list[socket.socket] = []  # connections accepted while stalled, never answered
         self._stopped = threading.Event()
         self.refused = 0
         """Connections reset because they arrived while the proxy was cut."""
@@ -85,10 +88,19 @@ class TcpProxy:
             self._cut = True
         self._close_all()
 
-    def restore(self) -> None:
-        """End the outage: new connections are forwarded to the target again."""
+    def stall(self) -> None:
+        """Start a hang: close every open connection; accept new ones and never send them a byte."""
         with self._lock:
-            self._cut = False
+            self._stalled = True
+        self._close_all()
+
+    def restore(self) -> None:
+        """End the outage: connections held by a stall are reset, new ones are forwarded again."""
+        with self._lock:
+            self._cut = self._stalled = False
+            held, self._held = self._held, []
+        for sock in held:
+            _reset(sock)
 
     def __enter__(self) -> TcpProxy:
         """Start the proxy for the length of a ``with`` block."""
@@ -113,6 +125,10 @@ class TcpProxy:
                 self.refused += 1
                 _reset(client)
                 continue
+            with self._lock:
+                if self._stalled:
+                    self._held.append(client)
+                    continue
             try:
                 upstream = socket.create_connection(self.target, timeout=_CONNECT_TIMEOUT_S)
                 upstream.settimeout(None)
@@ -163,9 +179,10 @@ class TcpProxy:
                 sock.close()
 
     def _close_all(self) -> None:
-        """Abort every open forwarded connection (both ends); their pump threads then end."""
+        """Abort every open forwarded connection (both ends) and every held one; their pump threads then end."""
         with self._lock:
-            socks, self._sockets = list(self._sockets), set()
+            socks, self._sockets = list(self._sockets) + self._held, set()
+            self._held = []
         for sock in socks:
             _reset(sock)
 

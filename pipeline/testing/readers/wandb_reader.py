@@ -96,7 +96,12 @@ def read_run_file(path: str | Path) -> ReadBack:
 
 
 def iter_payloads(path: str | Path) -> Iterator[bytes]:
-    """The record payloads of a ``.wandb`` file, each CRC-checked and reassembled."""
+    """The record payloads of a ``.wandb`` file, each CRC-checked and reassembled.
+
+    A file that ends inside a record (its writer was killed mid-write) ends there, as in wandb's own
+    reader (``wandb.sdk.internal.datastore``): the complete records before it are what the run kept.
+    Damage anywhere else raises ``CorruptRunFileError``.
+    """
     data = Path(path).read_bytes()
     if data[: len(FILE_HEADER)] != FILE_HEADER:
         raise CorruptRunFileError(f"{path}: not a wandb run file (header {data[:7]!r})")
@@ -106,17 +111,20 @@ def iter_payloads(path: str | Path) -> Iterator[bytes]:
         if left < RECORD_HEADER.size:  # block trailer: zero padding
             offset += left
             continue
+        if offset + RECORD_HEADER.size > len(data):
+            return  # a torn last header
         crc, length, kind = _record_header(data, offset, path)
         start = offset + RECORD_HEADER.size
         payload = data[start : start + length]
-        if len(payload) != length or length > left - RECORD_HEADER.size:
-            raise CorruptRunFileError(f"{path}: record at byte {offset} overruns its block or the file")
+        if length > left - RECORD_HEADER.size:
+            raise CorruptRunFileError(f"{path}: record at byte {offset} overruns its block")
+        if len(payload) != length:
+            return  # a torn last record
         if zlib.crc32(payload, zlib.crc32(bytes((kind,)))) != crc:
             raise CorruptRunFileError(f"{path}: CRC mismatch in record at byte {offset}")
         offset = start + length
         pending = yield from _assemble(pending, kind, payload, path, offset)
-    if pending is not None:
-        raise CorruptRunFileError(f"{path}: file ends inside a fragmented record")
+    # pending fragments at the very end: a record the killed writer did not finish; nothing to yield
 
 
 def _record_header(data: bytes, offset: int, path: Any) -> tuple[int, int, int]:

@@ -1,0 +1,543 @@
+"""The fault suite's scenarios, with figures: what each fault costs, read back from the trackers' own stores.
+
+    python -m benchmarks.faults [--long] [--only sigkill,actors,outage,slow,hung,damage] [--out DIR]
+
+Each scenario stages one fault for real and counts, per tracker, the points it holds exactly once,
+the ones missing and the ones stored twice (from the tracker's own files or server, never from
+tracklane's report). ``tests/test_faults.py`` runs the short versions and asserts on the same
+figures; ``--long`` runs the sizes the README's Reliability section quotes (minutes).
+
+    sigkill   the trainer SIGKILLed mid-run, then resumed with the same run id and spool
+    actors    every lane actor SIGKILLed several times mid-run
+    outage    the MLflow server unreachable (a cut loopback proxy) for a while, then back
+    slow      a tracker ~10x slower than the producer: memory and disk stay within bounds, drops counted
+    hung      finish() with a tracker that hangs: returns by its deadline; `tracklane replay` delivers the rest
+    damage    spool segments corrupted, truncated and deleted between a crash and the recovery
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = "tracklane-faults"
+TRACKERS = ["file", "tensorboard", "mlflow", "wandb", "swanlab"]
+
+
+# -- the trainer child: logs steps, prints each one with its time ------------------------------
+def values(step: int, keys: int) -> dict[str, float]:
+    return {f"k{i:03d}": step * 1000.0 + i for i in range(keys)}
+
+
+def child_main(argv: list[str]) -> int:
+    """``python -m benchmarks.faults child ...``: a trainer that logs and reports what and when."""
+    from pipeline import Tracking
+
+    parser = argparse.ArgumentParser(prog="benchmarks.faults child")
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--experiment", required=True)
+    parser.add_argument("--backends", required=True)
+    parser.add_argument("--async-log", default="{}", help="trainer.async_log as JSON")
+    parser.add_argument("--trainer", default="{}", help="more trainer keys as JSON")
+    parser.add_argument("--first", type=int, default=1)
+    parser.add_argument("--last", type=int, required=True)
+    parser.add_argument("--keys", type=int, default=100)
+    parser.add_argument("--pause", type=float, default=0.02)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--finish", action="store_true", help="finish at the end (else wait to be killed)")
+    args = parser.parse_args(argv)
+    config = {"trainer": {"log_async": True, "async_log": json.loads(args.async_log), **json.loads(args.trainer)}}
+    tracking = Tracking(PROJECT, args.experiment, args.backends.split(","), config=config, run_id=args.run_id,
+                        resume=args.resume)
+    tracking.flush(timeout=180)  # every lane actor up
+    print("ready", flush=True)
+    for step in range(args.first, args.last + 1):
+        tracking.log(values(step, args.keys), step=step)
+        print(f"logged {step} {time.time():.6f}", flush=True)
+        time.sleep(args.pause)
+    if not args.finish:
+        print("waiting", flush=True)
+        time.sleep(3600)
+        return 0
+    report = tracking.finish(timeout=300)
+    print("finished " + json.dumps({"complete": report.complete, "summary": report.summary()}), flush=True)
+    return 0
+
+
+class Child:
+    """A trainer child in its own process group (ours to end), read line by line."""
+
+    def __init__(self, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
+        self._stderr = open(log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.faults", "child", *args], cwd=ROOT,
+                                     env=dict(env), stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+                                     start_new_session=True)
+        self.logged: dict[int, float] = {}  # step -> time.time() of its log() call
+        self.finished: dict[str, Any] | None = None
+
+    def read_until(self, predicate: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the trainer child ended early (rc {self.proc.poll()}); see {self._stderr.name}")
+            if line.startswith("logged "):
+                _, step, when = line.split()
+                self.logged[int(step)] = float(when)
+            elif line.startswith("finished "):
+                self.finished = json.loads(line[len("finished "):])
+            if predicate(line):
+                return
+        raise TimeoutError(f"the trainer child did not get there in {timeout:.0f} s; see {self._stderr.name}")
+
+    def kill(self) -> float:
+        """SIGKILL the trainer only (Ray's own processes then go the way they go when a driver dies)."""
+        when = time.time()
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        return when
+
+    def reap(self, timeout: float = 30.0) -> None:
+        """Wait for what the child started to end by itself, then end what is left of its group."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        self._stderr.close()
+
+
+# -- the trackers, read back from their own stores ---------------------------------------------
+def tracker_env(work: Path, mlflow_uri: str) -> dict[str, str]:
+    """Every tracker offline (MLflow: the given server) and writing under ``work``."""
+    for name in ("wandb", "swanlog", "swanlab-home", "tensorboard"):
+        (work / name).mkdir(parents=True, exist_ok=True)
+    return {"WANDB_MODE": "offline", "WANDB_DIR": str(work / "wandb"), "WANDB_SILENT": "true",
+            "SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(work / "swanlog"),
+            "SWANLAB_SAVE_DIR": str(work / "swanlab-home"), "TENSORBOARD_DIR": str(work / "tensorboard"),
+            "VERL_FILE_LOGGER_PATH": str(work / "metrics.jsonl"), "MLFLOW_TRACKING_URI": mlflow_uri,
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def stored_points(tracker: str, work: Path, run_id: str, experiment: str, mlflow_uri: str) -> Counter:
+    """(step, key) -> how many times the tracker stored it (user keys only)."""
+    points: list[tuple[int, str, float]]
+    if tracker == "file":
+        lines = [json.loads(line) for line in open(work / "metrics.jsonl", encoding="utf-8")]
+        points = [(line["step"], key, value) for line in lines if line["step"] is not None
+                  for key, value in line["data"].items()]
+    elif tracker == "tensorboard":
+        from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir
+
+        points = read_tensorboard_dir(work / "tensorboard").points
+    elif tracker == "wandb":
+        from pipeline.testing.readers.wandb_reader import read_wandb_run
+
+        points = read_wandb_run(work / "wandb", run_id).points
+    elif tracker == "swanlab":
+        from pipeline.testing.readers.swanlab_reader import read_swanlab_run
+
+        points = read_swanlab_run(work / "swanlog", run_id=run_id).points
+    elif tracker == "mlflow":
+        from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+
+        [mlflow_run] = find_mlflow_run_ids(mlflow_uri, PROJECT, experiment)
+        points = read_mlflow_run(mlflow_uri, mlflow_run).points
+    elif tracker == "memory":
+        from pipeline.testing.memory import memory_records
+
+        points = [(r.step, key, v) for r in memory_records(run_id) for key, v in getattr(r, "values", {}).items()]
+    else:
+        raise ValueError(tracker)
+    return Counter((step, key) for step, key, _ in points if key.startswith("k"))
+
+
+def tally(stored: Counter, must: set[int], may: set[int], keys: int) -> dict[str, int]:
+    """Points that must be there (logged early enough) and may be there (logged later): once, missing, twice."""
+    expected = {(step, f"k{i:03d}") for step in must for i in range(keys)}
+    allowed = expected | {(step, f"k{i:03d}") for step in may for i in range(keys)}
+    return {"expected": len(expected),
+            "once": sum(1 for point in expected if stored.get(point) == 1),
+            "missing": sum(1 for point in expected if point not in stored),
+            "duplicated": sum(1 for point, n in stored.items() if n > 1),
+            "unexpected": sum(1 for point in stored if point not in allowed)}
+
+
+# -- sigkill: the trainer dies, a resumed trainer delivers what was spooled --------------------
+def sigkill_trainer(work: Path, mlflow_uri: str, steps: int = 600, keys: int = 100, trackers: list[str] = TRACKERS,
+                    pause: float = 0.02, flush_interval_s: float = 0.5) -> dict[str, Any]:
+    run_id, experiment = uuid.uuid4().hex[:12], f"sigkill-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, **tracker_env(work, mlflow_uri)}
+    async_log = json.dumps({"spool_dir": str(work / "spool"), "flush_interval_s": flush_interval_s})
+    common = ["--run-id", run_id, "--experiment", experiment, "--backends", ",".join(trackers),
+              "--async-log", async_log, "--keys", str(keys), "--pause", str(pause)]
+    kill_at = int(steps * 0.8)
+    first = Child([*common, "--last", str(steps)], env, work / "first.log")
+    try:
+        first.read_until(lambda line: line.startswith(f"logged {kill_at} "), timeout=600)
+        killed_at = first.kill()
+    finally:
+        first.reap()
+    cutoff = killed_at - (flush_interval_s + 0.1)
+    must = {step for step, when in first.logged.items() if when < cutoff}
+    may = set(first.logged) - must
+    started = time.monotonic()
+    resumed = Child([*common, "--resume", "--first", str(10_001), "--last", str(10_020), "--finish"], env,
+                    work / "resumed.log")
+    try:
+        resumed.read_until(lambda line: line.startswith("finished "), timeout=900)
+    finally:
+        resumed.reap()
+    recovery_s = time.monotonic() - started
+    must |= set(range(10_001, 10_021))
+    per_tracker = {t: tally(stored_points(t, work, run_id, experiment, mlflow_uri), must, may, keys) for t in trackers}
+    return {"scenario": "sigkill", "steps_logged": len(first.logged), "killed_after_step": kill_at,
+            "keys": keys, "points_before_cutoff": len(must - set(range(10_001, 10_021))) * keys,
+            "resume_and_finish_s": round(recovery_s, 1), "complete_after_resume": bool(resumed.finished
+                                                                                     and resumed.finished["complete"]),
+            "trackers": per_tracker}
+
+
+# -- actors: every lane actor SIGKILLed several times --------------------------------------------
+def actor_kills(work: Path, mlflow_uri: str, steps: int = 600, keys: int = 20, kills_per_lane: int = 2,
+                trackers: list[str] = TRACKERS, pause: float = 0.01) -> dict[str, Any]:
+    from pipeline import Tracking
+
+    experiment = f"actors-{uuid.uuid4().hex[:6]}"
+    with _environment(tracker_env(work, mlflow_uri)):
+        tracking = Tracking(PROJECT, experiment, trackers, config=_config(work, flush_interval_s=0.1))
+        tracking.flush(timeout=180)
+        plan = _kill_plan(trackers, steps, kills_per_lane)
+        killed: set[int] = set()
+        for step in range(1, steps + 1):
+            tracking.log(values(step, keys), step=step)
+            for name in plan.get(step, ()):
+                _kill_lane(tracking, name, killed)
+            time.sleep(pause)
+        report = tracking.finish(timeout=300)
+    must = set(range(1, steps + 1))
+    per_tracker = {t: tally(stored_points(t, work, tracking.run_id, experiment, mlflow_uri), must, set(), keys)
+                   for t in trackers}
+    return {"scenario": "actors", "steps": steps, "keys": keys, "kills": sum(len(v) for v in plan.values()),
+            "restarts": {name: lane.restarts for name, lane in report.lanes.items()},
+            "complete": report.complete, "summary": report.summary(), "trackers": per_tracker}
+
+
+def _kill_plan(trackers: list[str], steps: int, kills_per_lane: int) -> dict[int, list[str]]:
+    plan: dict[int, list[str]] = {}
+    slots = len(trackers) * kills_per_lane
+    for i in range(slots):
+        step = int(steps * (0.15 + 0.7 * i / max(1, slots - 1)))
+        plan.setdefault(step, []).append(trackers[i % len(trackers)])
+    return plan
+
+
+def _kill_lane(tracking: Any, name: str, killed: set[int]) -> None:
+    """SIGKILL one lane's actor (a process of the Ray session this run started) once its successor answered."""
+    deadline = time.monotonic() + 120
+    pid = tracking.lanes()[name].pid
+    while (pid == 0 or pid in killed) and time.monotonic() < deadline:  # still restarting from the last kill
+        time.sleep(0.1)
+        pid = tracking.lanes()[name].pid
+    if pid and pid not in killed:
+        killed.add(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- outage: MLflow unreachable through a cut proxy ---------------------------------------------
+def mlflow_outage(work: Path, mlflow_uri: str, down_s: float = 8.0, steps: int = 600, keys: int = 20,
+                  pause: float = 0.02) -> dict[str, Any]:
+    from pipeline import Tracking
+    from pipeline.testing.tcp_proxy import TcpProxy
+
+    server = urlsplit(mlflow_uri)
+    experiment = f"outage-{uuid.uuid4().hex[:6]}"
+    with TcpProxy(server.hostname or "127.0.0.1", server.port or 80) as proxy:
+        env = {**tracker_env(work, f"http://{proxy.address}"), **_MLFLOW_FAIL_FAST}
+        with _environment(env):
+            tracking = Tracking(PROJECT, experiment, ["mlflow", "file"], config=_config(work))
+            tracking.flush(timeout=180)
+            cut_at = steps // 4
+            timer = None
+            costs: dict[str, list[float]] = {"before": [], "during": [], "after": []}
+            for step in range(1, steps + 1):
+                if step == cut_at:
+                    proxy.cut()
+                    timer = threading.Timer(down_s, proxy.restore)
+                    timer.start()
+                phase = "before" if step < cut_at else ("during" if proxy.is_cut else "after")
+                started = time.perf_counter()
+                tracking.log(values(step, keys), step=step)
+                costs[phase].append(time.perf_counter() - started)
+                time.sleep(pause)
+            if timer is not None:
+                timer.join()
+            report = tracking.finish(timeout=max(120.0, 4 * down_s))
+    must = set(range(1, steps + 1))
+    mlflow = tally(stored_points("mlflow", work, tracking.run_id, experiment, mlflow_uri), must, set(), keys)
+    file = tally(stored_points("file", work, tracking.run_id, experiment, mlflow_uri), must, set(), keys)
+    return {"scenario": "outage", "down_s": down_s, "steps": steps, "keys": keys, "complete": report.complete,
+            "refused_connections": proxy.refused, "summary": report.summary(),
+            "log_us_p50": {phase: round(_p50(c) * 1e6, 1) for phase, c in costs.items()},
+            "lag_p99_s": {name: round(lane.lag_p99_s, 2) for name, lane in report.lanes.items()},
+            "trackers": {"mlflow": mlflow, "file": file}}
+
+
+_MLFLOW_FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+"""MLflow's client would retry a refused request itself for minutes; the retrying under test is tracklane's."""
+
+
+# -- slow: a tracker far slower than the producer ------------------------------------------------
+def slow_tracker(work: Path, seconds: float = 20.0, keys: int = 100, pause: float = 0.01,
+                 delay_s: float = 0.5, spool_max_bytes: int = 128 * 1024) -> dict[str, Any]:
+    """Batches every 50 ms, the tracker takes 500 ms each: ~10x too slow. Small bounds, so both are reached."""
+    import psutil
+
+    from pipeline import Tracking
+
+    lane_max = 32 * 1024
+    config = _config(work, lane_max_bytes=lane_max, max_batch_bytes=16 * 1024, spool_max_bytes=spool_max_bytes,
+                     spool_segment_bytes=16 * 1024, flush_interval_s=0.05, health_metrics=False)
+    config["trainer"]["memory_sink"] = {"delay_s": delay_s}
+    with _environment(tracker_env(work, "")):
+        tracking = Tracking(PROJECT, f"slow-{uuid.uuid4().hex[:6]}", ["memory", "file"], config=config)
+        tracking.flush(timeout=180)
+        me = psutil.Process()
+        rss, spool_bytes, unacked = [], [], []
+        step, started = 0, time.monotonic()
+        while time.monotonic() - started < seconds:
+            step += 1
+            tracking.log(values(step, keys), step=step)
+            if step % 50 == 0:
+                health = tracking.health()
+                rss.append(me.memory_info().rss)
+                spool_bytes.append(health.get("tracklane/spool_bytes", 0))
+                unacked.append(health.get("tracklane/lane/memory/unacked_bytes", 0))
+            time.sleep(pause)
+        report = tracking.finish(timeout=30)
+    got = stored_points("memory", work, tracking.run_id, "", "")
+    arrived = {s for s, _ in got}
+    memory = report.lanes["memory"]
+    return {"scenario": "slow", "seconds": seconds, "steps": step, "keys": keys,
+            "lane_max_bytes": lane_max, "spool_max_bytes": spool_max_bytes,
+            "max_unacked_bytes": max(unacked, default=0), "max_spool_bytes": max(spool_bytes, default=0),
+            "rss_mib_first_last_max": [round(rss[0] / 2**20), round(rss[-1] / 2**20), round(max(rss) / 2**20)]
+            if rss else [], "arrived_steps": len(arrived), "dropped_records": memory.dropped_records,
+            "unacked_records_at_finish": memory.unacked_records, "evicted_records": report.spool.evicted_records
+            if report.spool else 0, "duplicated": sum(1 for n in got.values() if n > 1),
+            "accounted": len(arrived) + memory.dropped_records + memory.unacked_records, "summary": report.summary()}
+
+
+# -- hung: finish() with a tracker that never answers, then replay ------------------------------
+def hung_finish_then_replay(work: Path, mlflow_uri: str, steps: int = 200, keys: int = 20,
+                            finish_timeout_s: float = 20.0) -> dict[str, Any]:
+    from pipeline import Tracking
+    from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+    from pipeline.testing.tcp_proxy import TcpProxy
+
+    server = urlsplit(mlflow_uri)
+    experiment = f"hung-{uuid.uuid4().hex[:6]}"
+    with TcpProxy(server.hostname or "127.0.0.1", server.port or 80) as proxy:
+        env = {**tracker_env(work, f"http://{proxy.address}"), **_MLFLOW_FAIL_FAST}
+        with _environment(env):
+            tracking = Tracking(PROJECT, experiment, ["mlflow", "file"], config=_config(work))
+            tracking.flush(timeout=180)
+            for step in range(1, steps // 2 + 1):
+                tracking.log(values(step, keys), step=step)
+            tracking.flush(timeout=60)
+            proxy.stall()  # from here the server accepts and never answers
+            for step in range(steps // 2 + 1, steps + 1):
+                tracking.log(values(step, keys), step=step)
+            started = time.monotonic()
+            report = tracking.finish(timeout=finish_timeout_s)
+            finish_s = time.monotonic() - started
+            proxy.restore()
+            replay = subprocess.run([sys.executable, "-m", "pipeline", "replay", report.spool.directory,
+                                     "--no-progress", "--timeout", "300"] if report.spool else ["false"],
+                                    cwd=ROOT, env={**os.environ}, capture_output=True, text=True, timeout=600)
+    must = set(range(1, steps + 1))
+    mlflow = tally(stored_points("mlflow", work, tracking.run_id, experiment, mlflow_uri), must, set(), keys)
+    [run] = find_mlflow_run_ids(mlflow_uri, PROJECT, experiment)
+    return {"scenario": "hung", "steps": steps, "keys": keys, "finish_timeout_s": finish_timeout_s,
+            "finish_s": round(finish_s, 1), "left_at_finish": report.lanes["mlflow"].unacked_records,
+            "summary_at_finish": report.summary(), "replay_rc": replay.returncode,
+            "replay_stderr_tail": replay.stderr[-2000:], "mlflow_status": read_mlflow_run(mlflow_uri, run).status,
+            "trackers": {"mlflow": mlflow}}
+
+
+# -- damage: the spool is corrupted, truncated and partly deleted before the recovery ------------
+def damaged_spool(work: Path, steps: int = 300, keys: int = 20) -> dict[str, Any]:
+    from pipeline import Tracking
+    from pipeline.codec import decode_batch
+    from pipeline.spool import Spool
+
+    run_id, experiment = uuid.uuid4().hex[:12], f"damage-{uuid.uuid4().hex[:6]}"
+    down = work / "memory-down"
+    down.touch()  # the tracker is down for the whole first run: everything stays in the spool
+    spool_dir = work / "spool"
+    async_log = {"spool_dir": str(spool_dir), "flush_interval_s": 0.05, "spool_segment_bytes": 2048,
+                 "max_retry_backoff_s": 1.0}
+    trainer = {"memory_sink": {"down_while": str(down)}}
+    env = {**os.environ, **tracker_env(work, "")}
+    first = Child(["--run-id", run_id, "--experiment", experiment, "--backends", "memory", "--async-log",
+                   json.dumps(async_log), "--trainer", json.dumps(trainer), "--keys", str(keys), "--pause", "0.005",
+                   "--last", str(steps)], env, work / "first.log")
+    try:
+        first.read_until(lambda line: line == "waiting\n", timeout=600)
+        time.sleep(1.5)  # every batch shipped and spooled
+        first.kill()
+    finally:
+        first.reap()
+    reader = Spool(str(spool_dir), readonly=True)
+    steps_of = {e.seq: {r.step for r in decode_batch(reader.read(e.seq) or b"").records if r.step <= steps}
+                for e in reader.entries()}
+    segments = sorted(p for p in spool_dir.iterdir() if p.name.startswith("seg-"))
+    lost_steps = _damage(segments, reader, steps_of)
+    down.unlink()
+    config = {"trainer": {"log_async": True, "async_log": async_log, **trainer}}
+    tracking = Tracking(PROJECT, experiment, ["memory"], config=config, run_id=run_id, resume=True)
+    report = tracking.finish(timeout=120)
+    got = stored_points("memory", work, run_id, experiment, "")
+    must = set(range(1, steps + 1)) - lost_steps
+    spool = report.spool
+    return {"scenario": "damage", "steps": steps, "segments": len(segments), "batches": len(steps_of),
+            "steps_in_damaged_batches": len(lost_steps), "damaged_counted": spool.damaged if spool else None,
+            "torn_bytes": spool.torn_bytes if spool else None, "summary": report.summary(),
+            "trackers": {"memory": tally(got, must, set(), keys)}}
+
+
+def _damage(segments: list[Path], reader: Any, steps_of: dict[int, set[int]]) -> set[int]:
+    """Flip a byte in a frame of the second segment, delete the fourth, cut the last one mid-frame;
+    returns the steps of the batches that damage takes."""
+    entries = reader.entries()
+    by_segment: dict[int, list[Any]] = {}
+    for entry in entries:
+        by_segment.setdefault(entry.segment, []).append(entry)
+    firsts = sorted(by_segment)
+    if len(firsts) < 6:
+        raise RuntimeError(f"the damage scenario needs at least 6 spool segments, got {len(firsts)}")
+    lost: set[int] = set()
+    victim = by_segment[firsts[1]][0]
+    with open(segments[1], "r+b") as handle:
+        handle.seek(victim.offset + 40)
+        byte = handle.read(1)
+        handle.seek(victim.offset + 40)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    lost |= steps_of[victim.seq]
+    os.remove(segments[3])
+    for entry in by_segment[firsts[3]]:
+        lost |= steps_of[entry.seq]
+    last = by_segment[firsts[-1]][-1]
+    os.truncate(segments[-1], last.offset + 20)  # half a header: a write the crash interrupted
+    lost |= steps_of[last.seq]
+    return lost
+
+
+# -- shared ------------------------------------------------------------------------------------
+def _config(work: Path, **async_log: Any) -> dict[str, Any]:
+    settings = {"spool_dir": str(work / f"spool-{uuid.uuid4().hex[:6]}"), **async_log}
+    return {"trainer": {"log_async": True, "async_log": settings}}
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _p50(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2] if values else 0.0
+
+
+SCENARIOS = ("sigkill", "actors", "outage", "slow", "hung", "damage")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["child"]:
+        return child_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="benchmarks.faults", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--long", action="store_true", help="the README's sizes (minutes each)")
+    parser.add_argument("--only", default=",".join(SCENARIOS))
+    parser.add_argument("--out", default="tracklane_runs/faults")
+    parser.add_argument("--mlflow-uri", default=os.environ.get("TRACKLANE_TEST_MLFLOW_URI", ""),
+                        help="a running MLflow server (default: one is started for the run)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with _mlflow(args.mlflow_uri, out) as uri:
+        results = [run_scenario(name, Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out)), uri, args.long)
+                   for name in args.only.split(",")]
+    (out / "faults.json").write_text(json.dumps(results, indent=2))
+    for result in results:
+        print(json.dumps({k: v for k, v in result.items() if k not in ("summary", "summary_at_finish")}))
+    print(f"wrote {out / 'faults.json'}")
+    return 0
+
+
+def run_scenario(name: str, work: Path, mlflow_uri: str, long: bool) -> dict[str, Any]:
+    if name == "sigkill":
+        return sigkill_trainer(work, mlflow_uri, steps=3000 if long else 600)
+    if name == "actors":
+        return actor_kills(work, mlflow_uri, steps=3000 if long else 600, kills_per_lane=3 if long else 2)
+    if name == "outage":
+        return mlflow_outage(work, mlflow_uri, down_s=20.0, steps=2000) if not long else \
+            {"20s": mlflow_outage(work / "20", mlflow_uri, down_s=20.0, steps=3000),
+             "120s": mlflow_outage(work / "120", mlflow_uri, down_s=120.0, steps=9000)}
+    if name == "slow":
+        return slow_tracker(work, seconds=180.0 if long else 20.0)
+    if name == "hung":
+        return hung_finish_then_replay(work, mlflow_uri)
+    if name == "damage":
+        return damaged_spool(work)
+    raise SystemExit(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")
+
+
+@contextlib.contextmanager
+def _mlflow(uri: str, out: Path) -> Iterator[str]:
+    if uri:
+        yield uri
+        return
+    from pipeline.testing.mlflow_server import start_server, stop_server
+
+    proc, started = start_server(out / "mlflow")
+    try:
+        yield started
+    finally:
+        stop_server(proc.pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

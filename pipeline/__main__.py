@@ -1,0 +1,7 @@
+"""``python -m pipeline inspect|replay SPOOL_DIR``: the same as the ``tracklane`` command (cli.py)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

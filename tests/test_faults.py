@@ -1,0 +1,80 @@
+"""The fault suite, short versions (``python -m benchmarks.faults --long`` runs the README's sizes).
+
+Each fault is staged for real and what arrived is read back from the trackers' own stores
+(run files, event files, the MLflow server), point by point: nothing lost, nothing twice.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import faults
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def _exactly_once(result: dict, lossy: tuple[str, ...] = ()) -> None:
+    for tracker, tally in result["trackers"].items():
+        assert tally["duplicated"] == 0 and tally["unexpected"] == 0, (tracker, tally, result)
+        if tracker in lossy:  # a known gap (README, Reliability): never duplicates, may lose its tail
+            continue
+        assert tally["missing"] == 0, (tracker, tally, result)
+        assert tally["once"] == tally["expected"] > 0, (tracker, tally)
+
+
+def test_trainer_sigkilled_then_resumed_has_every_point_once(tmp_path, mlflow_server_uri):
+    """Every point logged more than flush_interval + 0.1 s before the trainer's SIGKILL is in all five trackers
+    exactly once after the resumed run finished, and nothing logged later is stored twice."""
+    result = faults.sigkill_trainer(tmp_path, mlflow_server_uri, steps=400, keys=50)
+    assert result["complete_after_resume"], result
+    _exactly_once(result)
+
+
+def test_lane_actors_sigkilled_repeatedly_lose_and_duplicate_nothing(tmp_path, mlflow_server_uri):
+    """Each of the five lane actors SIGKILLed twice mid-run: every point exactly once in the file, TensorBoard,
+    MLflow and SwanLab; wandb never twice (Ray kills wandb-core with its actor: what it had not written yet,
+    and the step row wandb keeps open, are lost; README, Reliability)."""
+    result = faults.actor_kills(tmp_path, mlflow_server_uri, steps=400, keys=10, kills_per_lane=2)
+    assert result["complete"], result["summary"]
+    assert all(n >= 2 for n in result["restarts"].values()), result["restarts"]
+    _exactly_once(result, lossy=("wandb",))
+
+
+def test_mlflow_down_then_back_loses_and_duplicates_nothing(tmp_path, mlflow_server_uri):
+    """MLflow unreachable for 8 s (its connections refused) then back: MLflow holds every point once, the file
+    lane too, and nothing was counted failed."""
+    result = faults.mlflow_outage(tmp_path, mlflow_server_uri, down_s=8.0, steps=500, keys=20)
+    assert result["complete"], result["summary"]
+    assert result["refused_connections"] > 0  # the outage happened
+    _exactly_once(result)
+
+
+def test_a_tracker_far_slower_than_the_producer_stays_within_its_bounds(tmp_path):
+    """A tracker ~10x too slow: the lane's memory and the spool's disk stay within their bounds, and every
+    logged step either arrived once or is counted dropped (by the disk bound) or left over."""
+    result = faults.slow_tracker(tmp_path, seconds=15.0)
+    assert result["duplicated"] == 0
+    assert result["accounted"] == result["steps"], result
+    assert result["dropped_records"] > 0 and result["evicted_records"] > 0  # the disk bound was reached
+    assert result["max_unacked_bytes"] <= result["lane_max_bytes"] + 3 * 16 * 1024, result  # + batches in flight
+    assert result["max_spool_bytes"] <= result["spool_max_bytes"] + 16 * 1024 + 16 * 1024, result  # + a segment
+
+
+def test_finish_with_a_hung_tracker_returns_by_its_deadline_and_replay_delivers_the_rest(tmp_path, mlflow_server_uri):
+    """finish() with MLflow hanging returns by its deadline naming what is left and the replay command;
+    `python -m pipeline replay` then delivers it: every point once, the run FINISHED."""
+    result = faults.hung_finish_then_replay(tmp_path, mlflow_server_uri, steps=200, keys=10, finish_timeout_s=20.0)
+    assert result["finish_s"] <= result["finish_timeout_s"] + 6.0, result
+    assert result["left_at_finish"] > 0 and "tracklane replay" in result["summary_at_finish"], result
+    assert result["replay_rc"] == 0, result["replay_stderr_tail"]
+    assert result["mlflow_status"] == "FINISHED"
+    _exactly_once(result)
+
+
+def test_a_damaged_spool_loses_only_its_damaged_batches(tmp_path):
+    """A spool with a flipped byte, a deleted segment and a torn last frame reopens; the resumed run delivers
+    everything else exactly once and counts the damage."""
+    result = faults.damaged_spool(tmp_path, steps=300, keys=10)
+    assert result["steps_in_damaged_batches"] > 0
+    assert result["damaged_counted"] >= 2 and result["torn_bytes"] > 0, result
+    _exactly_once(result)
