@@ -13,6 +13,7 @@ so a corrupt or crafted batch raises ``CodecError`` instead of doing harm.
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,10 @@ class DecodeLimits:
 def encode_batch(batch: Batch, level: int = 3) -> bytes:
     """msgpack + zstd encoding of one batch (runs on the shipper thread, never the caller's)."""
     wire = [MAGIC, VERSION, batch.seq, batch.created, [_record_to_wire(r) for r in batch.records]]
-    packed = msgpack.packb(wire, use_bin_type=True)
+    try:
+        packed = msgpack.packb(wire, use_bin_type=True)
+    except UnicodeEncodeError:  # a lone surrogate (an os.fsdecode'd name, say) has no UTF-8: sent as "?"
+        packed = msgpack.packb(wire, use_bin_type=True, unicode_errors="replace")
     return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(packed)
 
 
@@ -81,11 +85,14 @@ def _decompress(blob: bytes, limit: int) -> bytes:
         raise CodecError(f"batch declares {declared} decoded bytes, over the {limit}-byte limit")
     try:
         with zstandard.ZstdDecompressor().stream_reader(blob) as reader:
-            packed = reader.read(limit + 1)
+            # read() allocates its whole argument up front: ask for what the frame declares, not the cap
+            packed = reader.read((declared if declared >= 0 else limit) + 1)
     except zstandard.ZstdError as exc:
         raise CodecError(f"batch is corrupt: {exc}") from exc
     if len(packed) > limit:
         raise CodecError(f"batch decodes to more than the {limit}-byte limit")
+    if declared >= 0 and len(packed) != declared:
+        raise CodecError(f"batch is truncated or corrupt: {len(packed)} decoded bytes, {declared} declared")
     return packed
 
 
@@ -97,8 +104,8 @@ def _batch_from_wire(wire: Any, limits: DecodeLimits) -> Batch:
     if not (isinstance(wire, list) and len(wire) == 5 and wire[0] == MAGIC):
         raise CodecError("batch header is missing or wrong")
     _, version, seq, created, records = wire
-    if version != VERSION:
-        raise CodecError(f"batch version {version!r} is not supported (expected {VERSION})")
+    if type(version) is not int or version != VERSION:
+        raise CodecError(f"batch version {_short(version)} is not supported (expected {VERSION})")
     _expect(type(seq) is int and seq >= 0, "sequence number must be a non-negative int")
     _expect(type(created) in (int, float), "batch time must be a number")
     _expect(isinstance(records, list), "batch records must be a list")
@@ -121,12 +128,14 @@ def _record_from_wire(wire: Any) -> Record:
             _expect(type(value) in (int, float), f"metric {key!r} must be a number")
         _expect(_is_only(only), "metrics 'only' must be nil or a list of backend names")
         return Metrics(step=step, time=float(when), values=values, only=only)
-    schema = _SCHEMAS.get(kind)
+    schema = _SCHEMAS.get(kind) if type(kind) is str else None  # a list or map kind is unhashable
     if schema is None:
-        raise CodecError(f"malformed batch: unknown record kind {kind!r}")
+        raise CodecError(f"malformed batch: unknown record kind {_short(kind)}")
     _expect(len(wire) == 2 and isinstance(wire[1], dict), f"{kind} record must be [kind, fields]")
     fields = wire[1]
-    _expect(set(fields) == set(schema), f"{kind} record has fields {sorted(fields)}, expected {sorted(schema)}")
+    if set(fields) != set(schema):  # keys may mix str and bytes: sort their reprs, and only on failure
+        raise CodecError(f"malformed batch: {kind} record has fields {sorted(map(_short, fields))}, "
+                         f"expected {sorted(schema)}")
     for name, check in schema.items():
         _expect(check(fields[name]), f"{kind} field {name!r} is malformed")
     if kind == Trajectories.kind:
@@ -189,6 +198,11 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     Image.kind: {**_COMMON, "name": _is_str, "png": lambda v: type(v) is bytes and v[:8] == PNG_SIGNATURE},
     Artifact.kind: {**_COMMON, "path": _is_str, "name": _is_str, "type": _is_str},
 }
+
+
+def _short(value: Any) -> str:
+    """A bounded repr of a hostile value for an error message (depth and length capped, never recursing far)."""
+    return reprlib.repr(value)
 
 
 def _expect(condition: bool, message: str) -> None:

@@ -26,7 +26,7 @@ from .codec import encode_batch
 from .config import AsyncLogConfig
 from .convert import Converter
 from .lane import Entry, Lane
-from .records import Batch, Metrics, Record
+from .records import Batch, Metrics, Record, Text
 from .report import PipelineReport, SpoolReport
 from .rich import RecordLimits
 from .spool import Spool, SpoolEntry
@@ -84,6 +84,7 @@ class Shipper:
         self._spooling = spooling
         self._released = 0  # every lane acknowledged batches up to here
         self._evicted_lost = 0  # records the spool's bound deleted before the slowest lane had them
+        self._dead_told: set[str] = set()  # lanes whose giving up was logged to the others
         self._seq = first_seq
         self._barriers: list[_Barrier] = []  # guarded by the buffer's lock
         self._finished = False
@@ -132,6 +133,7 @@ class Shipper:
                 self._ship(force=bool(self._barriers))
                 for lane in self._lanes.values():
                     lane.pump()
+                self._tell_about_dead_lanes()
                 self._release()
                 self._serve_barriers()
                 failures = 0
@@ -193,8 +195,9 @@ class Shipper:
         return figures
 
     def _send(self, records: list[Record]) -> None:
-        self._seq += 1
-        blob = encode_batch(Batch(seq=self._seq, created=time.time(), records=records), self._cfg.compression_level)
+        blob = self._encode(records)
+        if blob is None:
+            return
         oldest = min(r.time for r in records)
         if self._spooling is not None:  # on disk before any lane can see it
             self._evicted(self._spooling.spool.append(self._seq, len(records), oldest, blob))
@@ -203,6 +206,30 @@ class Shipper:
             if self._cfg.overflow == "block":
                 self._wait_for_room(lane, entry.nbytes)
             lane.offer(entry)
+
+    def _encode(self, records: list[Record]) -> bytes | None:
+        """The batch's bytes (its seq taken). A record msgpack cannot take (an int past 64 bits, say) is
+        rejected and counted alone, not with the batch around it; the records list is trimmed in place."""
+        level = self._cfg.compression_level
+        try:
+            blob = encode_batch(Batch(seq=self._seq + 1, created=time.time(), records=records), level)
+        except Exception:
+            kept = []
+            for record in records:
+                try:
+                    encode_batch(Batch(seq=0, created=0.0, records=[record]), level)
+                except Exception:
+                    self._converter.rejected += 1
+                    log.warning("tracklane: a %s record at step %s cannot be encoded; skipped (counted)",
+                                record.kind, record.step, exc_info=True)
+                else:
+                    kept.append(record)
+            records[:] = kept
+            if not kept:
+                return None
+            blob = encode_batch(Batch(seq=self._seq + 1, created=time.time(), records=records), level)
+        self._seq += 1
+        return blob
 
     def _wait_for_room(self, lane: Lane, nbytes: int) -> None:
         deadline = time.monotonic() + self._cfg.block_timeout_s
@@ -213,6 +240,18 @@ class Shipper:
             else:
                 time.sleep(0.01)
             lane.pump()
+
+    def _tell_about_dead_lanes(self) -> None:
+        """A lane that gave up leaves its last error in every other tracker, as text ``error/lane/<name>``."""
+        records: list[Record] = []
+        for lane in self._lanes.values():
+            if lane.dead and lane.name not in self._dead_told:
+                self._dead_told.add(lane.name)
+                log.warning("tracklane: lane %s gave up: %s", lane.name, lane.report.error)
+                records.append(Text(step=self._last_step, name=f"error/lane/{lane.name}", time=time.time(),
+                                    text=f"tracklane: the {lane.name} lane gave up: {lane.report.error}"))
+        if records and not self._closing:
+            self._send(records)
 
     # -- the spool -----------------------------------------------------------------------
     def _evicted(self, entries: list[SpoolEntry]) -> None:

@@ -106,6 +106,8 @@ class Spool:
         self.stats = SpoolStats()
         self._segments: list[_Segment] = []
         self._index: dict[int, SpoolEntry] = {}
+        self._last_seq = 0  # the highest seq ever indexed (kept when its segment is deleted)
+        self._bytes = 0  # sum of the segments' sizes
         self._fd: int | None = None  # the active segment, opened for appending
         self._last_fsync = time.monotonic()
         self._dirty = False
@@ -153,6 +155,7 @@ class Spool:
                 os.remove(path)
                 continue
             self._segments.append(segment)
+            self._bytes += segment.size
         seqs = sorted(self._index)
         if seqs:
             self.stats.missing_batches = seqs[-1] - seqs[0] + 1 - len(seqs)
@@ -199,6 +202,7 @@ class Spool:
         segment.entries.append(entry)
         segment.last = entry.seq
         self._index[entry.seq] = entry
+        self._last_seq = max(self._last_seq, entry.seq)
 
     # -- what it holds -------------------------------------------------------------------
     def entries(self) -> list[SpoolEntry]:
@@ -207,11 +211,11 @@ class Spool:
 
     @property
     def last_seq(self) -> int:
-        return max(self._index, default=0)
+        return self._last_seq
 
     @property
     def nbytes(self) -> int:
-        return sum(segment.size for segment in self._segments)
+        return self._bytes
 
     def read(self, seq: int) -> bytes | None:
         """The payload of batch ``seq``, or None (counted) if it is gone or damaged."""
@@ -245,6 +249,7 @@ class Spool:
         entry = SpoolEntry(seq=seq, records=records, oldest_time=oldest_time, nbytes=len(payload),
                            segment=segment.first, offset=segment.size)
         segment.size += len(header) + len(payload)
+        self._bytes += len(header) + len(payload)
         self._add(segment, entry)
         self.stats.appended_batches += 1
         self.stats.appended_bytes += len(header) + len(payload)
@@ -289,6 +294,7 @@ class Spool:
         return deleted
 
     def _delete(self, segment: _Segment) -> None:
+        self._bytes -= segment.size
         for entry in segment.entries:
             self._index.pop(entry.seq, None)
         try:

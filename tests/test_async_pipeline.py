@@ -125,6 +125,35 @@ def test_drop_oldest_bounds_a_slow_lane(offline_trackers):
     assert unacked and max(unacked) <= bound
 
 
+def test_a_lane_that_gives_up_leaves_its_last_error_in_the_other_trackers(offline_trackers, tmp_path):
+    """A lane whose actor dies for good (no restarts left) is reported, and its last error reaches the other
+    trackers as the text record error/lane/<name>."""
+    tracking = Tracking("proj", "exp", ["memory", "file"], config=_config(max_restarts=0))
+    tracking.flush(timeout=60)
+    os.kill(tracking.lanes()["memory"].pid, signal.SIGKILL)
+    for step in range(30):
+        tracking.log({"x": float(step)}, step=step)
+        time.sleep(0.02)
+    report = tracking.finish(timeout=60)
+    assert "actor died" in (report.lanes["memory"].error or ""), report.summary()
+    texts = list((tmp_path / "metrics_media" / "text" / "error_lane_memory").glob("*.txt"))
+    assert texts and "the memory lane gave up: actor died" in texts[0].read_text()
+    assert report.lanes["file"].complete
+
+
+def test_a_record_msgpack_cannot_take_is_rejected_alone(offline_trackers):
+    """A trajectory whose meta holds an int past 64 bits is rejected and counted; the records shipped in the same
+    batch still arrive."""
+    tracking = Tracking("proj", "exp", ["memory"], config=_config(flush_interval_s=0.5))
+    tracking.log({"x": 1.0}, step=1)
+    tracking.log_trajectories([{"messages": [{"role": "user", "content": "hi"}], "meta": {"big": 2**70}}], step=1)
+    tracking.log({"x": 2.0}, step=2)
+    report = tracking.finish(timeout=60)
+    assert report.rejected_records == 1 and not report.complete
+    steps = [r.step for r in memory_records(tracking.run_id) if getattr(r, "values", {}).get("x") is not None]
+    assert steps == [1, 2]
+
+
 def test_with_the_spool_a_slow_lane_waits_on_disk_and_loses_nothing(offline_trackers, tmp_path):
     """With the spool, a slow tracker's lane keeps its memory bound by leaving batches on disk only, and every record
     arrives, in order, once; the spool is emptied as the trackers acknowledge."""

@@ -59,7 +59,7 @@ class LaneActor:
             if mark is not None:
                 self._state.pending, self._state.mark = seq, mark
                 self._save()
-            if not self._host.write(batch.records, hold=not final):
+            if not self._host.write(batch.records, hold=not final, durable=True):
                 return self._answer(held=True)  # the mark stays: rolling back to it undoes nothing
         self._state.applied = seq
         self._state.pending, self._state.mark = 0, None

@@ -70,15 +70,16 @@ class SinkHost:
             self.resume = dict(resume or {})
         return True
 
-    def write(self, records: Sequence[Record], hold: bool = False) -> bool:
-        """Write the records addressed to this lane (then flush: durable before it returns), retrying
-        with backoff. Returns False, having applied and counted nothing, if ``hold`` and the tracker is
-        unreachable: the caller sends them again later. Otherwise a batch the tracker refuses is
-        written record by record, and only the records it refuses are counted failed."""
+    def write(self, records: Sequence[Record], hold: bool = False, durable: bool = False) -> bool:
+        """Write the records addressed to this lane, retrying with backoff; with ``durable`` also flushed,
+        in the tracker's hands before it returns (what a lane's acknowledgement needs). Returns False,
+        having applied and counted nothing, if ``hold`` and the tracker is unreachable: the caller sends
+        them again later. Otherwise a batch the tracker refuses is written record by record, and only
+        the records it refuses are counted failed."""
         mine = [r for r in records if r.only is None or self.lane in r.only]
         if not mine or self._closed:
             return True
-        exc = self._attempt(mine)
+        exc = self._attempt(mine, durable=durable)
         if exc is None:
             return True
         if self._unreachable(exc):
@@ -90,7 +91,8 @@ class SinkHost:
                 return False
             failed = mine
         else:  # the tracker answered and refused: find the records it refuses
-            failed = [r for r in mine if self._attempt([r], retries=0) is not None] if len(mine) > 1 else mine
+            failed = [r for r in mine if self._attempt([r], retries=0, durable=durable) is not None] \
+                if len(mine) > 1 else mine
         self.counts.failed_records += len(failed)
         if not self._failing:
             self._failing = True
@@ -98,8 +100,8 @@ class SinkHost:
                         "from now on", self.lane, len(failed), len(mine), self._retries, self.error)
         return True
 
-    def _attempt(self, records: Sequence[Record], retries: int | None = None) -> BaseException | None:
-        """Open if needed, write and flush, with doubling backoff; None on success, else the last error."""
+    def _attempt(self, records: Sequence[Record], retries: int | None = None, durable: bool = False) -> BaseException | None:
+        """Open if needed, write (and flush), with doubling backoff; None on success, else the last error."""
         delay = self._backoff_s
         retries = self._retries if retries is None else retries
         last: BaseException | None = None
@@ -107,7 +109,8 @@ class SinkHost:
             if self.open():
                 try:
                     self.sink.write(records)
-                    self.sink.flush()
+                    if durable:
+                        self.sink.flush()
                     if self._failing:
                         self._failing = False
                         log.warning("tracklane: backend %s writes again", self.lane)

@@ -18,6 +18,16 @@ Rich records (swanlab has no table or histogram type; media land under ``<run>/m
 Table cells that are not finite floats (a NaN score) are written as the strings "NaN", "Infinity",
 "-Infinity": swanlab's JSON writer would turn them into null. Records of one key at one step in one
 batch become one log call; a step with no samples logs nothing.
+
+Two things about swanlab 0.10.3's run store (``run-<id>.swanlab``), written by ``DataStoreWriter``
+(swanlab/sdk/internal/core_python/store) through an 8 KiB Python file buffer, with no lock:
+
+- Its hardware monitor is off. The monitor's timer thread writes its records into the same store
+  as the consumer thread that writes what we log; two unsynchronised writers interleave one record's
+  chunk header with another's data, and the store reads "bad checksum" from there on.
+- ``flush()`` makes what was logged so far readable by another process even if this one is then
+  SIGKILLed: it waits until swanlab's consumer thread has handed our records to the store (seen
+  through a swanlab ``Callback``) and then flushes the writer's buffer to the OS (no fsync).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import logging
 import math
 import os
 import shutil
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +57,12 @@ HISTOGRAM_STATS = ("mean", "std", "min", "max", "count")
 DEFAULT_MODE = "cloud"
 DEFAULT_LOGDIR = "swanlog"
 _ONLINE = ("cloud", "online")
+# flush() gives up waiting for swanlab's consumer after this long without progress (it hands records
+# to the store at least every 0.5 s of idleness or every 100 records, so a stall means it dropped some).
+FLUSH_STALL_S = 5.0
+# swanlab's consumer hands records to the store after 0.5 s without a new one; a lane flushes after
+# every batch, so it would wait that long each time. Shortened on our runs (a private attribute).
+CONSUMER_IDLE_S = 0.02
 
 
 class SwanlabSink(Sink):
@@ -69,10 +86,12 @@ class SwanlabSink(Sink):
         super().__init__(run, settings)
         self._run: Any = None  # swanlab Run, None until open() and after close()
         self._where = f"swanlab: {self.settings.get('mode')} run (not started)"
+        self._handed = _HandedOver()
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         swanlab = import_sdk(type(self))
         run_id = (resume or {}).get("id") or self.run.run_id or None
+        self._handed = _HandedOver()  # counts belong to one swanlab run
         try:
             self._run = swanlab.init(
                 project=self.run.project,
@@ -87,26 +106,34 @@ class SwanlabSink(Sink):
                 id=run_id,
                 resume="allow" if run_id else None,
                 settings=self._sdk_settings(swanlab),
+                callbacks=[_handover_callback(swanlab, self._handed)],
             )
         except Exception as exc:  # translated at the boundary; the cause is kept
             raise SinkError(f"swanlab.init failed: {exc}") from exc
+        _shorten_consumer_wait(self._run)
         self._where = _describe(self._run, self.settings["logdir"])
         return {"id": self._run.id}
 
     def _sdk_settings(self, swanlab: Any) -> Any:
         # Never prompt for a login (a lane actor has no terminal); the key is only needed
-        # to log in to the cloud, so offline and local runs never receive it.
+        # to log in to the cloud, so offline and local runs never receive it. No hardware monitor:
+        # its thread would write into the run store beside the consumer, unlocked (module docstring).
+        common = {"interactive": False, "probe": swanlab.Settings.Probe(monitor=False)}
         api_key = os.environ.get("SWANLAB_API_KEY")
         if api_key and self.settings["mode"] in _ONLINE:
-            return swanlab.Settings(interactive=False, api_key=api_key)
-        return swanlab.Settings(interactive=False)
+            return swanlab.Settings(**common, api_key=api_key)
+        return swanlab.Settings(**common)
+
+    def _log(self, values: dict[str, Any], step: int) -> None:
+        """One ``run.log`` call, counted so that ``flush()`` knows how many records to wait for."""
+        self._handed.logged(len(values))
+        self._run.log(values, step=step)
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         if self._run is None:
             raise SinkError("swanlab sink written to before open() or after close()")
-        log = self._run.log  # swanlab reports its own logging errors and does not raise them
-        for step, values in merge_by_step(records):
-            log(values, step=step)
+        for step, values in merge_by_step(records):  # swanlab reports its own logging errors, never raises
+            self._log(values, step)
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         self._log_tables(records, GENERATION_COLUMNS, generation_rows)
@@ -127,20 +154,19 @@ class SwanlabSink(Sink):
                     bar.add_xaxis([f"{edge:.6g}" for edge in figures.bin_edges[:-1]])
                     bar.add_yaxis("count", figures.counts)
                     values[record.name] = bar
-            self._run.log(values, step=step)
+            self._log(values, step)
 
     def write_text(self, records: Sequence[Text]) -> None:
         swanlab = import_sdk(type(self))
         for step, group in records_by_step(self._live(records)):
-            self._run.log({record.name: swanlab.Text(record.text) for record in group}, step=step)
+            self._log({record.name: swanlab.Text(record.text) for record in group}, step)
 
     def write_image(self, records: Sequence[Image]) -> None:
         swanlab = import_sdk(type(self))
         from PIL import Image as PILImage  # installed with swanlab
 
         for step, group in records_by_step(self._live(records)):
-            self._run.log({record.name: swanlab.Image(PILImage.open(io.BytesIO(record.png))) for record in group},
-                          step=step)
+            self._log({record.name: swanlab.Image(PILImage.open(io.BytesIO(record.png))) for record in group}, step)
 
     def write_artifact(self, records: Sequence[Artifact]) -> None:
         self._live(records)
@@ -168,12 +194,26 @@ class SwanlabSink(Sink):
                 rows.setdefault(record.key, []).extend([_cell(value) for value in row] for row in rows_of(record))
             values = {key: swanlab.echarts.Table().add(columns, key_rows) for key, key_rows in rows.items() if key_rows}
             if values:
-                self._run.log(values, step=step)
+                self._log(values, step)
 
     def _live(self, records: Sequence[R]) -> Sequence[R]:
         if self._run is None:
             raise SinkError("swanlab sink written to before open() or after close()")
         return records
+
+    def flush(self) -> None:
+        """Everything logged so far into the store file, in the OS's hands (readable after a SIGKILL).
+
+        ``run.save`` registrations (artifacts) are not reported by swanlab's callbacks and are not
+        waited for; the artifact copies themselves are already on disk."""
+        run = self._run
+        if run is None or not run.alive or run.mode == "disabled":
+            return
+        missing = self._handed.wait(FLUSH_STALL_S)
+        if missing:
+            log.warning("tracklane: swanlab: %d logged value(s) not handed to the store after %.0f s without "
+                        "progress (dropped by swanlab?); flushing the rest", missing, FLUSH_STALL_S)
+        _store_writer(run).ensure_flushed()
 
     def close(self, exit_code: int) -> None:
         run, self._run = self._run, None
@@ -186,6 +226,75 @@ class SwanlabSink(Sink):
 
     def where(self) -> str:
         return self._where
+
+
+def _shorten_consumer_wait(run: Any) -> None:
+    """Make swanlab's consumer hand records over after CONSUMER_IDLE_S of quiet (if this swanlab has one)."""
+    consumer = getattr(getattr(run, "_components", None), "consumer", None)
+    if consumer is not None and isinstance(getattr(consumer, "_flush_timeout", None), (int, float)):
+        consumer._flush_timeout = CONSUMER_IDLE_S
+
+
+class _HandedOver:
+    """Values logged to swanlab against records its consumer thread has handed to the run store.
+
+    swanlab's ``run.log`` only queues an event; a consumer thread batches the records and writes
+    them to the store later, then reports each batch to the run's callbacks."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._logged = 0
+        self._stored = 0
+
+    def logged(self, n: int) -> None:
+        with self._changed:
+            self._logged += n
+
+    def stored(self, n: int) -> None:
+        with self._changed:
+            self._stored += n
+            self._changed.notify_all()
+
+    def wait(self, stall_s: float) -> int:
+        """Block until every value logged so far is stored; returns how many were still missing
+        when ``stall_s`` passed without progress (0: all stored). Missing ones are then written
+        off, so that later calls do not wait for them again."""
+        with self._changed:
+            target = self._logged
+            while self._stored < target:
+                before = self._stored
+                self._changed.wait(stall_s)
+                if self._stored == before:
+                    missing = target - self._stored
+                    self._stored = target
+                    return missing
+            return 0
+
+
+def _handover_callback(swanlab: Any, handed: _HandedOver) -> Any:
+    """A swanlab Callback counting the scalar and media records handed to the store (one per logged value)."""
+
+    class HandOver(swanlab.Callback):
+        @property
+        def name(self) -> str:
+            return "tracklane-store-handover"
+
+        def on_scalar_flush(self, scalar_records: list[Any], *args: Any, **kwargs: Any) -> None:
+            handed.stored(len(scalar_records))
+
+        def on_media_flush(self, media_records: list[Any], *args: Any, **kwargs: Any) -> None:
+            handed.stored(len(media_records))
+
+    return HandOver()
+
+
+def _store_writer(run: Any) -> Any:
+    """The run store's writer: swanlab 0.10.3 has no public flush, so this reaches into its Python
+    core (``CorePython._store``, a ``DataStoreWriter`` whose ``ensure_flushed`` flushes the buffer)."""
+    writer = getattr(getattr(run, "_core", None), "_store", None)
+    if writer is None or not hasattr(writer, "ensure_flushed"):
+        raise SinkError("swanlab: this version has no run-store writer to flush (written against 0.10.3)")
+    return writer
 
 
 def _cell(value: Any) -> Any:
