@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import SinkError
-from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
+from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from workers.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
 from workers.sink import Sink, import_sdk
 from workers.steps import R, merge_by_step, records_by_step
@@ -214,6 +214,21 @@ class SwanlabSink(Sink):
             log.warning("tracklane: swanlab: %d logged value(s) not handed to the store after %.0f s without "
                         "progress (dropped by swanlab?); flushing the rest", missing, FLUSH_STALL_S)
         _store_writer(run).ensure_flushed()
+
+    # -- exactly once: the run store is append-only; cut it back to the last acknowledged batch
+    def mark(self, records: Sequence[Record]) -> dict[str, Any] | None:
+        """The store file and its size now (every earlier batch was flushed before its acknowledgement)."""
+        if self._run is None or not self._run.alive:
+            return None
+        path = getattr(getattr(_store_writer(self._run), "_fp", None), "name", None)
+        if not isinstance(path, str) or not os.path.exists(path):
+            return None
+        return {"store": path, "size": os.path.getsize(path)}
+
+    def rollback(self, mark: Mapping[str, Any]) -> None:
+        path, size = str(mark["store"]), int(mark["size"])
+        if os.path.exists(path) and os.path.getsize(path) > size:
+            os.truncate(path, size)
 
     def close(self, exit_code: int) -> None:
         run, self._run = self._run, None
