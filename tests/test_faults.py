@@ -10,7 +10,9 @@ import pytest
 
 from benchmarks import faults
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+# Each fault starts trackers (and, for a SIGKILLed trainer, two whole trainer processes with their own
+# Ray): minutes on a loaded 2-core machine, past the suite's default 300 s limit.
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(900)]
 
 
 def _exactly_once(result: dict, lossy: tuple[str, ...] = ()) -> None:
@@ -23,18 +25,19 @@ def _exactly_once(result: dict, lossy: tuple[str, ...] = ()) -> None:
 
 
 def test_trainer_sigkilled_then_resumed_has_every_point_once(tmp_path, mlflow_server_uri):
-    """Every point logged more than flush_interval + 0.1 s before the trainer's SIGKILL is in all five trackers
-    exactly once after the resumed run finished, and nothing logged later is stored twice."""
-    result = faults.sigkill_trainer(tmp_path, mlflow_server_uri, steps=400, keys=50)
+    """Every point logged more than flush_interval + 0.1 s before the trainer's SIGKILL is exactly once in the
+    file, TensorBoard, MLflow and SwanLab after the resumed run finished, and nothing is stored twice anywhere.
+    wandb may lose what its wandb-core had not written when Ray killed it with the actors (README, Known issues)."""
+    result = faults.sigkill_trainer(tmp_path, mlflow_server_uri, steps=300, keys=30)
     assert result["complete_after_resume"], result
-    _exactly_once(result)
+    _exactly_once(result, lossy=("wandb",))
 
 
 def test_lane_actors_sigkilled_repeatedly_lose_and_duplicate_nothing(tmp_path, mlflow_server_uri):
     """Each of the five lane actors SIGKILLed twice mid-run: every point exactly once in the file, TensorBoard,
     MLflow and SwanLab; wandb never twice (Ray kills wandb-core with its actor: what it had not written yet,
     and the step row wandb keeps open, are lost; README, Reliability)."""
-    result = faults.actor_kills(tmp_path, mlflow_server_uri, steps=400, keys=10, kills_per_lane=2)
+    result = faults.actor_kills(tmp_path, mlflow_server_uri, steps=300, keys=10, kills_per_lane=2)
     assert result["complete"], result["summary"]
     assert all(n >= 2 for n in result["restarts"].values()), result["restarts"]
     _exactly_once(result, lossy=("wandb",))
