@@ -271,32 +271,24 @@ def _kill_lane(tracking: Any, name: str, killed: set[int]) -> None:
 # -- outage: MLflow unreachable through a cut proxy ---------------------------------------------
 def mlflow_outage(work: Path, mlflow_uri: str, down_s: float = 8.0, steps: int = 600, keys: int = 20,
                   pause: float = 0.02) -> dict[str, Any]:
-    from pipeline import Tracking
-    from pipeline.testing.tcp_proxy import TcpProxy
-
-    server = urlsplit(mlflow_uri)
     experiment = f"outage-{uuid.uuid4().hex[:6]}"
-    with TcpProxy(server.hostname or "127.0.0.1", server.port or 80) as proxy:
-        env = {**tracker_env(work, f"http://{proxy.address}"), **_MLFLOW_FAIL_FAST}
-        with _environment(env):
-            tracking = Tracking(PROJECT, experiment, ["mlflow", "file"], config=_config(work))
-            tracking.flush(timeout=180)
-            cut_at = steps // 4
-            timer = None
-            costs: dict[str, list[float]] = {"before": [], "during": [], "after": []}
-            for step in range(1, steps + 1):
-                if step == cut_at:
-                    proxy.cut()
-                    timer = threading.Timer(down_s, proxy.restore)
-                    timer.start()
-                phase = "before" if step < cut_at else ("during" if proxy.is_cut else "after")
-                started = time.perf_counter()
-                tracking.log(values(step, keys), step=step)
-                costs[phase].append(time.perf_counter() - started)
-                time.sleep(pause)
-            if timer is not None:
-                timer.join()
-            report = tracking.finish(timeout=max(120.0, 4 * down_s))
+    with _mlflow_behind_proxy(work, mlflow_uri, experiment) as (proxy, tracking):
+        cut_at = steps // 4
+        timer = None
+        costs: dict[str, list[float]] = {"before": [], "during": [], "after": []}
+        for step in range(1, steps + 1):
+            if step == cut_at:
+                proxy.cut()
+                timer = threading.Timer(down_s, proxy.restore)
+                timer.start()
+            phase = "before" if step < cut_at else ("during" if proxy.is_cut else "after")
+            started = time.perf_counter()
+            tracking.log(values(step, keys), step=step)
+            costs[phase].append(time.perf_counter() - started)
+            time.sleep(pause)
+        if timer is not None:
+            timer.join()
+        report = tracking.finish(timeout=max(120.0, 4 * down_s))
     must = set(range(1, steps + 1))
     mlflow = tally(stored_points("mlflow", work, tracking.run_id, experiment, mlflow_uri), must, set(), keys)
     file = tally(stored_points("file", work, tracking.run_id, experiment, mlflow_uri), must, set(), keys)
@@ -309,6 +301,21 @@ def mlflow_outage(work: Path, mlflow_uri: str, down_s: float = 8.0, steps: int =
 
 _MLFLOW_FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 """MLflow's client would retry a refused request itself for minutes; the retrying under test is tracklane's."""
+
+
+@contextlib.contextmanager
+def _mlflow_behind_proxy(work: Path, mlflow_uri: str, experiment: str) -> Iterator[tuple[Any, Any]]:
+    """A cuttable proxy in front of the MLflow server and a started run logging to MLflow (through it) and the
+    file; the environment points at the proxy while the block runs."""
+    from pipeline import Tracking
+    from pipeline.testing.tcp_proxy import TcpProxy
+
+    server = urlsplit(mlflow_uri)
+    with TcpProxy(server.hostname or "127.0.0.1", server.port or 80) as proxy:
+        with _environment({**tracker_env(work, f"http://{proxy.address}"), **_MLFLOW_FAIL_FAST}):
+            tracking = Tracking(PROJECT, experiment, ["mlflow", "file"], config=_config(work))
+            tracking.flush(timeout=180)
+            yield proxy, tracking
 
 
 # -- slow: a tracker far slower than the producer ------------------------------------------------
@@ -355,30 +362,23 @@ def slow_tracker(work: Path, seconds: float = 20.0, keys: int = 100, pause: floa
 # -- hung: finish() with a tracker that never answers, then replay ------------------------------
 def hung_finish_then_replay(work: Path, mlflow_uri: str, steps: int = 200, keys: int = 20,
                             finish_timeout_s: float = 20.0) -> dict[str, Any]:
-    from pipeline import Tracking
     from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
-    from pipeline.testing.tcp_proxy import TcpProxy
 
-    server = urlsplit(mlflow_uri)
     experiment = f"hung-{uuid.uuid4().hex[:6]}"
-    with TcpProxy(server.hostname or "127.0.0.1", server.port or 80) as proxy:
-        env = {**tracker_env(work, f"http://{proxy.address}"), **_MLFLOW_FAIL_FAST}
-        with _environment(env):
-            tracking = Tracking(PROJECT, experiment, ["mlflow", "file"], config=_config(work))
-            tracking.flush(timeout=180)
-            for step in range(1, steps // 2 + 1):
-                tracking.log(values(step, keys), step=step)
-            tracking.flush(timeout=60)
-            proxy.stall()  # from here the server accepts and never answers
-            for step in range(steps // 2 + 1, steps + 1):
-                tracking.log(values(step, keys), step=step)
-            started = time.monotonic()
-            report = tracking.finish(timeout=finish_timeout_s)
-            finish_s = time.monotonic() - started
-            proxy.restore()
-            replay = subprocess.run([sys.executable, "-m", "pipeline", "replay", report.spool.directory,
-                                     "--no-progress", "--timeout", "300"] if report.spool else ["false"],
-                                    cwd=ROOT, env={**os.environ}, capture_output=True, text=True, timeout=600)
+    with _mlflow_behind_proxy(work, mlflow_uri, experiment) as (proxy, tracking):
+        for step in range(1, steps // 2 + 1):
+            tracking.log(values(step, keys), step=step)
+        tracking.flush(timeout=60)
+        proxy.stall()  # from here the server accepts and never answers
+        for step in range(steps // 2 + 1, steps + 1):
+            tracking.log(values(step, keys), step=step)
+        started = time.monotonic()
+        report = tracking.finish(timeout=finish_timeout_s)
+        finish_s = time.monotonic() - started
+        proxy.restore()
+        replay = subprocess.run([sys.executable, "-m", "pipeline", "replay", report.spool.directory,
+                                 "--no-progress", "--timeout", "300"] if report.spool else ["false"],
+                                cwd=ROOT, env={**os.environ}, capture_output=True, text=True, timeout=600)
     must = set(range(1, steps + 1))
     mlflow = tally(stored_points("mlflow", work, tracking.run_id, experiment, mlflow_uri), must, set(), keys)
     [run] = find_mlflow_run_ids(mlflow_uri, PROJECT, experiment)

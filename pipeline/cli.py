@@ -79,7 +79,7 @@ def inspect_spool(directory: str, out: Any) -> int:
                                   "time": record.time, "only": record.only, "acked_by": acked,
                                   "pending": pending}) + "\n")
     stats = spool.stats
-    print(f"tracklane: {len(spool.entries())} batches in {directory}; {stats.corrupt_frames} corrupt frame(s), "
+    print(f"tracklane: {spool.batches} batches in {directory}; {stats.corrupt_frames} corrupt frame(s), "
           f"{stats.missing_batches} missing batch(es), {stats.torn_bytes} torn byte(s)", file=sys.stderr)
     return 0
 

@@ -268,18 +268,22 @@ class Shipper:
     def _release(self) -> None:
         if self._spooling is None:
             return
-        floor = min((lane.acked for lane in self._lanes.values()), default=self._seq)
+        floor = self._acked_by_all()
         if floor > self._released:
             self._spooling.spool.release(floor)
             self._released = floor
         self._spooling.spool.sync_if_due()
+
+    def _acked_by_all(self) -> int:
+        """Every lane's tracker holds the batches up to here: the spool may forget them."""
+        return min((lane.acked for lane in self._lanes.values()), default=self._seq)
 
     def _spool_report(self) -> SpoolReport | None:
         if self._spooling is None:
             return None
         spool = self._spooling.spool
         stats = spool.stats
-        return SpoolReport(directory=spool.directory, nbytes=spool.nbytes, batches=len(spool.entries()),
+        return SpoolReport(directory=spool.directory, nbytes=spool.nbytes, batches=spool.batches,
                            evicted_records=self._evicted_lost, damaged=stats.damaged, torn_bytes=stats.torn_bytes,
                            recovered_batches=self._spooling.recovered)
 
@@ -293,7 +297,7 @@ class Shipper:
             self._spooling.manifest.save(spool.directory)
         finally:
             spool.close()
-            spool.release(min((lane.acked for lane in self._lanes.values()), default=self._seq))
+            spool.release(self._acked_by_all())
 
     # -- barriers ------------------------------------------------------------------------
     def _serve_barriers(self) -> None:

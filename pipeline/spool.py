@@ -85,7 +85,7 @@ class _Segment:
     entries: list[SpoolEntry] = field(default_factory=list)
 
 
-def frame(seq: int, records: int, oldest_time: float, payload: bytes) -> bytes:
+def frame_header(seq: int, records: int, oldest_time: float, payload: bytes) -> bytes:
     """One frame's header for ``payload`` (the payload follows it on disk)."""
     checked = _CHECKED.pack(seq, records, oldest_time)
     crc = crc32c.crc32c(payload, crc32c.crc32c(checked))
@@ -171,22 +171,20 @@ class Spool:
         while pos + _HEADER.size <= len(data):
             entry = _frame_at(data, pos, segment.first)
             if entry is None:
-                if not bad_run:  # one damaged stretch counts once, however long the resync takes
-                    self.stats.corrupt_frames += 1
-                    bad_run = True
+                bad_run = True
                 found = data.find(MAGIC, pos + 1)
                 if found < 0:
                     break
                 pos = found
                 continue
-            bad_run = False
+            if bad_run:  # a damaged stretch before a good frame counts once; one at the end is the caller's tail
+                self.stats.corrupt_frames += 1
+                bad_run = False
             if entry.seq in self._index or entry.seq <= segment.last:  # a duplicate or out-of-order frame
                 self.stats.corrupt_frames += 1
             else:
                 self._add(segment, entry)
             pos = good_end = entry.offset + _HEADER.size + entry.nbytes
-        if bad_run and good_end < len(data):
-            self.stats.corrupt_frames -= 1  # a damaged stretch at the very end is a torn tail, not a frame
         return good_end
 
     def _quarantine(self, path: str, exc: OSError) -> None:
@@ -208,6 +206,11 @@ class Spool:
     def entries(self) -> list[SpoolEntry]:
         """Every spooled batch, in sequence order."""
         return [entry for segment in self._segments for entry in segment.entries]
+
+    @property
+    def batches(self) -> int:
+        """How many batches it holds."""
+        return len(self._index)
 
     @property
     def last_seq(self) -> int:
@@ -244,7 +247,7 @@ class Spool:
         if self._fd is None or self._segments[-1].size >= self._segment_bytes:
             self._roll(seq)
         segment = self._segments[-1]
-        header = frame(seq, records, oldest_time, payload)
+        header = frame_header(seq, records, oldest_time, payload)
         _write_all(self._fd, header, payload)
         entry = SpoolEntry(seq=seq, records=records, oldest_time=oldest_time, nbytes=len(payload),
                            segment=segment.first, offset=segment.size)

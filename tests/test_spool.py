@@ -32,6 +32,26 @@ def _segments(folder) -> list[str]:
     return sorted(str(p) for p in folder.iterdir() if p.name.startswith("seg-"))
 
 
+def _crashed_with(folder, batches: int) -> list:
+    """A spool of ``batches`` batches left by a crash; returns its entries."""
+    spool = Spool(str(folder))
+    for seq in range(1, batches + 1):
+        spool.append(seq, 1, 0.0, _payload(seq))
+    entries = spool.entries()
+    _crash(spool)
+    return entries
+
+
+def _overwrite(path: str, at: int, data: bytes = b"", flip: int = 0) -> None:
+    """Put ``data`` at byte ``at`` of ``path``, or XOR the byte there with ``flip``."""
+    with open(path, "r+b") as handle:
+        if flip:
+            handle.seek(at)
+            data = bytes([handle.read(1)[0] ^ flip])
+        handle.seek(at)
+        handle.write(data)
+
+
 def test_batches_read_back_after_reopen_and_files_are_private(tmp_path):
     """Every appended batch reads back byte for byte after a crash and reopen; files are 0600, the folder 0700."""
     spool = Spool(str(tmp_path / "s"), segment_bytes=1000)
@@ -69,17 +89,9 @@ def test_a_torn_last_frame_is_cut_off(tmp_path):
 
 def test_a_corrupt_frame_is_skipped_and_counted(tmp_path):
     """A flipped byte loses exactly that batch; the batches after it in the same segment are found again."""
-    spool = Spool(str(tmp_path / "s"))
-    for seq in range(1, 6):
-        spool.append(seq, 1, 0.0, _payload(seq))
-    victim = spool.entries()[2]
-    _crash(spool)
+    victim = _crashed_with(tmp_path / "s", 5)[2]
     [segment] = _segments(tmp_path / "s")
-    with open(segment, "r+b") as handle:
-        handle.seek(victim.offset + 40)
-        byte = handle.read(1)
-        handle.seek(victim.offset + 40)
-        handle.write(bytes([byte[0] ^ 0xFF]))
+    _overwrite(segment, victim.offset + 40, flip=0xFF)
     again = Spool(str(tmp_path / "s"))
     assert [e.seq for e in again.entries()] == [1, 2, 4, 5]
     assert again.stats.corrupt_frames == 1 and again.stats.missing_batches == 1
@@ -88,15 +100,9 @@ def test_a_corrupt_frame_is_skipped_and_counted(tmp_path):
 
 def test_a_smashed_length_field_does_not_lose_the_frames_after_it(tmp_path):
     """A length of 2^32-1 in a header is corruption, not an allocation: the scan resynchronises on the next frame."""
-    spool = Spool(str(tmp_path / "s"))
-    for seq in range(1, 5):
-        spool.append(seq, 1, 0.0, _payload(seq))
-    victim = spool.entries()[1]
-    _crash(spool)
+    victim = _crashed_with(tmp_path / "s", 4)[1]
     [segment] = _segments(tmp_path / "s")
-    with open(segment, "r+b") as handle:
-        handle.seek(victim.offset + 4)
-        handle.write(b"\xff\xff\xff\xff")
+    _overwrite(segment, victim.offset + 4, b"\xff\xff\xff\xff")
     again = Spool(str(tmp_path / "s"))
     assert [e.seq for e in again.entries()] == [1, 3, 4]
     assert again.stats.corrupt_frames == 1
@@ -215,11 +221,7 @@ class SpoolMachine(RuleBasedStateMachine):
         seq = data.draw(st.sampled_from(live))
         entry = self.spool._index[seq]
         at = data.draw(st.integers(0, entry.nbytes - 1))
-        with open(self.spool._path(entry.segment), "r+b") as handle:
-            handle.seek(entry.offset + 32 + at)
-            byte = handle.read(1)
-            handle.seek(entry.offset + 32 + at)
-            handle.write(bytes([byte[0] ^ 0x5A]))
+        _overwrite(self.spool._path(entry.segment), entry.offset + 32 + at, flip=0x5A)
         self.corrupted.add(seq)
 
     @invariant()

@@ -82,7 +82,7 @@ class SinkHost:
         exc = self._attempt(mine, durable=durable)
         if exc is None:
             return True
-        if self._unreachable(exc):
+        if self.sink.is_outage(exc):
             if hold:
                 if not self._failing:
                     self._failing = True
@@ -124,9 +124,6 @@ class SinkHost:
                 self._sleep(delay)
                 delay *= 2
         return last
-
-    def _unreachable(self, exc: BaseException) -> bool:
-        return self.sink.is_outage(exc)
 
     def note_error(self, message: str) -> None:
         """Record an error that is not the tracker's (e.g. a corrupt batch)."""
