@@ -52,10 +52,16 @@ class SinkCounts:
 
 @dataclass(slots=True, kw_only=True)
 class Ack:
-    """One answer of a sink host: ``applied`` is the last batch durable in the tracker."""
+    """One answer of a sink host: how far its tracker got (``applied``) and how much of that its own store
+    already holds (``durable``)."""
 
     applied: int
     """Sequence number of the last batch written into the tracker (0 on the synchronous path)."""
+    durable: int | None = None
+    """The last batch the tracker's store holds, when that is behind ``applied`` (None: the same). wandb's is:
+    wandb-core writes its transaction log in 32 KiB blocks, so the newest rows are for a while only in its
+    memory. The lane keeps those batches (in the spool) until they are durable, to send again if the
+    actor dies."""
     gap: bool = False
     """The batch was refused: it did not follow the last one applied (the lane re-sends in order)."""
     held: bool = False
@@ -73,20 +79,25 @@ class Ack:
     node_id: str = ""
     """Ray node id of the host ("" outside Ray)."""
 
+    @property
+    def durable_seq(self) -> int:
+        return self.applied if self.durable is None else min(self.durable, self.applied)
+
     def pack(self) -> bytes:
         return msgpack.packb([self.applied, self.gap, self.opened, self.error, self.counts.to_plain(), self.where,
-                              self.pid, self.node_id, self.held], use_bin_type=True)
+                              self.pid, self.node_id, self.held, self.durable], use_bin_type=True)
 
     @classmethod
     def unpack(cls, blob: bytes) -> Ack:
         try:
-            applied, gap, opened, error, counts, where, pid, node_id, held = msgpack.unpackb(blob, raw=False)
+            applied, gap, opened, error, counts, where, pid, node_id, held, durable = msgpack.unpackb(blob, raw=False)
         except Exception as exc:  # msgpack raises several unrelated types for bad input
             raise CodecError(f"malformed acknowledgement: {exc}") from exc
         if type(applied) is not int or type(pid) is not int or (error is not None and type(error) is not str) \
-                or type(where) is not str or type(node_id) is not str:  # int() or str() of a hostile value would raise
-            raise CodecError("malformed acknowledgement: bad applied, pid, error, where or node_id field")
-        return cls(applied=applied, gap=bool(gap), held=bool(held), opened=bool(opened), error=error,
+                or type(where) is not str or type(node_id) is not str \
+                or (durable is not None and type(durable) is not int):  # int() or str() of a hostile value would raise
+            raise CodecError("malformed acknowledgement: bad applied, durable, pid, error, where or node_id field")
+        return cls(applied=applied, durable=durable, gap=bool(gap), held=bool(held), opened=bool(opened), error=error,
                    counts=SinkCounts.from_plain(counts), where=where, pid=pid, node_id=node_id)
 
 

@@ -10,6 +10,11 @@ The lane's memory is bounded by bytes. With the spool on, a batch that does not 
 only on disk (its entry holds no Ray object) and is read back when its turn comes, so an outage
 costs disk, not memory, and loses nothing until the spool's own bound. Without the spool, the
 oldest batches not yet submitted are dropped and counted.
+
+Two watermarks: ``applied``, the last batch the tracker was handed (the window moves on, a flush
+is answered), and ``durable``, the last its own store holds (what the spool may forget). They
+differ for wandb, whose wandb-core keeps its newest rows in memory; with the spool on, a batch
+between the two is remembered (spool-only) and sent again if the actor dies.
 """
 
 from __future__ import annotations
@@ -64,7 +69,9 @@ class Lane:
         self._down_since: float | None = None  # monotonic time of the first "held" of this outage
         self._window: OrderedDict[int, Entry] = OrderedDict()  # unacknowledged, in seq order
         self._bytes = 0  # of the window's entries that hold a Ray object
-        self._acked = 0
+        self._acked = 0  # applied: the tracker was handed it
+        self._durable = 0  # the tracker's store holds it
+        self._handed: OrderedDict[int, Entry] = OrderedDict()  # applied, not durable yet (spool-only entries)
         self._last_sent = 0  # seq of the last batch submitted since the last recovery
         # result ref -> seq. A recovery forgets every call: their batches are sent again in order
         # and the actor skips what it applied already, so an older answer is never needed.
@@ -194,7 +201,7 @@ class Lane:
 
     def accept(self, ack: Ack) -> None:
         """Take an answer of the actor: trim what it applied, merge its figures into the report."""
-        applied = ack.applied
+        applied, durable = ack.applied, ack.durable_seq
         now = time.time()
         while self._window:
             seq, entry = next(iter(self._window.items()))
@@ -203,7 +210,12 @@ class Lane:
             del self._window[seq]
             self._bytes -= entry.nbytes if entry.ref is not None else 0
             self._lags.append(now - entry.oldest_log_time)
+            if seq > durable:  # sent again from the spool if the actor dies
+                self._handed[seq] = dataclasses.replace(entry, ref=None)
         self._acked = max(self._acked, applied)
+        self._durable = max(self._durable, min(durable, self._acked))
+        while self._handed and next(iter(self._handed)) <= self._durable:
+            self._handed.popitem(last=False)
         self._last_sent = max(self._last_sent, self._acked)
         self._pid, self._node_id = ack.pid, ack.node_id
         self.report.take(ack)
@@ -215,6 +227,15 @@ class Lane:
         self.report.restarts += 1
         self.report.error = f"actor restarting after {type(exc).__name__}"
         self._probe_deadline = time.monotonic() + self._dead_after_s
+        if self._handed and self._reload is None:  # no spool to send them again from
+            lost = sum(e.records for e in self._handed.values())
+            self.report.dropped_records += lost
+            self.report.error = f"actor restarting after {type(exc).__name__}; {lost} records its tracker may not " \
+                                f"have stored are counted lost (no spool)"
+        elif self._handed:  # its tracker may have lost them with the actor: they go again, from the spool
+            self._window = OrderedDict(sorted({**self._handed, **self._window}.items()))
+        self._handed.clear()
+        self._acked = self._durable  # the successor starts from what the store holds
         self._restart_sending()
         self._probe = self.actor.ready.remote()
 
@@ -247,7 +268,7 @@ class Lane:
     @property
     def acked(self) -> int:
         """The last batch this lane's tracker holds durably."""
-        return self._acked
+        return self._durable
 
     @property
     def outage_s(self) -> float:
@@ -289,8 +310,10 @@ class Lane:
         self._probe = None
         self._calls.clear()
         self.report.error = why
-        self.report.dropped_records += sum(e.records for e in self._window.values())
+        self.report.dropped_records += sum(e.records for e in self._window.values()) \
+            + sum(e.records for e in self._handed.values())  # the dead actor's tracker may not have stored them
         self._window.clear()
+        self._handed.clear()
         self._bytes = 0
 
     def freeze(self) -> None:
@@ -321,9 +344,9 @@ class Lane:
     def snapshot(self) -> LaneReport:
         lags = sorted(self._lags)
         r = self.report
-        r.acked_seq = self._acked
-        r.unacked_batches = len(self._window)
-        r.unacked_records = sum(e.records for e in self._window.values())
+        r.acked_seq = self._durable
+        r.unacked_batches = len(self._window) + len(self._handed)
+        r.unacked_records = sum(e.records for e in self._window.values()) + sum(e.records for e in self._handed.values())
         r.lag_s = self.lag_s()
         r.outage_s = self.outage_s
         r.lag_p50_s = lags[len(lags) // 2] if lags else 0.0

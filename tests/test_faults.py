@@ -15,33 +15,29 @@ from benchmarks import faults
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(900)]
 
 
-def _exactly_once(result: dict, lossy: tuple[str, ...] = ()) -> None:
+def _exactly_once(result: dict) -> None:
     for tracker, tally in result["trackers"].items():
         assert tally["unexpected"] == 0, (tracker, tally, result)
-        if tracker in lossy:  # a known gap (README, Known issues): not exactly once across kills
-            continue
         assert tally["missing"] == 0 and tally["duplicated"] == 0, (tracker, tally, result)
         assert tally["once"] == tally["expected"] > 0, (tracker, tally)
 
 
 def test_trainer_sigkilled_then_resumed_has_every_point_once(tmp_path, mlflow_server_uri):
-    """Every point logged more than flush_interval + 0.1 s before the trainer's SIGKILL is exactly once in the
-    file, TensorBoard, MLflow and SwanLab after the resumed run finished. wandb may lose what its wandb-core had
-    not written when Ray killed it with the actors (README, Known issues)."""
+    """Every point logged more than flush_interval + 0.1 s before the trainer's SIGKILL is exactly once in every
+    tracker (wandb, file, TensorBoard, MLflow, SwanLab) after the resumed run finished."""
     result = faults.sigkill_trainer(tmp_path, mlflow_server_uri, steps=300, keys=30)
     assert result["complete_after_resume"], result
-    _exactly_once(result, lossy=("wandb",))
+    _exactly_once(result)
 
 
 def test_lane_actors_sigkilled_repeatedly_lose_and_duplicate_nothing(tmp_path, mlflow_server_uri):
-    """Each of the five lane actors SIGKILLed twice mid-run: every point exactly once in the file, TensorBoard,
-    MLflow and SwanLab. wandb is not exactly once here (README, Known issues): Ray kills wandb-core with its
-    actor, losing what it had not written and the step row wandb keeps open, and a batch written just before
-    the kill but not yet acknowledged is written again (wandb has no undo point)."""
+    """Each of the five lane actors SIGKILLed twice mid-run: every point exactly once in every tracker (wandb's
+    wandb-core dies with its actor: what it had not written yet comes again from the spool, what it had is
+    skipped by its successor)."""
     result = faults.actor_kills(tmp_path, mlflow_server_uri, steps=300, keys=10, kills_per_lane=2)
     assert result["complete"], result["summary"]
     assert all(n >= 2 for n in result["restarts"].values()), result["restarts"]
-    _exactly_once(result, lossy=("wandb",))
+    _exactly_once(result)
 
 
 def test_mlflow_down_then_back_loses_and_duplicates_nothing(tmp_path, mlflow_server_uri):

@@ -315,3 +315,93 @@ def test_batch_that_cannot_fit_leaves_waiting_batches_alone():
         assert (report.dropped_records, report.unacked_records) == (7, 6), report
     finally:
         _kill(actor)
+
+
+@ray.remote(num_cpus=0, max_restarts=1, max_task_retries=0)
+class LaggingStore:
+    """A tracker whose store lags what it was handed by ``lag`` batches (as wandb-core's does), and that
+    loses the lag when its process dies: only ``durable`` survives, in ``state_path``; every apply is logged
+    there too. It dies (once) when ``crash_at`` first arrives."""
+
+    def __init__(self, state_path: str, lag: int, crash_at: int) -> None:
+        self._path, self._lag, self._crash_at = state_path, lag, crash_at
+        try:
+            with open(state_path) as handle:
+                lines = handle.read().split()
+        except FileNotFoundError:
+            lines = []
+        self.durable = max((int(x[1:]) for x in lines if x.startswith("d")), default=0)
+        self.handed = self.durable  # what was only in memory died with the process
+        self.crashed = any(x == "crash" for x in lines)
+
+    def _note(self, word: str) -> None:
+        with open(self._path, "a") as handle:
+            handle.write(word + "\n")
+
+    def _ack(self, gap: bool = False) -> bytes:
+        return Ack(applied=self.handed, durable=self.durable, gap=gap, pid=os.getpid()).pack()
+
+    def ready(self) -> bytes:
+        return self._ack()
+
+    def apply(self, seq: int, prev: int, blob: bytes) -> bytes:
+        if seq <= self.handed:
+            return self._ack()
+        if prev != self.handed:
+            return self._ack(gap=True)
+        if seq == self._crash_at and not self.crashed:
+            self._note("crash")
+            os._exit(1)
+        assert blob == f"batch-{seq}".encode()
+        self.handed = seq
+        self._note(f"a{seq}")
+        if seq - self._lag > self.durable:
+            self.durable = seq - self._lag
+            self._note(f"d{self.durable}")
+        return self._ack()
+
+
+def _applied_order(path) -> list[int]:
+    return [int(x[1:]) for x in path.read_text().split() if x.startswith("a")]
+
+
+def test_batches_not_durable_yet_are_sent_again_from_the_spool_after_a_crash(tmp_path):
+    """A tracker whose store lags by 2 batches dies at batch 6: batches 4 and 5 (handed, never stored) come back
+    from the spool (the reload) and are applied again; the lane's durable watermark is what the store holds."""
+    state = tmp_path / "store.txt"
+    actor = LaggingStore.remote(str(state), lag=2, crash_at=6)
+    reloaded: list[int] = []
+
+    def reload(seq: int):
+        reloaded.append(seq)
+        return ray.put(f"batch-{seq}".encode())
+
+    lane = Lane("lagging", actor, max_bytes=1 << 20, max_inflight=1, dead_after_s=60.0, startup_timeout_s=60.0,
+                reload=reload)
+    try:
+        for seq in range(1, 9):
+            lane.offer(_entry(seq, records=seq))
+        _pump_until(lane, lambda: lane.settled(8))
+        assert _applied_order(state) == [1, 2, 3, 4, 5, 4, 5, 6, 7, 8]
+        assert reloaded == [4, 5]
+        report = lane.snapshot()
+        assert lane.acked == 6 and report.acked_seq == 6 and report.restarts == 1
+        assert (report.unacked_batches, report.unacked_records, report.dropped_records) == (2, 7 + 8, 0)
+    finally:
+        _kill(actor)
+
+
+def test_without_a_spool_batches_not_durable_are_counted_lost_after_a_crash(tmp_path):
+    """The same crash with no spool to send from: batches 4 and 5 are counted dropped, and the lane goes on."""
+    state = tmp_path / "store.txt"
+    actor = LaggingStore.remote(str(state), lag=2, crash_at=6)
+    lane = _lane(actor, max_inflight=1)
+    try:
+        for seq in range(1, 9):
+            lane.offer(_entry(seq, records=seq))
+        _pump_until(lane, lambda: lane.settled(8))
+        assert _applied_order(state) == [1, 2, 3, 4, 5, 6, 7, 8]
+        report = lane.snapshot()
+        assert report.dropped_records == 4 + 5 and "counted lost (no spool)" in report.error
+    finally:
+        _kill(actor)

@@ -125,3 +125,21 @@ def test_restarted_actor_continues_its_counts(tmp_path):
     second = _actor(tmp_path, fail_writes=True)
     assert Ack.unpack(second.ready()).counts.failed_records == 4
     assert _apply(second, 2, 1, _blob(2, range(4, 6))).counts.failed_records == 6
+
+
+def test_a_lagging_store_gives_two_watermarks_and_a_successor_starts_from_the_durable_one(tmp_path):
+    """With a store two writes behind (as wandb-core's), answers say applied k and durable k-2, the saved state
+    keeps the durable one, a successor re-takes the batches after it, and a clean close makes everything durable."""
+    actor = _actor(tmp_path, store_lag=2)
+    acks = [_apply(actor, seq, seq - 1, _blob(seq, range(seq, seq + 1))) for seq in range(1, 5)]
+    assert [(a.applied, a.durable_seq) for a in acks] == [(1, 0), (2, 0), (3, 1), (4, 2)]
+    assert _apply(actor, 4, 3, _blob(4, range(4, 5))).applied == 4  # a re-send of what it was handed: skipped
+
+    successor = _actor(tmp_path, store_lag=2)
+    assert Ack.unpack(successor.ready()).applied == 2  # what the store held; batches 3 and 4 come again
+    assert _apply(successor, 4, 3, _blob(4, range(4, 5))).gap
+    assert (_apply(successor, 3, 2, _blob(3, range(3, 4))).applied, _apply(successor, 4, 3, _blob(4, range(4, 5))).applied) \
+        == (3, 4)
+    closed = Ack.unpack(successor.close(0))
+    assert (closed.applied, closed.durable_seq) == (4, 4)
+    assert Ack.unpack(_actor(tmp_path, store_lag=2).ready()).applied == 4

@@ -18,10 +18,11 @@ from pipeline.errors import MissingExtraError
 from pipeline.params import REDACTED, plain_config
 from pipeline.records import Metrics, RunSpec
 from pipeline.testing.readers.wandb_reader import (
-    CorruptRunFileError, iter_payloads, read_run_file, read_wandb_run, run_files,
+    iter_payloads, read_run_file, read_wandb_run, run_files,
 )
 from tests.conftest import same_value
 from workers.wandb_sink import WandbSink
+from workers.wandb_store import CorruptRunFileError
 
 STEPS = 300
 CONFIG = {
@@ -250,3 +251,53 @@ def flip(path: Path, original: bytes, offset: int) -> None:
     data = bytearray(original)
     data[offset] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+KILLED_WRITER = """
+import json, sys, time
+from tests.test_wandb_sink import make_sink, verl_records, STEPS
+sink = make_sink(run_id="killed1")
+sink.open(None)
+records = verl_records(range(STEPS))
+pending, durable = [], -1
+for index in range(int(sys.argv[1])):
+    sink.write(records[index * 7 : index * 7 + 7])
+    pending.append((index, sink.written()))
+    while pending and sink.durable(pending[0][1]):
+        durable = pending.pop(0)[0]
+print(json.dumps({"durable": durable}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_durable_means_on_disk_and_a_successor_after_a_kill_stores_each_step_once(wandb_dir):
+    """A process writing 40 batches is SIGKILLed with its wandb-core: every batch its sink called durable is in the
+    run file, the newest rows are not (they died in wandb-core's memory), and a sink that takes the run over,
+    sent everything after the durable batch again, stores every step exactly once."""
+    import json
+    import signal
+    import subprocess
+
+    batches = 40
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(batches)], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[1], start_new_session=True)
+    try:
+        durable = json.loads(child.stdout.readline())["durable"]
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    records = verl_records(range(STEPS))
+    (first,) = run_files(wandb_dir, "killed1")
+    kept = {step for step, _, _ in read_run_file(first).points}
+    assert {r.step for r in records[: (durable + 1) * 7]} <= kept  # durable: on disk
+    assert max(kept) < records[batches * 7 - 1].step  # the newest rows died with wandb-core
+
+    successor = make_sink(run_id="killed1")
+    assert successor.open({"id": "killed1"}) == {"id": "killed1"}
+    sent = records[(durable + 1) * 7 : (batches + 20) * 7]
+    write_in_batches(successor, sent)
+    successor.close(0)
+    back = read_wandb_run(wandb_dir, "killed1")
+    assert back.duplicates() == []
+    assert_same_scalars(back.scalars(), expected(records[: (batches + 20) * 7]))
+    assert back.params == plain_config(CONFIG)

@@ -8,12 +8,18 @@ applied; the lane sends the batch again later). A failing tracker costs only thi
 
 Exactly once: the state moves right after the tracker's flush returned, and a sink that can undo
 a partial write (``Sink.mark``) has its undo point saved before the write, so an actor killed
-between the two is rolled back by its successor and the re-sent batch lands once.
+between the two is rolled back by its successor and the re-sent batch lands once. A tracker whose
+store lags what it was handed (wandb: ``Sink.written``/``Sink.durable``) has two watermarks: the
+last batch handed to it (the lane sends the next one) and the last its store holds (what the
+state saves, what a successor starts from, what the spool may forget); a successor's sink skips
+what its tracker's store turns out to hold already.
 """
 
 from __future__ import annotations
 
 import os
+from collections import deque
+from typing import Any
 
 from pipeline.backends import backend_class
 from pipeline.codec import decode_batch
@@ -35,6 +41,8 @@ class LaneActor:
         if self._state.pending and self._state.mark is not None:  # the previous actor died inside a write
             self._host.rollback(self._state.mark)
         self._state.pending, self._state.mark = 0, None
+        self._written = self._state.applied  # the last batch handed to the tracker; the state keeps the durable one
+        self._not_durable: deque[tuple[int, Any]] = deque()  # (seq, the sink's point) handed but not durable yet
         if self._host.open():
             self._save()
 
@@ -45,10 +53,10 @@ class LaneActor:
     def apply(self, seq: int, prev: int, blob: bytes, final: bool = False) -> bytes:
         """Write batch ``seq`` if it follows ``prev``, the last batch the lane sent before it. ``final``:
         the lane waited long enough (max_outage_s); count what does not arrive instead of holding it."""
-        applied = self._state.applied
-        if seq <= applied:  # a re-send of what the tracker holds already
+        if seq <= self._written:  # a re-send of what the tracker has already
+            self._settle()
             return self._answer()
-        if prev != applied:
+        if prev != self._written:
             return self._answer(gap=True)
         try:
             batch = decode_batch(blob)
@@ -61,18 +69,33 @@ class LaneActor:
                 self._save()
             if not self._host.write(batch.records, hold=not final, durable=True):
                 return self._answer(held=True)  # the mark stays: rolling back to it undoes nothing
-        self._state.applied = seq
+        self._written = seq
+        self._not_durable.append((seq, self._host.written()))
         self._state.pending, self._state.mark = 0, None
+        self._settle()
         self._save()
         return self._answer()
 
+    def _settle(self) -> None:
+        """Move the durable watermark over every batch the tracker's store now holds, in order."""
+        while self._not_durable:
+            seq, point = self._not_durable[0]
+            if point is not None and not self._host.durable(point):
+                return
+            self._not_durable.popleft()
+            self._state.applied = seq
+
     def flush(self) -> bytes:
         self._host.flush()
+        self._settle()
+        self._save()
         return self._answer()
 
     def close(self, exit_code: int) -> bytes:
         """End the tracker run; answers with the final figures."""
-        self._host.close(exit_code)
+        if self._host.close(exit_code):  # closed cleanly: its store holds everything handed to it
+            self._not_durable.clear()
+            self._state.applied = self._written
         self._save()
         return self._answer()
 
@@ -82,7 +105,7 @@ class LaneActor:
         self._state.save()
 
     def _answer(self, gap: bool = False, held: bool = False) -> bytes:
-        return self._host.ack(self._state.applied, gap=gap, held=held).pack()
+        return self._host.ack(self._written, durable=self._state.applied, gap=gap, held=held).pack()
 
 
 def _node_id() -> str:

@@ -1,7 +1,7 @@
 """The test double: a sink that keeps every record it gets, optionally slow or failing.
 
 Selected as backend ``"memory"``; configured under ``trainer.memory_sink`` (``delay_s`` per
-write, ``fail_writes``, ``fail_open``, ``down_while``, ``dir``). It appends each write as one encoded batch
+write, ``fail_writes``, ``fail_open``, ``down_while``, ``store_lag``, ``dir``). It appends each write as one encoded batch
 (msgpack + zstd, never pickle) to ``<dir>/records.tlb``, so what it got can be read back from any
 process, whether it ran in a lane actor or in-process: ``pipeline.testing.memory_records(run_id)``.
 The default ``dir`` is ``<temp>/tracklane-memory/<run_id>``; a fresh run starts it empty.
@@ -43,6 +43,8 @@ class MemorySink(Sink):
             # While this file exists the sink behaves like a tracker that cannot be reached (a
             # ConnectionError), so a test can take it down and bring it back across processes.
             "down_while": str(options.get("down_while") or ""),
+            # A store that lags like wandb-core's: a write counts as durable once this many more came after it.
+            "store_lag": int(options.get("store_lag", 0)),
             "dir": os.path.abspath(options.get("dir") or memory_dir(run.run_id)),
         }
 
@@ -66,6 +68,13 @@ class MemorySink(Sink):
         blob = encode_batch(Batch(seq=0, created=time.time(), records=list(records)))
         with open(self._path, "ab") as handle:
             handle.write(FRAME_HEADER.pack(len(blob)) + blob)
+        self._writes = getattr(self, "_writes", 0) + 1
+
+    def written(self) -> int | None:
+        return getattr(self, "_writes", 0) if self.settings["store_lag"] else None
+
+    def durable(self, point: int) -> bool:
+        return point <= getattr(self, "_writes", 0) - self.settings["store_lag"]
 
     def where(self) -> str:
         return f"memory: {os.path.join(self.settings['dir'], RECORDS_FILE)}"

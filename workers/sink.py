@@ -126,6 +126,17 @@ class Sink:
     def close(self, exit_code: int) -> None:
         pass
 
+    # -- durability: what a sink whose tracker stores in the background overrides -----------
+    def written(self) -> Any:
+        """A point standing for everything handed to the tracker so far, to ask ``durable`` about
+        later; None (the default) when ``flush()`` returning already made it durable."""
+        return None
+
+    def durable(self, point: Any) -> bool:
+        """Whether the tracker's own store now holds everything handed to it up to ``point`` (a value
+        ``written()`` returned). After a clean ``close()`` everything is."""
+        return True
+
     # -- exactly once: what a sink that can undo a partial write overrides ------------------
     def mark(self, records: Sequence[Record]) -> dict[str, Any] | None:
         """Where the tracker stands before ``records`` are written (plain values), or None if a partial

@@ -134,18 +134,37 @@ class SinkHost:
         if self._opened and not self._closed:
             self._guard("flush", self.sink.flush)
 
-    def close(self, exit_code: int) -> None:
-        """End the tracker run once (exit code / run status); later writes are ignored."""
-        if self._opened and not self._closed:
-            self._guard("close", self.sink.close, exit_code)
+    def close(self, exit_code: int) -> bool:
+        """End the tracker run once (exit code / run status); later writes are ignored. True if it
+        closed cleanly: then the tracker's store holds everything written."""
+        clean = not self._opened or self._closed or self._guard("close", self.sink.close, exit_code)
         self._closed = True
+        return clean
 
-    def _guard(self, what: str, call: Callable[..., None], *args: Any) -> None:
+    def written(self) -> Any:
+        """The sink's durability point for what it was handed so far (``Sink.written``)."""
+        try:
+            return self.sink.written()
+        except Exception as exc:  # no point: the batch counts as durable once flushed, as in most trackers
+            self.error = f"written: {type(exc).__name__}: {exc}"
+            return None
+
+    def durable(self, point: Any) -> bool:
+        """Whether the sink's store holds what was handed to it up to ``point``; False if it cannot tell."""
+        try:
+            return self.sink.durable(point)
+        except Exception as exc:  # cannot tell: the batch waits (in the spool) until close
+            self.error = f"durable: {type(exc).__name__}: {exc}"
+            return False
+
+    def _guard(self, what: str, call: Callable[..., None], *args: Any) -> bool:
         try:
             call(*args)
+            return True
         except Exception as exc:  # a tracker's failure never reaches the caller
             self.error = f"{what}: {type(exc).__name__}: {exc}"
             log.warning("tracklane: lane %s: %s", self.lane, self.error)
+            return False
 
     def mark(self, records: Sequence[Record]) -> dict[str, Any] | None:
         """The sink's undo point before ``records`` (None if it has none, or is not open)."""
@@ -161,7 +180,8 @@ class SinkHost:
         """Undo a write the previous actor did not acknowledge (before this host opens)."""
         self._guard("rollback", self.sink.rollback, mark)
 
-    def ack(self, applied: int, gap: bool = False, held: bool = False) -> Ack:
+    def ack(self, applied: int, durable: int | None = None, gap: bool = False, held: bool = False) -> Ack:
         """This host's figures now, as the lane and the report read them."""
-        return Ack(applied=applied, gap=gap, held=held, opened=self._opened, error=self.error, counts=self.counts,
-                   where=self.sink.where(), pid=os.getpid(), node_id=self._node_id)
+        return Ack(applied=applied, durable=None if durable == applied else durable, gap=gap, held=held,
+                   opened=self._opened, error=self.error, counts=self.counts, where=self.sink.where(), pid=os.getpid(),
+                   node_id=self._node_id)

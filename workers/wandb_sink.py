@@ -12,6 +12,12 @@ Rich records, as wandb 0.31 stores them (offline: under the run's ``files/``):
     image         ``wandb.Image`` of the PNG file as given (files/media/images/)
     artifact      ``wandb.Artifact(name, type)`` with the file (or directory), metadata {"step": N}
 
+Durability: wandb-core writes its transaction log in 32 KiB blocks and a step's row only once a later
+step is logged, so a batch is durable once the file holds a row of the step that was open when the batch
+ended (``written``/``durable``, read from the file itself: ``workers/wandb_store.py``). A sink that takes
+over a run (actor restart, resumed run) reads what the run's earlier files hold and skips re-sent records
+of steps they already have (and artifacts already logged), so nothing lands twice.
+
 Records of one key at one step in one batch become one log call; a step with no samples logs nothing.
 Logged table rows are released (set to None) so the lane's memory stays flat over a long run. A log
 call that raises drops the key's table (the lane retries the batch; a new table avoids duplicate
@@ -23,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,10 +38,15 @@ from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, R
 from workers.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
 from workers.sink import Sink, import_sdk
 from workers.steps import R, merge_by_step, records_by_step
+from workers.wandb_store import LogTail, Stored, run_files, stored_so_far
 
 log = logging.getLogger("tracklane")
 
 TEXT_COLUMNS = ["step", "text"]
+QUIET_S = 3.0
+"""A run's earlier file is read once it has been still this long: the wandb-core of a killed actor lives on
+for a second or two (measured: under 2 s); it writes nothing more, but wait to be sure."""
+QUIET_WAIT_MAX_S = 15.0
 
 
 class WandbSink(Sink):
@@ -60,6 +72,11 @@ class WandbSink(Sink):
         self._run_dir: str | None = None
         self._tables: dict[str, Any] = {}  # key -> the run's INCREMENTAL wandb.Table
         self._released: dict[str, int] = {}  # key -> rows of that table already logged and released
+        self._tail: LogTail | None = None  # follows this run file on disk
+        self._open_step: int | None = None  # the newest step logged (-1: only artifacts; None: nothing handed yet)
+        self._earlier = Stored()  # what the run's earlier files hold (a run taken over)
+        self._skipped = 0
+        self._tail_warned = False
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         wandb = import_sdk(type(self))
@@ -73,9 +90,13 @@ class WandbSink(Sink):
             "settings": wandb.Settings(https_proxy=proxy) if proxy else None,
             "reinit": "create_new",  # several runs may live in one process, one after another
         }
-        if resume:  # an actor restart: same run, hyper-parameters already logged
+        if resume:  # an actor restart: the same run; its hyper-parameters are logged unless they never hit the disk
+            self._earlier = self._stored(resume["id"])
             kwargs.update(id=resume["id"], resume="allow")
+            if not self._earlier.config:
+                kwargs.update(config=self.run.params, allow_val_change=True)
         elif self.run.resume:  # training resumed from a checkpoint: continue the run with this id
+            self._earlier = self._stored(self.run.run_id)
             kwargs.update(id=self.run.run_id, resume="allow", config=self.run.params, allow_val_change=True)
         else:
             kwargs.update(id=self.run.run_id or None, config=self.run.params)
@@ -84,13 +105,69 @@ class WandbSink(Sink):
         except wandb.Error as exc:
             raise SinkError(f"wandb.init failed: {exc}") from exc
         self._run_dir = os.path.dirname(self._run.dir)  # run.dir is the run's files/ folder
+        self._tail = LogTail(self._run.settings.sync_file)
         return {"id": str(self._run.id)}
+
+    def _stored(self, run_id: str) -> Stored:
+        """What the run's earlier files hold, once they are still (their wandb-core is gone)."""
+        wandb_dir = self.settings.get("dir") or "."
+        deadline = time.monotonic() + QUIET_WAIT_MAX_S
+        while time.monotonic() < deadline:
+            files = run_files(wandb_dir, run_id)
+            newest = max((f.stat().st_mtime for f in files), default=0.0)
+            if time.time() - newest >= QUIET_S:
+                break
+            time.sleep(0.2)
+        return stored_so_far(run_files(wandb_dir, run_id))
+
+    # -- durability -----------------------------------------------------------------------
+    def written(self) -> int | None:
+        return self._open_step
+
+    def durable(self, point: int) -> bool:
+        # The row of the step open when the batch ended (or a later one) is in the file: wandb-core
+        # wrote everything handed to it before that step closed. Only artifacts so far (-1): any row.
+        if self._tail is None:
+            return False
+        stored = self._tail.advance()
+        if self._tail.error and not self._tail_warned:
+            self._tail_warned = True
+            log.warning("tracklane: wandb: cannot follow the run file (%s); its batches count as stored only once "
+                        "the run is closed", self._tail.error)
+        return stored >= max(point, 0)
+
+    def write(self, records: Sequence[Any]) -> None:
+        if self._earlier.step >= 0 or self._earlier.artifacts:
+            records = self._not_stored(records)
+        super().write(records)
+
+    def _not_stored(self, records: Sequence[Any]) -> list[Any]:
+        """Leave out what the run's earlier files hold: rows of their steps (wandb keeps a run's steps
+        increasing, so it would drop them anyway) and artifacts logged already."""
+        kept = []
+        for record in records:
+            if isinstance(record, Artifact):
+                stored = (safe_name(record.name, "-"), safe_name(record.type, "-"), record.step) in self._earlier.artifacts
+            else:
+                stored = record.step <= self._earlier.step
+            if not stored:
+                kept.append(record)
+        skipped = len(records) - len(kept)
+        if skipped and not self._skipped:
+            log.warning("tracklane: wandb: run %s already holds steps up to %d (an earlier actor or process of this "
+                        "run stored them); skipping the records sent again for them", self._run.id, self._earlier.step)
+        self._skipped += skipped
+        return kept
+
+    def _log(self, values: dict[str, Any], step: int) -> None:
+        self._run.log(values, step=step)
+        self._open_step = step if self._open_step is None else max(self._open_step, step)
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         # wandb keeps the newest step's row open, so a record of the same step in the
         # next batch still merges into it.
         for step, values in merge_by_step(records):
-            self._run.log(values, step=step)
+            self._log(values, step)
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         self._log_rows(records, GENERATION_COLUMNS, lambda r: r.key, generation_rows)
@@ -112,7 +189,7 @@ class WandbSink(Sink):
                 if figures.count:  # nothing finite: an empty histogram would only mislead
                     values[record.name] = wandb.Histogram(np_histogram=(figures.counts, figures.bin_edges))
             if values:
-                self._run.log(values, step=step)
+                self._log(values, step)
 
     def write_image(self, records: Sequence[Image]) -> None:
         wandb = import_sdk(type(self))
@@ -125,7 +202,7 @@ class WandbSink(Sink):
                 for index, record in enumerate(group):
                     values[record.name] = wandb.Image(_png_file(folder, index, record.png) if via_file
                                                       else _pil_image(record.png))
-                self._run.log(values, step=step)
+                self._log(values, step)
 
     def write_artifact(self, records: Sequence[Artifact]) -> None:
         wandb = import_sdk(type(self))
@@ -138,6 +215,7 @@ class WandbSink(Sink):
             else:
                 artifact.add_file(record.path)  # "mutable": wandb copies it, the trainer may delete it
             self._run.log_artifact(artifact)
+            self._open_step = -1 if self._open_step is None else self._open_step
 
     def _log_rows(self, records: Sequence[R], columns: list[str], key_of: Callable[[R], str],
                   rows_of: Callable[[R], list[list[Any]]]) -> None:
@@ -154,7 +232,7 @@ class WandbSink(Sink):
                     values[key] = table
             if values:
                 try:
-                    self._run.log(values, step=step)
+                    self._log(values, step)
                 except Exception:
                     # The lane retries the whole batch: a fresh table then gets these rows once, not twice.
                     for key in values:
