@@ -2,11 +2,13 @@
 
 from .errors import CodecError, ConfigError, MissingExtraError, SinkError, TracklaneError
 from .generations_logger import ValidationGenerationsLogger
+from .producer import Producer
 from .records import Trajectory
-from .report import LaneInfo, LaneReport, PipelineReport
+from .report import LaneInfo, LaneReport, PipelineReport, ProducerReport
 from .tracking import Tracking
 
 __all__ = [
-    "Tracking", "ValidationGenerationsLogger", "Trajectory", "PipelineReport", "LaneReport", "LaneInfo",
+    "Tracking", "Producer", "ValidationGenerationsLogger", "Trajectory", "PipelineReport", "LaneReport", "LaneInfo",
+    "ProducerReport",
     "TracklaneError", "ConfigError", "MissingExtraError", "CodecError", "SinkError",
 ]

@@ -78,6 +78,8 @@ class Ack:
     """Process id of the host (the lane actor's, or the trainer's on the synchronous path)."""
     node_id: str = ""
     """Ray node id of the host ("" outside Ray)."""
+    sources: dict[str, int] = field(default_factory=dict)
+    """The last batch of each producer (``Tracking.producer``) the tracker was handed, by source id."""
 
     @property
     def durable_seq(self) -> int:
@@ -85,12 +87,13 @@ class Ack:
 
     def pack(self) -> bytes:
         return msgpack.packb([self.applied, self.gap, self.opened, self.error, self.counts.to_plain(), self.where,
-                              self.pid, self.node_id, self.held, self.durable], use_bin_type=True)
+                              self.pid, self.node_id, self.held, self.durable, self.sources], use_bin_type=True)
 
     @classmethod
     def unpack(cls, blob: bytes) -> Ack:
         try:
-            applied, gap, opened, error, counts, where, pid, node_id, held, durable = msgpack.unpackb(blob, raw=False)
+            applied, gap, opened, error, counts, where, pid, node_id, held, durable, sources = \
+                msgpack.unpackb(blob, raw=False)
         except Exception as exc:  # msgpack raises several unrelated types for bad input
             raise CodecError(f"malformed acknowledgement: {exc}") from exc
         if type(applied) is not int or type(pid) is not int or (error is not None and type(error) is not str) \
@@ -98,7 +101,7 @@ class Ack:
                 or (durable is not None and type(durable) is not int):  # int() or str() of a hostile value would raise
             raise CodecError("malformed acknowledgement: bad applied, durable, pid, error, where or node_id field")
         return cls(applied=applied, durable=durable, gap=bool(gap), held=bool(held), opened=bool(opened), error=error,
-                   counts=SinkCounts.from_plain(counts), where=where, pid=pid, node_id=node_id)
+                   counts=SinkCounts.from_plain(counts), where=where, pid=pid, node_id=node_id, sources=_counts(sources))
 
 
 def _int(value: Any) -> int:

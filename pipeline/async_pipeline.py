@@ -13,43 +13,34 @@ from .buffer import RecordBuffer
 from .config import AsyncLogConfig
 from .lane import Lane
 from .opening import LaneOpening
-from .params import is_secret_key
+from .placement import lane_actor_options
+from .producer import Producer, ProducerHub
 from .records import RunSpec
 from .report import LaneInfo, PipelineReport
 from .rich import RecordLimits
 from .shipper import Shipper, SpoolReloader
 from .spooling import open_spooling
 
-# Tracker SDK settings the actors must see even if Ray started before they were set.
-_FORWARDED_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "SWANLAB_", "TENSORBOARD_", "VERL_")
-
 
 class AsyncPipeline:
     def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, run: RunSpec,
                  backends: dict[str, tuple[type, dict[str, Any]]], env: Mapping[str, str]) -> None:
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         if not ray.is_initialized():
             ray.init(**{"num_cpus": 1, "include_dashboard": False, "log_to_driver": True, **cfg.ray_init})
         spooling = open_spooling(cfg, run, {name: settings for name, (_, settings) in backends.items()}) \
             if cfg.spool else None
         state_dir = spooling.state_dir if spooling is not None else _fresh_state_dir(cfg, run)
-        options = {
-            "num_cpus": 0,  # lane actors only do I/O
-            "max_restarts": cfg.max_restarts,
-            "max_task_retries": 0,  # re-sending in order is ours to do, not Ray's
-            # Paths (TENSORBOARD_DIR, the file logger, sqlite) are the trainer's: stay on its node.
-            "scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
-            "runtime_env": {"env_vars": _forwarded_env(env)},
-            **cfg.actor_options,
-        }
+        trainer_node = ray.get_runtime_context().get_node_id()
+        options = lane_actor_options(cfg.actor_options, cfg.max_restarts, env, trainer_node)
         actor_class = ray.remote(load(LANE_ACTOR))
         reload = SpoolReloader(spooling.spool) if spooling is not None else None
         self._lanes: dict[str, Lane] = {}
         for name, (_, settings) in backends.items():
             opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
-                                  sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s)
+                                  sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
+                                  trainer_node=trainer_node)
             actor = actor_class.options(**options).remote(name, opening.pack())
             lane = Lane(name, actor, cfg.lane_max_bytes, cfg.max_inflight_batches,
                         dead_after_s=max(30.0, cfg.startup_timeout_s / 2), startup_timeout_s=cfg.startup_timeout_s,
@@ -66,6 +57,18 @@ class AsyncPipeline:
             sys.setswitchinterval(cfg.gil_switch_interval_s)
         self._shipper.start()
         self.put = self.buffer.put  # log()'s one call into the pipeline
+        self._cfg, self._limits = cfg, limits
+        self._hub: Any = None
+
+    def producer(self, name: str, key_prefix: str | None) -> Producer:
+        """A picklable handle for logging into this run from any Ray actor or task (see producer.py)."""
+        import ray
+
+        if self._hub is None:  # made with the first producer: a run without producers costs no actor
+            self._hub = ray.remote(num_cpus=0, max_restarts=0)(ProducerHub).remote()
+            self._shipper.hub = self._hub
+        actors = {name: lane.actor for name, lane in self._lanes.items()}
+        return Producer(name, actors, self._hub, self._cfg, self._limits, key_prefix=key_prefix)
 
     @property
     def health(self) -> dict[str, float | int]:
@@ -98,8 +101,3 @@ def _fresh_state_dir(cfg: AsyncLogConfig, run: RunSpec) -> str:
     parent = cfg.state_dir or os.path.join(tempfile.gettempdir(), "tracklane")
     os.makedirs(parent, exist_ok=True)
     return tempfile.mkdtemp(prefix=f"{run.run_id}-", dir=parent)
-
-
-def _forwarded_env(env: Mapping[str, str]) -> dict[str, str]:
-    # Secrets are not forwarded: Ray keeps runtime_env in its metadata; actors inherit them from Ray's own env.
-    return {k: v for k, v in env.items() if k.startswith(_FORWARDED_ENV_PREFIXES) and not is_secret_key(k)}

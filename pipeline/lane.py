@@ -54,9 +54,12 @@ Reload = Callable[[int], Any]
 class Lane:
     def __init__(self, name: str, actor: Any, max_bytes: int, max_inflight: int, dead_after_s: float,
                  startup_timeout_s: float, reload: Reload | None = None, backoff_s: float = 0.5,
-                 max_backoff_s: float = 30.0, max_outage_s: float | None = None) -> None:
+                 max_backoff_s: float = 30.0, max_outage_s: float | None = None, source: str = "") -> None:
+        """``source``: "" for the trainer's lane; a producer's source id for a producer's lane (its own
+        sequence numbers at the same actor)."""
         self.name = name
         self.actor = actor
+        self._source = source
         self._max_bytes = max_bytes
         self._max_inflight = max_inflight
         self._dead_after_s = dead_after_s
@@ -82,10 +85,12 @@ class Lane:
         self._pid = 0  # of the actor, from its latest answer
         self._node_id = ""
         # The first answer we wait for is the actor opening its tracker.
-        self._probe: Any = actor.ready.remote()
+        self._probe: Any = self._ready()
         self._probe_deadline = time.monotonic() + startup_timeout_s
         self._lags: deque[float] = deque(maxlen=_LAGS_KEPT)
         self.report = LaneReport(name=name)
+        self.sources: dict[str, int] = {}
+        """How far each producer's batches got at this lane's actor, as of its latest answer."""
 
     # -- feeding -------------------------------------------------------------------------
     def has_room(self, nbytes: int) -> bool:
@@ -218,6 +223,7 @@ class Lane:
             self._handed.popitem(last=False)
         self._last_sent = max(self._last_sent, self._acked)
         self._pid, self._node_id = ack.pid, ack.node_id
+        self.sources = ack.sources
         self.report.take(ack)
 
     def _actor_lost(self, exc: Exception) -> None:
@@ -237,7 +243,7 @@ class Lane:
         self._handed.clear()
         self._acked = self._durable  # the successor starts from what the store holds
         self._restart_sending()
-        self._probe = self.actor.ready.remote()
+        self._probe = self._ready()
 
     def _check_probe(self) -> None:
         done, _ = ray.wait([self._probe], timeout=0)
@@ -251,15 +257,24 @@ class Lane:
             self._die(f"actor died: {type(exc).__name__}")
             return
         except RayActorError:
-            self._probe = self.actor.ready.remote()  # still restarting: ask again
+            self._probe = self._ready()  # still restarting: ask again
             return
         except Exception as exc:  # ready() itself raised, or answered garbage: ask again, then give up
             self._task_failed(exc)
             if not self._dead:
-                self._probe = self.actor.ready.remote()
+                self._probe = self._ready()
             return
         self._probe = None
         self.accept(ack)
+
+    def refresh(self) -> None:
+        """Ask the actor for fresh figures (how far each producer got) unless a question is out already."""
+        if self._probe is None and not self._dead:
+            self._probe_deadline = time.monotonic() + self._dead_after_s
+            self._probe = self._ready()
+
+    def _ready(self) -> Any:
+        return self.actor.ready.remote(self._source) if self._source else self.actor.ready.remote()
 
     def _restart_sending(self) -> None:
         self._calls.clear()
@@ -289,7 +304,8 @@ class Lane:
                 continue
             if entry.ref is None and not self._load(entry):
                 continue
-            ref = self.actor.apply.remote(seq, self._last_sent, entry.ref, *final)
+            ref = self.actor.apply.remote(seq, self._last_sent, entry.ref, bool(final), self._source) if self._source \
+                else self.actor.apply.remote(seq, self._last_sent, entry.ref, *final)
             self._calls[ref] = seq
             self._last_sent = seq
 

@@ -28,7 +28,9 @@ log = logging.getLogger("tracklane")
 @dataclass(slots=True, kw_only=True)
 class LaneState:
     applied: int = 0
-    """Sequence number of the last batch written into the tracker."""
+    """Sequence number of the trainer's last batch the tracker holds durably."""
+    sources: dict[str, int] = field(default_factory=dict)
+    """The same for each producer (``Tracking.producer``), by its source id: producers number their own batches."""
     resume: dict[str, Any] | None = None
     """What the sink's open() returned (e.g. the tracker run id); None before the first open."""
     counts: SinkCounts = field(default_factory=SinkCounts)
@@ -44,6 +46,7 @@ class LaneState:
             with open(path, "rb") as handle:
                 data = msgpack.unpackb(handle.read(), raw=False)
             return cls(applied=int(data["applied"]), resume=data.get("resume"),
+                       sources={str(k): int(v) for k, v in (data.get("sources") or {}).items()},
                        counts=SinkCounts.from_plain(data.get("counts") or {}), pending=int(data.get("pending") or 0),
                        mark=data.get("mark"), path=path)
         except FileNotFoundError:
@@ -57,6 +60,7 @@ class LaneState:
         tmp = f"{self.path}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as handle:
-            handle.write(msgpack.packb({"applied": self.applied, "resume": self.resume, "counts": self.counts.to_plain(),
+            handle.write(msgpack.packb({"applied": self.applied, "sources": self.sources, "resume": self.resume,
+                                        "counts": self.counts.to_plain(),
                                         "pending": self.pending, "mark": self.mark}, use_bin_type=True))
         os.replace(tmp, self.path)

@@ -25,6 +25,8 @@ class LaneOpening:
     """Folder of the lane's durable acknowledgement state."""
     sink_retries: int
     retry_backoff_s: float
+    trainer_node: str = ""
+    """Ray node id of the trainer: a lane on another node says so where it reports its paths."""
 
     def pack(self) -> bytes:
         run = self.run
@@ -34,6 +36,7 @@ class LaneOpening:
                     "run_id": run.run_id, "resume": run.resume},
             "settings": self.settings, "state_dir": self.state_dir,
             "sink_retries": self.sink_retries, "retry_backoff_s": self.retry_backoff_s,
+            "trainer_node": self.trainer_node,
         }, use_bin_type=True)
 
     @classmethod
@@ -41,4 +44,4 @@ class LaneOpening:
         spec = msgpack.unpackb(blob, raw=False)
         return cls(backend=spec["backend"], run=RunSpec(**spec["run"]), settings=spec["settings"],
                    state_dir=spec["state_dir"], sink_retries=int(spec["sink_retries"]),
-                   retry_backoff_s=float(spec["retry_backoff_s"]))
+                   retry_backoff_s=float(spec["retry_backoff_s"]), trainer_node=str(spec.get("trainer_node") or ""))

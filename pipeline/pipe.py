@@ -40,6 +40,9 @@ class Pipe(Protocol):
     def close(self, exit_code: int, timeout: float) -> PipelineReport:
         """Drain, close every tracker with ``exit_code``, and report; bounded by ``timeout``."""
 
+    def producer(self, name: str, key_prefix: str | None) -> Any:
+        """A ``Producer`` for logging into this run from other processes (asynchronous path only)."""
+
 
 def open_pipe(log_async: bool, cfg: AsyncLogConfig, limits: RecordLimits, run: RunSpec,
               backends: dict[str, tuple[type, dict[str, Any]]], env: Mapping[str, str]) -> Pipe:

@@ -95,13 +95,16 @@ class PipelineReport:
     timed_out: bool = False
     spool: SpoolReport | None = None
     """The durable spool, when it is on."""
+    producers: dict[str, ProducerReport] = field(default_factory=dict)
+    """Every producer (``Tracking.producer``) that logged, by source id (one per producer and process)."""
 
     @property
     def complete(self) -> bool:
         """Nothing buffered, dropped, failed or unacknowledged anywhere."""
         return (not self.timed_out and self.buffered_records == 0 and self.dropped_records == 0
                 and self.rejected_records == 0 and all(lane.complete for lane in self.lanes.values())
-                and (self.spool is None or self.spool.damaged == 0))
+                and (self.spool is None or self.spool.damaged == 0)
+                and all(producer.complete for producer in self.producers.values()))
 
     def summary(self) -> str:
         head = (f"tracklane: {'complete' if self.complete else 'INCOMPLETE'} in {self.elapsed_s:.2f} s; "
@@ -109,12 +112,45 @@ class PipelineReport:
                 f"{self.skipped_values} non-numeric values skipped, {self.rejected_records} records rejected, "
                 f"{self.truncated_strings} strings truncated, {self.sampled_out} samples left out")
         lines = [head, *(f"  {lane.line()}" for lane in self.lanes.values())]
+        lines += [f"  {producer.line()}" for producer in self.producers.values()]
         if self.spool is not None:
             lines.append(f"  {self.spool.line()}")
             behind = [name for name, lane in self.lanes.items() if lane.unacked_records]
             if behind:
                 lines.append(f"  not delivered yet, kept in the spool; deliver with: {self.spool.replay_command(behind)}")
         return "\n".join(lines)
+
+
+@dataclass(slots=True, kw_only=True)
+class ProducerReport:
+    """One producer in one process, as it last told the run's hub (it reports every 0.25 s and at each flush)."""
+
+    name: str
+    source: str
+    """Its source id: the name and a random suffix per process."""
+    logged: int = 0
+    shipped: int = 0
+    """Records handed to the lanes."""
+    dropped: int = 0
+    """Records its buffer or a lane dropped (each bound's overflow, a lane given up)."""
+    rejected: int = 0
+    unshipped: int = 0
+    """Records it had logged but not shipped at its last report: lost if its process died."""
+    closed: bool = False
+    """It flushed and stopped before the run finished."""
+    lanes_behind: list[str] = field(default_factory=list)
+    """Lanes that had not been handed its last shipped batch when the run finished."""
+
+    @property
+    def complete(self) -> bool:
+        return self.unshipped == 0 and self.dropped == 0 and self.rejected == 0 and not self.lanes_behind
+
+    def line(self) -> str:
+        text = (f"producer {self.source}: {self.logged} logged, {self.shipped} shipped, {self.dropped} dropped, "
+                f"{self.rejected} rejected, {self.unshipped} not shipped")
+        if self.lanes_behind:
+            text += f", not yet in: {', '.join(self.lanes_behind)}"
+        return text
 
 
 @dataclass(slots=True, kw_only=True)

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,7 @@ class _Barrier:
     deadline: float
     started: float = field(default_factory=time.monotonic)
     target: int | None = None  # last seq that must be settled
+    producer_targets: dict[str, int] | None = None  # closing: source id -> the producer's last batch before finish
     calls: dict[str, Any] = field(default_factory=dict)  # lane -> ref of flush()/close()
     done: threading.Event = field(default_factory=threading.Event)
     report: PipelineReport | None = None
@@ -76,8 +78,19 @@ class SpoolReloader:
 
 class Shipper:
     def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, buffer: RecordBuffer, lanes: dict[str, Lane],
-                 spooling: Spooling | None = None, first_seq: int = 0) -> None:
+                 spooling: Spooling | None = None, first_seq: int = 0, owns_trackers: bool = True,
+                 progress: Callable[[Shipper, bool], None] | None = None, hub: Any = None) -> None:
+        """``owns_trackers``: rank 0's shipper closes the trackers at its close; a producer's only drains.
+        ``progress(shipper, force)`` runs after each round (a producer tells the hub how far it got).
+        ``hub``: rank 0's ``ProducerHub`` handle, if producers were made: its close waits for them."""
         self._cfg = cfg
+        self._owns_trackers = owns_trackers
+        self._progress = progress
+        self.hub = hub
+        self._hub_ref: Any = None  # a snapshot() call in flight
+        self._hub_view: bytes | None = None  # the latest snapshot
+        self.shipped_records = 0  # records handed to the lanes (health records included)
+        self.taken = 0  # items taken out of the buffer
         self._buffer = buffer
         self._lanes = lanes
         self._converter = Converter(limits)
@@ -97,6 +110,19 @@ class Shipper:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def seq(self) -> int:
+        """The last batch handed to the lanes."""
+        return self._seq
+
+    @property
+    def lanes(self) -> dict[str, Lane]:
+        return self._lanes
+
+    @property
+    def rejected_records(self) -> int:
+        return self._converter.rejected
 
     # -- called from the trainer's thread (they only post a request and wait) ------------
     def flush(self, timeout: float) -> PipelineReport:
@@ -136,6 +162,8 @@ class Shipper:
                 self._tell_about_dead_lanes()
                 self._release()
                 self._serve_barriers()
+                if self._progress is not None:
+                    self._progress(self, False)
                 failures = 0
             except Exception:  # a bug here must not end delivery: log it, back off, go on
                 failures += 1
@@ -159,6 +187,7 @@ class Shipper:
     def _ship(self, force: bool) -> None:
         while not self._closing and self._buffer and (force or self._buffer.due(self._cfg.flush_interval_s) == 0):
             items = self._buffer.take(self._cfg.max_batch_bytes)
+            self.taken += len(items)
             records = self._records(items)
             if records:
                 self._send(records)
@@ -202,6 +231,7 @@ class Shipper:
         if self._spooling is not None:  # on disk before any lane can see it
             self._evicted(self._spooling.spool.append(self._seq, len(records), oldest, blob))
         entry = Entry(seq=self._seq, ref=ray.put(blob), nbytes=len(blob), records=len(records), oldest_log_time=oldest)
+        self.shipped_records += len(records)
         for lane in self._lanes.values():
             if self._cfg.overflow == "block":
                 self._wait_for_room(lane, entry.nbytes)
@@ -308,7 +338,8 @@ class Shipper:
             if barrier.target is None:  # everything logged before the request goes out first
                 self._ship(force=True)
                 barrier.target = self._seq
-            if not barrier.calls and (self._all_settled(barrier.target) or now >= barrier.drain_deadline):
+            if not barrier.calls and ((self._all_settled(barrier.target) and self._producers_settled(barrier))
+                                      or now >= barrier.drain_deadline):
                 barrier.calls = self._call_lanes(barrier)
             if barrier.calls and (self._calls_done(barrier) or now >= barrier.deadline):
                 self._answer(barrier, timed_out=now >= barrier.deadline)
@@ -316,13 +347,43 @@ class Shipper:
     def _all_settled(self, target: int) -> bool:
         return all(lane.settled(target) for lane in self._lanes.values())
 
+    def _producers_settled(self, barrier: _Barrier) -> bool:
+        """Closing: every live lane has what each producer handed it before finish() (as the hub knew it)."""
+        if not barrier.closing or self.hub is None:
+            return True
+        view = self._poll_hub()
+        if barrier.producer_targets is None:
+            if view is None:
+                return False
+            from .producer import targets
+
+            barrier.producer_targets = targets(view)
+        behind = [lane for lane in self._lanes.values() if not lane.dead
+                  and any(lane.sources.get(source, 0) < seq for source, seq in barrier.producer_targets.items())]
+        for lane in behind:
+            lane.refresh()  # ask its actor how far each producer got
+        return not behind
+
+    def _poll_hub(self) -> bytes | None:
+        """The hub's latest snapshot, asking again when the last answer came (never blocks)."""
+        if self._hub_ref is None:
+            self._hub_ref = self.hub.snapshot.remote()
+        if ray.wait([self._hub_ref], timeout=0)[0]:
+            try:
+                self._hub_view = ray.get(self._hub_ref)
+            except Exception as exc:  # the hub died: producers cannot be waited for
+                log.warning("tracklane: the producers' hub cannot be read (%s); not waiting for producers", exc)
+                self.hub, self._hub_view = None, b"\x80"
+            self._hub_ref = None
+        return self._hub_view
+
     def _call_lanes(self, barrier: _Barrier) -> dict[str, Any]:
         calls = {}
         for name, lane in self._lanes.items():
             if barrier.closing:
                 self._closing = True
                 lane.freeze()  # nothing may reach a tracker after its close
-            if not lane.dead:
+            if not lane.dead and self._owns_trackers:  # a producer's lanes settled: nothing to ask the trackers
                 method = lane.actor.close if barrier.closing else lane.actor.flush
                 calls[name] = method.remote(barrier.exit_code) if barrier.closing else method.remote()
         return calls or {"": None}  # nothing to call: the barrier is answered at once
@@ -345,8 +406,11 @@ class Shipper:
         if barrier.closing:
             self._close_spool(barrier.exit_code)
         barrier.report = self._report(barrier, timed_out=timed_out or unsettled)
+        if self._progress is not None:
+            self._progress(self, True)
         if barrier.closing:
-            self._kill_actors()
+            if self._owns_trackers:
+                self._kill_actors()
             self._finished = True
         with self._buffer.ready:
             self._barriers.remove(barrier)
@@ -380,4 +444,17 @@ class Shipper:
             elapsed_s=time.monotonic() - barrier.started,
             timed_out=timed_out,
             spool=self._spool_report(),
+            producers=self._producer_reports(barrier.closing),
         ))
+
+    def _producer_reports(self, closing: bool) -> dict[str, Any]:
+        if closing and self.hub is not None:  # the producers' last words (a wait of a few ms)
+            try:
+                self._hub_view = ray.get(self.hub.snapshot.remote(), timeout=2.0)
+            except Exception as exc:
+                log.warning("tracklane: the producers' hub cannot be read (%s)", exc)
+        if self._hub_view is None:
+            return {}
+        from .producer import producer_reports
+
+        return producer_reports(self._hub_view, self._lanes)

@@ -18,6 +18,7 @@ from .backends import SINK_HOST, load
 from .captured import STEP, Captured
 from .config import AsyncLogConfig
 from .convert import Converter
+from .errors import ConfigError
 from .records import RunSpec
 from .report import LaneInfo, LaneReport, PipelineReport
 from .rich import RecordLimits
@@ -59,6 +60,9 @@ class SyncPipeline:
         for host in self._hosts.values():
             host.flush()
         return self._report(started)
+
+    def producer(self, name: str, key_prefix: str | None) -> Any:
+        raise ConfigError("Tracking.producer() needs trainer.log_async: true (producers ship to the lane actors)")
 
     def close(self, exit_code: int, timeout: float) -> PipelineReport:
         """Close every tracker in turn (in-process closes cannot be cut short: ``timeout`` is not applied)."""

@@ -18,28 +18,25 @@ import os
 import re
 import secrets
 import sys
-import time
 import traceback
-from collections.abc import Sequence
 from typing import Any
 
 from .backends import BACKENDS, backend_names, resolve_backends
 from .config import async_log_config, trainer_section
-from .convert import METRICS
 from .errors import ConfigError
+from .log_calls import LogCalls
 from .params import plain_config
 from .pipe import open_pipe
 from .records import RunSpec
 from .report import LaneInfo, PipelineReport
 from .rich import record_limits
 from .spool_manifest import default_spool_dir
-from .values import BYTES_PER_ENTRY, as_number
+from .values import as_number
 
 log = logging.getLogger("tracklane")
-_now = time.time
 
 
-class Tracking:
+class Tracking(LogCalls):
     """Log metrics from the rank-0 trainer to every configured tracker."""
 
     supported_backend = list(BACKENDS)
@@ -76,79 +73,16 @@ class Tracking:
         """The id every tracker knows this run by; pass it back with ``resume=True`` to continue the run."""
         return self.run.run_id
 
-    def log(self, data: dict, step: int, backend: str | list[str] | None = None) -> None:
-        """Hand over the metrics of one step. In async mode this is a shallow copy and an append."""
-        try:
-            if self._report is not None:
-                return self._drop_late()
-            values = data.copy() if type(data) is dict else dict(data)
-            self._put((step, values, _now(), backend, METRICS, len(values) * BYTES_PER_ENTRY))  # a Captured
-        except Exception:  # bad input must never stop the training loop; it is counted
-            self._reject("log", data)
-
-    # -- rich records: each takes a cheap copy here; conversion happens off this thread -------
-    def log_generations(self, samples: Sequence[Sequence[Any]], step: int, backend: str | list[str] | None = None,
-                        key: str = "val/generations") -> None:
-        """Validation samples of ``(input, output, score)``, as verl's ValidationGenerationsLogger gets them."""
-        try:
-            rows = list(samples)
-            size = sum(len(row[0]) + len(row[1]) for row in rows if len(row) >= 2) + 64 * len(rows)
-            self._rich("generations", step, (rows, key), backend, size)
-        except Exception:
-            self._reject("log_generations", samples)
-
-    def log_trajectories(self, trajectories: Sequence[Any], step: int, backend: str | list[str] | None = None,
-                         key: str = "rollout/trajectories") -> None:
-        """Rollout trajectories: dicts (or ``Trajectory``) with messages, tool_calls, rewards, meta, token_ids."""
-        try:
-            items = list(trajectories)
-            self._rich("trajectories", step, (items, key), backend, _trajectories_size(items))
-        except Exception:
-            self._reject("log_trajectories", trajectories)
-
-    def log_histogram(self, name: str, values: Any, step: int, backend: str | list[str] | None = None) -> None:
-        """A distribution (rewards, advantages, KL per token ...): a list, array or tensor of numbers."""
-        try:
-            copied = values.copy() if hasattr(values, "copy") else list(values)  # arrays change in place
-            self._rich("histogram", step, (name, copied), backend, 8 * len(copied) + 64)
-        except Exception:
-            self._reject("log_histogram", values)
-
-    def log_text(self, name: str, text: str, step: int, backend: str | list[str] | None = None) -> None:
-        try:
-            self._rich("text", step, (name, text), backend, len(text) + 64)
-        except Exception:
-            self._reject("log_text", text)
-
-    def log_image(self, name: str, image: Any, step: int, backend: str | list[str] | None = None) -> None:
-        """PNG bytes, or an HxW / HxWxC uint8 array (encoded to PNG off the caller's thread)."""
-        try:
-            if isinstance(image, bytes):
-                self._rich("image", step, (name, image), backend, len(image))
-            else:
-                copied = image.copy()  # arrays change in place
-                self._rich("image", step, (name, copied), backend, copied.nbytes)
-        except Exception:
-            self._reject("log_image", image)
-
-    def log_artifact(self, path: str, name: str | None = None, type: str = "artifact", step: int = 0,
-                     backend: str | list[str] | None = None) -> None:
-        """A file to store with the run (read by the trackers later: keep it in place until finish())."""
-        try:
-            absolute = os.path.abspath(path)
-            self._rich("artifact", step, (absolute, name or os.path.basename(absolute), type), backend, 256)
-        except Exception:
-            self._reject("log_artifact", path)
-
-    def _rich(self, kind: str, step: int, payload: tuple, backend: Any, size: int) -> None:
+    def producer(self, name: str, key_prefix: str | None = None) -> Any:
+        """A picklable ``Producer`` that logs into this run from any Ray actor or task (``log_async: true``):
+        the same ``log*()`` calls and ``flush(timeout)``, each producer's records in its own order, keys
+        prefixed with ``key_prefix`` (default ``"<name>/"``; ``""`` for none). ``finish()`` waits (within its
+        deadline) for what live producers shipped before it and reports each of them."""
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+            raise ConfigError(f"a producer name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}")
         if self._report is not None:
-            return self._drop_late()
-        self._put((step, payload, _now(), backend, kind, size))  # a Captured
-
-    def _reject(self, call: str, data: Any) -> None:
-        self._rejected += 1
-        log.warning("tracklane: %s() could not take %s; skipped and counted", call, type(data).__name__,
-                    exc_info=True)
+            raise ConfigError("Tracking.producer() after finish()")
+        return self._pipe.producer(name, key_prefix)
 
     def health(self) -> dict[str, float | int]:
         """The pipeline's latest ``tracklane/*`` figures (lag, queue bytes, drops), as of the last batch
@@ -219,30 +153,6 @@ def _checked_run_id(run_id: str) -> str:
     if not isinstance(run_id, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run_id):
         raise ConfigError(f"run_id must be 1-64 letters, digits, '_' or '-', got {run_id!r}")
     return run_id
-
-
-_SIZE_SAMPLES = 8
-
-
-def _trajectories_size(items: list) -> int:
-    """Rough bytes of a list of trajectories, from at most 8 evenly spaced ones: sizing all 256 of a
-    step on the caller's thread cost ~0.3 ms, and the buffer's bound only needs an estimate."""
-    if len(items) <= _SIZE_SAMPLES:
-        return sum(map(_trajectory_size, items))
-    stride = len(items) / _SIZE_SAMPLES
-    sampled = sum(_trajectory_size(items[int(i * stride)]) for i in range(_SIZE_SAMPLES))
-    return sampled * len(items) // _SIZE_SAMPLES
-
-
-def _trajectory_size(item: Any) -> int:
-    """Rough bytes of one trajectory (text and token ids), for the buffer's bound; kept cheap."""
-    if type(item) is not dict:
-        return 4096
-    size = 256
-    for message in item.get("messages") or ():
-        size += len(message.get("content") or "")
-    token_ids = item.get("token_ids")
-    return size if token_ids is None else size + 4 * len(token_ids)
 
 
 # -- finishing at interpreter exit ---------------------------------------------------------

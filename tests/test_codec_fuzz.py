@@ -714,6 +714,7 @@ _ACK_WIRE = msgpack.unpackb(Ack(applied=3, error="e", counts=SinkCounts(unsuppor
 def _ack_field(annotation: str) -> st.SearchStrategy:
     return {"int": st.integers(-(2**63), 2**64 - 1), "bool": st.booleans(), "str": st.text(max_size=12),
             "str | None": st.none() | st.text(max_size=12), "int | None": st.none() | st.integers(-(2**63), 2**64 - 1),
+            "dict[str, int]": st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**64 - 1), max_size=3),
             "SinkCounts": st.builds(SinkCounts, failed_records=st.integers(0, 2**63), artifacts_missing=st.integers(0, 9),
                                     unsupported=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3),
                                     cuts=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3))}[annotation]
@@ -725,6 +726,7 @@ _acks = st.fixed_dictionaries({f.name: _ack_field(str(f.type)) for f in dataclas
 def _ack_well_typed(ack: Ack) -> bool:
     counts = ack.counts
     return (type(ack.applied) is int and type(ack.pid) is int and (ack.durable is None or type(ack.durable) is int)
+            and _str_map(ack.sources, lambda n: type(n) is int)
             and all(type(getattr(ack, f.name)) is bool for f in dataclasses.fields(Ack) if f.type == "bool")
             and (ack.error is None or type(ack.error) is str) and type(ack.where) is str and type(ack.node_id) is str
             and type(counts.failed_records) is int and type(counts.artifacts_missing) is int

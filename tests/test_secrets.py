@@ -59,9 +59,9 @@ def test_no_secret_reaches_a_tracker_the_spool_a_log_line_or_ray(tmp_path, offli
     text = (captured.out + captured.err + caplog.text).encode()
     assert not [n for n in needles if n in text]  # console lines, warnings, the summary
     assert not [n for n in needles if any(n in blob for blob in openings)]  # the actors' start arguments
-    from pipeline.async_pipeline import _forwarded_env
+    from pipeline.placement import forwarded_env
 
-    forwarded = _forwarded_env(os.environ)
+    forwarded = forwarded_env(os.environ)
     assert not set(SECRETS) & set(forwarded) and "WANDB_MODE" in forwarded  # runtime_env keeps only settings
     session = Path(ray._private.worker._global_node.get_session_dir_path())
     assert not _grep(session / "logs", needles)  # Ray's own logs of this session (actor specs, runtime env)

@@ -301,3 +301,18 @@ def test_durable_means_on_disk_and_a_successor_after_a_kill_stores_each_step_onc
     assert back.duplicates() == []
     assert_same_scalars(back.scalars(), expected(records[: (batches + 20) * 7]))
     assert back.params == plain_config(CONFIG)
+
+
+def test_steps_behind_the_newest_are_counted_not_silently_dropped(wandb_dir):
+    """wandb drops a step lower than its newest: the sink counts those values (cuts["step_behind"]) and keeps
+    their table rows out of later increments; the steps in order arrive as usual."""
+    from pipeline.records import Generations
+
+    sink = make_sink()
+    sink.open(None)
+    sink.write([Metrics(step=5, values={"a": 1.0, "b": 2.0}, time=0.0), Metrics(step=3, values={"a": 9.0}, time=0.0),
+                Generations(step=4, samples=[("in", "out", 1.0)], key="val/generations", time=0.0),
+                Metrics(step=6, values={"a": 3.0}, time=0.0)])
+    sink.close(0)
+    assert sink.counts.cuts == {"step_behind": 2}
+    assert sorted(read_wandb_run(wandb_dir).points) == [(5, "a", 1.0), (5, "b", 2.0), (6, "a", 3.0)]

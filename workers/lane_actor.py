@@ -34,78 +34,106 @@ class LaneActor:
 
     def __init__(self, lane: str, opening: bytes) -> None:
         spec = LaneOpening.unpack(opening)
+        os.makedirs(spec.state_dir, mode=0o700, exist_ok=True)  # on another node than the trainer's: made here
         self._state = LaneState.load(os.path.join(spec.state_dir, f"{lane}.state"))
         sink = backend_class(spec.backend)(spec.run, spec.settings)
+        node_id = _node_id()
         self._host = SinkHost(lane, sink, spec.sink_retries, spec.retry_backoff_s, resume=self._state.resume,
-                              counts=self._state.counts, node_id=_node_id())
+                              counts=self._state.counts, node_id=node_id,
+                              node_note=_node_note(node_id) if spec.trainer_node and node_id != spec.trainer_node else "")
         if self._state.pending and self._state.mark is not None:  # the previous actor died inside a write
             self._host.rollback(self._state.mark)
         self._state.pending, self._state.mark = 0, None
-        self._written = self._state.applied  # the last batch handed to the tracker; the state keeps the durable one
-        self._not_durable: deque[tuple[int, Any]] = deque()  # (seq, the sink's point) handed but not durable yet
+        # Per source (the trainer "", each producer): the last batch handed to the tracker; the state keeps
+        # the durable one.
+        self._written = {"": self._state.applied, **self._state.sources}
+        self._not_durable: deque[tuple[str, int, Any]] = deque()  # (source, seq, sink's point) not durable yet
         if self._host.open():
             self._save()
 
-    def ready(self) -> bytes:
+    def ready(self, source: str = "") -> bytes:
         """Whether the tracker opened, and what was applied before (non-zero after a restart)."""
-        return self._answer()
+        return self._answer(source)
 
-    def apply(self, seq: int, prev: int, blob: bytes, final: bool = False) -> bytes:
-        """Write batch ``seq`` if it follows ``prev``, the last batch the lane sent before it. ``final``:
-        the lane waited long enough (max_outage_s); count what does not arrive instead of holding it."""
-        if seq <= self._written:  # a re-send of what the tracker has already
+    def apply(self, seq: int, prev: int, blob: bytes, final: bool = False, source: str = "") -> bytes:
+        """Write batch ``seq`` of ``source`` if it follows ``prev``, the last batch that source's lane sent
+        before it. ``final``: the lane waited long enough (max_outage_s); count what does not arrive
+        instead of holding it. Each source (the trainer, each producer) numbers its own batches."""
+        written = self._written.get(source, 0)
+        if seq <= written:  # a re-send of what the tracker has already
             self._settle()
-            return self._answer()
-        if prev != self._written:
-            return self._answer(gap=True)
+            return self._answer(source)
+        if prev != written:
+            return self._answer(source, gap=True)
         try:
             batch = decode_batch(blob)
         except CodecError as exc:
-            self._host.note_error(f"corrupt batch {seq}: {exc}")
+            self._host.note_error(f"corrupt batch {seq}{f' of {source}' if source else ''}: {exc}")
         else:
             mark = self._host.mark(batch.records)
             if mark is not None:
                 self._state.pending, self._state.mark = seq, mark
                 self._save()
             if not self._host.write(batch.records, hold=not final, durable=True):
-                return self._answer(held=True)  # the mark stays: rolling back to it undoes nothing
-        self._written = seq
-        self._not_durable.append((seq, self._host.written()))
+                return self._answer(source, held=True)  # the mark stays: rolling back to it undoes nothing
+        self._written[source] = seq
+        self._not_durable.append((source, seq, self._host.written()))
         self._state.pending, self._state.mark = 0, None
         self._settle()
         self._save()
-        return self._answer()
+        return self._answer(source)
 
     def _settle(self) -> None:
-        """Move the durable watermark over every batch the tracker's store now holds, in order."""
+        """Move the durable watermarks over every batch the tracker's store now holds, in order."""
         while self._not_durable:
-            seq, point = self._not_durable[0]
+            source, seq, point = self._not_durable[0]
             if point is not None and not self._host.durable(point):
                 return
             self._not_durable.popleft()
+            self._set_durable(source, seq)
+
+    def _durable(self, source: str) -> int:
+        return self._state.applied if not source else self._state.sources.get(source, 0)
+
+    def _set_durable(self, source: str, seq: int) -> None:
+        if source:
+            self._state.sources[source] = seq
+        else:
             self._state.applied = seq
 
     def flush(self) -> bytes:
         self._host.flush()
         self._settle()
         self._save()
-        return self._answer()
+        return self._answer("")
 
     def close(self, exit_code: int) -> bytes:
         """End the tracker run; answers with the final figures."""
         if self._host.close(exit_code):  # closed cleanly: its store holds everything handed to it
             self._not_durable.clear()
-            self._state.applied = self._written
+            for source, seq in self._written.items():
+                self._set_durable(source, seq)
         self._save()
-        return self._answer()
+        return self._answer("")
 
     def _save(self) -> None:
         self._state.resume = self._host.resume
         self._state.counts = self._host.counts
         self._state.save()
 
-    def _answer(self, gap: bool = False, held: bool = False) -> bytes:
-        return self._host.ack(self._written, durable=self._state.applied, gap=gap, held=held).pack()
+    def _answer(self, source: str, gap: bool = False, held: bool = False) -> bytes:
+        """The answer to ``source``'s lane; it also says how far every producer got (rank 0's finish waits on it)."""
+        return self._host.ack(self._written.get(source, 0), durable=self._durable(source), gap=gap, held=held,
+                              sources={k: v for k, v in self._written.items() if k}).pack()
+
+
+def _node_note(node_id: str) -> str:
+    """Where the paths in ``where`` are, when that is not the trainer's node."""
+    import socket
+
+    import ray
+
+    return f" [on node {socket.gethostname()} {ray.util.get_node_ip_address()} ({node_id[:12]}), not the trainer's]"
 
 
 def _node_id() -> str:

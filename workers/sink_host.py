@@ -28,8 +28,9 @@ log = logging.getLogger("tracklane")
 class SinkHost:
     def __init__(self, lane: str, sink: Sink, retries: int, backoff_s: float,
                  resume: Mapping[str, Any] | None = None, counts: SinkCounts | None = None,
-                 node_id: str = "", sleep: Callable[[float], None] = time.sleep) -> None:
-        """``resume`` and ``counts`` come from an earlier actor of the same lane (None for a fresh one)."""
+                 node_id: str = "", sleep: Callable[[float], None] = time.sleep, node_note: str = "") -> None:
+        """``resume`` and ``counts`` come from an earlier actor of the same lane (None for a fresh one);
+        ``node_note`` is added to ``where`` (the node the paths are on, when it is not the trainer's)."""
         self.lane = lane
         self.sink = sink
         if counts is not None:
@@ -40,6 +41,7 @@ class SinkHost:
         self._backoff_s = backoff_s
         self._sleep = sleep
         self._node_id = node_id
+        self._node_note = node_note
         self._opened = False
         self._closed = False
         self._failing = False  # the last write failed: warn once per outage, not per batch
@@ -180,8 +182,10 @@ class SinkHost:
         """Undo a write the previous actor did not acknowledge (before this host opens)."""
         self._guard("rollback", self.sink.rollback, mark)
 
-    def ack(self, applied: int, durable: int | None = None, gap: bool = False, held: bool = False) -> Ack:
+    def ack(self, applied: int, durable: int | None = None, gap: bool = False, held: bool = False,
+            sources: dict[str, int] | None = None) -> Ack:
         """This host's figures now, as the lane and the report read them."""
         return Ack(applied=applied, durable=None if durable == applied else durable, gap=gap, held=held,
-                   opened=self._opened, error=self.error, counts=self.counts, where=self.sink.where(), pid=os.getpid(),
-                   node_id=self._node_id)
+                   sources=sources or {},
+                   opened=self._opened, error=self.error, counts=self.counts, where=self.sink.where() + self._node_note,
+                   pid=os.getpid(), node_id=self._node_id)

@@ -160,8 +160,19 @@ class WandbSink(Sink):
         return kept
 
     def _log(self, values: dict[str, Any], step: int) -> None:
-        self._run.log(values, step=step)
-        self._open_step = step if self._open_step is None else max(self._open_step, step)
+        if not self._behind(step, len(values)):
+            self._run.log(values, step=step)
+            self._open_step = step
+
+    def _behind(self, step: int, n: int) -> bool:
+        """wandb drops a step lower than its newest (warning only in this actor's log): count those values."""
+        if self._open_step is None or step >= self._open_step:
+            return False
+        if "step_behind" not in self.counts.cuts:
+            log.warning("tracklane: wandb drops steps lower than the newest it saw (%d < %d); counting the values "
+                        "left out as cuts['step_behind']", step, self._open_step)
+        self.counts.add(self.counts.cuts, "step_behind", n)
+        return True
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         # wandb keeps the newest step's row open, so a record of the same step in the
@@ -221,6 +232,8 @@ class WandbSink(Sink):
                   rows_of: Callable[[R], list[list[Any]]]) -> None:
         """Add each step's rows to the key's incremental table and log them at that step."""
         for step, group in records_by_step(records):
+            if self._behind(step, len(group)):  # before the rows join a table: they would go out at a later step
+                continue
             values = {}
             for record in group:
                 key = key_of(record)

@@ -1,0 +1,249 @@
+"""Logging into the same run from any Ray actor or task: ``Tracking.producer(name)``.
+
+A ``Producer`` is a small picklable spec: the run's lane actors (Ray handles), the run's
+``ProducerHub``, the pipeline settings and its name. Passed to a Ray actor or task, it starts, on
+its first ``log*()`` call in that process, its own bounded buffer and shipper thread (no spool:
+what it shipped lives in Ray; its unshipped tail dies with its process). Its batches go straight
+to the lane actors, numbered in its own sequence (the actors keep a watermark per source), so
+they never pass through rank 0's thread, and each producer's order is kept.
+
+The hub is one small actor per run that every producer reports to (what it logged, shipped and
+dropped, the last batch it handed its lanes): rank 0's ``finish()`` reads it to wait until the
+lanes have what live producers shipped before it was called, and to count what they lost.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .config import AsyncLogConfig
+from .log_calls import LogCalls
+from .rich import RecordLimits
+from .values import BYTES_PER_ENTRY
+
+log = logging.getLogger("tracklane")
+
+_REPORT_EVERY_S = 0.25  # how often a producer tells the hub how far it got (and at each barrier)
+GONE_AFTER_S = 3.0
+"""A producer that has not reported for this long is taken for dead: finish() stops waiting for its batches."""
+
+
+class ProducerHub:
+    """The run's record of its producers (a Ray actor with no CPU): source id -> latest figures."""
+
+    def __init__(self) -> None:
+        self._figures: dict[str, dict[str, Any]] = {}
+        self._at: dict[str, float] = {}  # source -> monotonic time of its latest report
+
+    def update(self, source: str, figures: bytes) -> None:
+        self._figures[source] = msgpack.unpackb(figures, raw=False)
+        self._at[source] = time.monotonic()
+
+    def snapshot(self) -> bytes:
+        now = time.monotonic()
+        return msgpack.packb({source: {**f, "age_s": now - self._at[source]} for source, f in self._figures.items()},
+                             use_bin_type=True)
+
+
+@dataclass(slots=True, kw_only=True)
+class ProducerFigures:
+    """What a producer tells the hub; msgpack of these fields, never pickle."""
+
+    name: str
+    logged: int = 0
+    """Records put into its buffer (calls that passed the copy)."""
+    shipped: int = 0
+    """Records encoded and handed to its lanes."""
+    buffer_dropped: int = 0
+    """Records its buffer dropped (overflow) before they were shipped."""
+    lane_dropped: int = 0
+    """Shipped records a lane dropped (its bound, a dead actor), the most of any lane."""
+    rejected: int = 0
+    """Records the converter refused whole (not a mapping, a bad step ...)."""
+    seq: int = 0
+    """Its last batch handed to the lanes: rank 0's finish waits until every live lane has it."""
+    unacked: int = 0
+    """Records its lanes hold unacknowledged."""
+    closed: bool = False
+    """It flushed and stopped (its process is ending)."""
+
+    def pack(self) -> bytes:
+        return msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
+
+
+class Producer(LogCalls):
+    """``log``, ``log_generations``, ``log_trajectories``, ``log_histogram``, ``log_text``, ``log_image``,
+    ``log_artifact`` and ``flush(timeout)``, as on ``Tracking``, from any process of the Ray job.
+
+    ``key_prefix`` (default ``"<name>/"``) goes before every metric key and rich record name, so
+    producers logging the same keys stay apart; pass ``""`` to log under the keys as given.
+    """
+
+    def __init__(self, name: str, lanes: dict[str, Any], hub: Any, cfg: AsyncLogConfig, limits: RecordLimits,
+                 key_prefix: str | None = None) -> None:
+        self.name = name
+        self.key_prefix = f"{name}/" if key_prefix is None else key_prefix
+        self.backends = list(lanes)
+        self._lanes = lanes
+        self._hub = hub
+        self._cfg = cfg
+        self._limits = limits
+        self._init_local()
+
+    def _init_local(self) -> None:
+        self._pipeline: _ProducerPipeline | None = None
+        self._lock = threading.Lock()
+        self._report = None
+        self._rejected = 0
+        self._put: Any = self._start  # rebound to the buffer's put once started
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Only the spec travels: each process that unpickles it starts its own buffer and shipper.
+        return {"name": self.name, "key_prefix": self.key_prefix, "lanes": self._lanes, "hub": self._hub,
+                "cfg": self._cfg, "limits": self._limits}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.name, self.key_prefix = state["name"], state["key_prefix"]
+        self._lanes, self._hub, self._cfg, self._limits = state["lanes"], state["hub"], state["cfg"], state["limits"]
+        self.backends = list(self._lanes)
+        self._init_local()
+
+    def _start(self, item: Any) -> None:
+        with self._lock:
+            if self._pipeline is None:
+                self._pipeline = _ProducerPipeline(self.name, self._lanes, self._hub, self._cfg, self._limits)
+                self._put = self._pipeline.put
+        self._pipeline.put(item)
+
+    @property
+    def source(self) -> str:
+        """This process's source id for the producer ("" before its first call)."""
+        return self._pipeline.source if self._pipeline is not None else ""
+
+    def log(self, data: dict, step: int, backend: str | list[str] | None = None) -> None:
+        try:
+            prefix = self.key_prefix
+            values = {prefix + key: value for key, value in data.items()} if prefix else dict(data)
+            self._put((step, values, time.time(), backend, "metrics", len(values) * BYTES_PER_ENTRY))  # a Captured
+        except Exception:
+            self._reject("log", data)
+
+    def _rich(self, kind: str, step: int, payload: tuple, backend: Any, size: int) -> None:
+        index = _NAME_INDEX.get(kind)
+        if self.key_prefix and index is not None:
+            payload = payload[:index] + (self.key_prefix + payload[index],) + payload[index + 1:]
+        self._put((step, payload, time.time(), backend, kind, size))  # a Captured
+
+    def _drop_late(self) -> None:  # a producer has no finish of its own: never late
+        pass
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait (up to ``timeout``) until every lane acknowledged what this process logged so far."""
+        if self._pipeline is None:
+            return True
+        return self._pipeline.flush(timeout)
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Flush and stop this process's shipper (at interpreter exit this runs by itself)."""
+        if self._pipeline is None:
+            return True
+        return self._pipeline.close(timeout)
+
+
+_NAME_INDEX = {"generations": 1, "trajectories": 1, "histogram": 0, "text": 0, "image": 0}
+"""Where the key or name sits in each rich kind's payload (log_calls.py builds them)."""
+
+
+class _ProducerPipeline:
+    """One producer's buffer, lanes and shipper thread in one process."""
+
+    def __init__(self, name: str, actors: dict[str, Any], hub: Any, cfg: AsyncLogConfig, limits: RecordLimits) -> None:
+        from .buffer import RecordBuffer
+        from .lane import Lane
+        from .shipper import Shipper
+
+        self.source = f"{name}#{uuid.uuid4().hex[:10]}"
+        cfg = dataclasses.replace(cfg, health_metrics=False, spool=False)  # rank 0 reports the pipeline's figures
+        lanes = {lane: Lane(lane, actor, cfg.lane_max_bytes, cfg.max_inflight_batches,
+                            dead_after_s=max(30.0, cfg.startup_timeout_s / 2), startup_timeout_s=cfg.startup_timeout_s,
+                            backoff_s=max(cfg.retry_backoff_s, 0.05), max_backoff_s=cfg.max_retry_backoff_s,
+                            max_outage_s=cfg.max_outage_s, source=self.source)
+                 for lane, actor in actors.items()}
+        self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
+        self._figures = ProducerFigures(name=name)
+        self._hub = hub
+        self._last_report = 0.0
+        self._shipper = Shipper(cfg, limits, self.buffer, lanes, owns_trackers=False, progress=self._progress)
+        self.put = self.buffer.put
+        self._closed = False
+        self._shipper.start()
+        atexit.register(self._close_at_exit)
+
+    def _progress(self, shipper: Any, force: bool) -> None:
+        """Called by the shipper thread after each round: tell the hub, at most every 0.25 s unless forced."""
+        now = time.monotonic()
+        if not force and now - self._last_report < _REPORT_EVERY_S:
+            return
+        self._last_report = now
+        figures = self._figures
+        lanes = [lane.snapshot() for lane in shipper.lanes.values()]
+        figures.logged = shipper.taken + len(self.buffer) + self.buffer.dropped
+        figures.shipped, figures.seq, figures.rejected = shipper.shipped_records, shipper.seq, shipper.rejected_records
+        figures.buffer_dropped = self.buffer.dropped
+        figures.lane_dropped = max((lane.dropped_records for lane in lanes), default=0)
+        figures.unacked = max((lane.unacked_records for lane in lanes), default=0)
+        try:
+            self._hub.update.remote(self.source, figures.pack())
+        except Exception:  # rank 0 is gone (its hub with it): nothing left to tell
+            pass
+
+    def flush(self, timeout: float) -> bool:
+        return self._shipper.flush(timeout).complete
+
+    def _close_at_exit(self) -> None:
+        import ray
+
+        if ray.is_initialized():  # after ray.shutdown() there is nothing to ship to (and no Ray to start again)
+            self.close(10.0)
+
+    def close(self, timeout: float) -> bool:
+        if self._closed:
+            return True
+        self._closed = True
+        self._figures.closed = True
+        report = self._shipper.close(0, timeout)
+        return report.complete
+
+
+def producer_reports(snapshot: bytes, lanes: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's view of every producer at finish: ``ProducerReport`` by source id."""
+    from .report import ProducerReport
+
+    figures: dict[str, dict[str, Any]] = msgpack.unpackb(snapshot, raw=False)
+    out = {}
+    for source, f in figures.items():
+        behind = sorted(name for name, lane in lanes.items() if not lane.dead and lane.sources.get(source, 0) < f["seq"])
+        out[source] = ProducerReport(
+            name=f["name"], source=source, logged=f["logged"], shipped=f["shipped"],
+            dropped=f["buffer_dropped"] + f["lane_dropped"], rejected=f["rejected"], closed=f["closed"],
+            unshipped=max(0, f["logged"] - f["shipped"] - f["buffer_dropped"] - f["rejected"]), lanes_behind=behind)
+    return out
+
+
+def targets(snapshot: bytes) -> dict[str, int]:
+    """source id -> the last batch it handed its lanes, for the producers still alive (reporting), from a
+    hub snapshot. A dead producer's calls in flight died with it: nothing to wait for."""
+    return {source: int(f["seq"]) for source, f in msgpack.unpackb(snapshot, raw=False).items()
+            if f["closed"] or f["age_s"] < GONE_AFTER_S}
+
+
+__all__ = ["Producer", "ProducerFigures", "ProducerHub", "producer_reports", "targets"]
