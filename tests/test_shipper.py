@@ -253,8 +253,11 @@ def test_close_report_merges_the_trackers_final_answer():
         assert not lane.complete and not report.complete  # failed records make it incomplete
         shipper._thread.join(10)
         assert not shipper._thread.is_alive()
-        with pytest.raises(RayActorError):
-            ray.get(actor.log.remote(), timeout=_DEADLINE_S)  # killed by close
+        with pytest.raises(RayActorError):  # killed by close (ray.kill is asynchronous: a call may still get in)
+            deadline = time.monotonic() + _DEADLINE_S
+            while time.monotonic() < deadline:
+                ray.get(actor.log.remote(), timeout=_DEADLINE_S)
+                time.sleep(0.1)
         later = shipper.flush(1.0)  # no thread left: answered at once, as timed out
         assert later.timed_out
     finally:
