@@ -86,3 +86,16 @@ def test_scaling_quick(tmp_path, mlflow_server_uri):
             for key in ("ratio", "call_us_p50", "call_us_p99", "dropped", "saturated"):
                 assert key in point, (series, key)
     _assert_pngs(result)
+
+
+def test_capacity_quick(tmp_path, mlflow_server_uri):
+    """Every tracker has a bare and a lane figure for scalars (SwanLab has no bare trajectories), and every
+    record the lanes were given was read back from the tracker's own store."""
+    result = _run("capacity", tmp_path, mlflow_server_uri)
+    rows = {(r["tracker"], r["workload"]): r for r in result["rows"]}
+    assert set(rows) == {(t, w) for t in ("file", "tensorboard", "mlflow", "wandb", "swanlab")
+                         for w in ("scalars", "trajectories")}
+    for (tracker, workload), row in rows.items():
+        assert row["complete"] and row["delivered"] == row["units"], row
+        assert ("ratio" in row) == (tracker != "swanlab" or workload == "scalars"), row
+    _assert_pngs(result)

@@ -1,0 +1,225 @@
+"""Each tracker's own ceiling against its lane's throughput, for scalars and for trajectories.
+
+    python -m benchmarks.capacity [--quick] [--out DIR] [--mlflow-uri URI] [--trackers file,tensorboard,...]
+
+For each tracker and workload the same records are written twice in this process kind's best
+plain way, one after the other:
+
+* **bare**: the tracker's SDK called directly, in one process, the way a user would (the file as
+  verl's JSON lines, TensorBoard through torch's ``SummaryWriter``, MLflow ``log_batch`` per step and
+  ``log_dict`` per step of trajectories, wandb ``run.log`` with a ``wandb.Table`` per step, SwanLab
+  ``swanlab.log``);
+* **lane**: ``Tracking`` with ``log_async: true`` and that one tracker: ``log*()`` as fast as the loop
+  goes, then ``finish()``. What arrived is read back from the tracker's own store.
+
+Both are timed from the first write to the end of the tracker's close (opening not counted); the
+figures are records/s, raw MB/s (text plus int32 token ids; 16 bytes a scalar point) and the
+lane/bare ratio. Writes ``capacity.json`` and ``capacity.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks import plots
+from benchmarks.harness import BenchEnv, Clock, common_args, fmt, machine, quiet_stdout, table, write_json
+from benchmarks.readback import RunPlace, read_back
+from benchmarks.workloads import trajectories, trajectory_bytes, verl_scalars
+
+TRACKERS = ["file", "tensorboard", "mlflow", "wandb", "swanlab"]
+TRAJ_KEY = "rollout/trajectories"
+POINT_BYTES = 16  # a scalar point's raw size (key reference + float64), as the other benchmarks count it
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    steps: int
+    trajectories: int  # per step; 0: scalars only
+
+    def records(self) -> list[tuple[int, Any]]:
+        """(step, metrics dict) or (step, list of trajectories), built before anything is timed."""
+        if not self.trajectories:
+            return [(s, {k: float(v) for k, v in verl_scalars(s).items()}) for s in range(self.steps)]
+        return [(s, trajectories(self.trajectories, s)) for s in range(self.steps)]
+
+    def units(self) -> int:
+        """Scalar points, or trajectories, in the whole workload."""
+        return self.steps * (self.trajectories or len(verl_scalars(0)))
+
+    def raw_bytes(self) -> int:
+        return self.units() * (trajectory_bytes() if self.trajectories else POINT_BYTES)
+
+
+def workloads(quick: bool) -> list[Workload]:
+    if quick:
+        return [Workload("scalars", 40, 0), Workload("trajectories", 4, 16)]
+    return [Workload("scalars", 2000, 0), Workload("trajectories", 200, 64)]
+
+
+# -- bare SDKs ------------------------------------------------------------------------------
+def _plain(trajectory: dict) -> dict:
+    return {**trajectory, "token_ids": trajectory["token_ids"].tolist()}
+
+
+def bare_file(place: RunPlace, work: list, is_traj: bool) -> float:
+    started = time.perf_counter()
+    if is_traj:
+        place.rollout_dump.mkdir(parents=True, exist_ok=True)
+        for step, items in work:
+            with open(place.rollout_dump / f"{step}.jsonl", "w", encoding="utf-8") as handle:
+                handle.writelines(json.dumps({**_plain(t), "step": step}) + "\n" for t in items)
+    else:
+        with open(place.file, "w", encoding="utf-8") as handle:
+            for step, values in work:
+                handle.write(json.dumps({"step": step, "data": values}) + "\n")
+    return time.perf_counter() - started
+
+
+def bare_tensorboard(place: RunPlace, work: list, is_traj: bool) -> float:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(place.tensorboard))
+    started = time.perf_counter()
+    for step, payload in work:
+        if is_traj:
+            writer.add_text(TRAJ_KEY, "\n\n".join(json.dumps(_plain(t)) for t in payload), step)
+        else:
+            for key, value in payload.items():
+                writer.add_scalar(key, value, step)
+    writer.close()
+    return time.perf_counter() - started
+
+
+def bare_mlflow(place: RunPlace, work: list, is_traj: bool) -> float:
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from workers.mlflow_sink import mlflow_key  # verl's keys have "@"; MLflow refuses it (the key map is not timed)
+
+    client = MlflowClient(place.mlflow_uri)
+    experiment = client.create_experiment(f"{place.project}-bare")
+    run_id = client.create_run(experiment).info.run_id
+    if not is_traj:
+        work = [(step, {mlflow_key(k): v for k, v in values.items()}) for step, values in work]
+    started = time.perf_counter()
+    for step, payload in work:
+        if is_traj:
+            client.log_dict(run_id, [_plain(t) for t in payload], f"trajectories/{step}.json")
+        else:
+            now = int(time.time() * 1000)
+            client.log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in payload.items()])
+    client.set_terminated(run_id)
+    return time.perf_counter() - started
+
+
+def bare_wandb(place: RunPlace, work: list, is_traj: bool) -> float:
+    import wandb
+
+    run = wandb.init(project=f"{place.project}-bare", dir=str(place.wandb), mode="offline", reinit="create_new")
+    started = time.perf_counter()
+    for step, payload in work:
+        if is_traj:
+            table_ = wandb.Table(columns=["messages", "tool_calls", "rewards", "meta", "token_ids"])
+            for t in payload:
+                table_.add_data(json.dumps(t["messages"]), json.dumps(t["tool_calls"]), json.dumps(t["rewards"]),
+                                json.dumps(t["meta"]), json.dumps(t["token_ids"].tolist()))
+            run.log({TRAJ_KEY: table_}, step=step)
+        else:
+            run.log(payload, step=step)
+    run.finish()
+    return time.perf_counter() - started
+
+
+def bare_swanlab(place: RunPlace, work: list, is_traj: bool) -> float | None:
+    if is_traj:
+        return None  # SwanLab has no table type to compare with; its lane stores trajectories as text
+    import swanlab
+
+    swanlab.init(project=f"{place.project}-bare", mode="offline", logdir=str(place.swanlog))
+    started = time.perf_counter()
+    for step, payload in work:
+        swanlab.log(payload, step=step)
+    swanlab.finish()
+    return time.perf_counter() - started
+
+
+BARE: dict[str, Callable[[RunPlace, list, bool], float | None]] = {
+    "file": bare_file, "tensorboard": bare_tensorboard, "mlflow": bare_mlflow, "wandb": bare_wandb,
+    "swanlab": bare_swanlab,
+}
+
+
+# -- the lane -------------------------------------------------------------------------------
+def lane(place: RunPlace, tracker: str, work: list, is_traj: bool) -> tuple[float, dict[str, Any]]:
+    from pipeline import Tracking
+
+    config = {"trainer": {"log_async": True, "async_log": {"health_metrics": False, "spool": False},
+                          "record_limits": {"max_trajectories": 1_000_000, "max_chars": 1_000_000}}}
+    tracking = Tracking(place.project, place.experiment, [tracker], config=config)
+    tracking.flush(timeout=300)  # the actor is up and its tracker open: not timed
+    started = time.perf_counter()
+    for step, payload in work:
+        if is_traj:
+            tracking.log_trajectories(payload, step=step, key=TRAJ_KEY)
+        else:
+            tracking.log(payload, step=step)
+    report = tracking.finish(timeout=1800)
+    elapsed = time.perf_counter() - started
+    return elapsed, {"complete": report.complete, "read_back": read_back(tracker, place)}
+
+
+def measure(env: BenchEnv, tracker: str, workload: Workload) -> dict[str, Any]:
+    work = workload.records()
+    is_traj = bool(workload.trajectories)
+    with quiet_stdout():
+        bare_s = BARE[tracker](env.place(f"{tracker}-{workload.name}-bare"), work, is_traj)
+        lane_s, check = lane(env.place(f"{tracker}-{workload.name}-lane"), tracker, work, is_traj)
+    stored = check["read_back"]
+    kind = "trajectories" if is_traj else "scalars"
+    delivered = stored.get(kind) if isinstance(stored, dict) else None
+    units, mb = workload.units(), workload.raw_bytes() / 1e6
+    row: dict[str, Any] = {"tracker": tracker, "workload": workload.name, "units": units, "raw_mb": mb,
+                           "lane_s": lane_s, "lane_per_s": units / lane_s, "lane_mb_s": mb / lane_s,
+                           "complete": check["complete"], "delivered": delivered}
+    if bare_s is not None:
+        row.update(bare_s=bare_s, bare_per_s=units / bare_s, bare_mb_s=mb / bare_s, ratio=bare_s / lane_s)
+    return row
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.capacity", description=__doc__.splitlines()[0])
+    common_args(parser, "capacity")
+    parser.add_argument("--trackers", default=",".join(TRACKERS))
+    args = parser.parse_args(argv)
+    clock = Clock()
+    rows = []
+    with BenchEnv(args.mlflow_uri, "capacity") as env:
+        for workload in workloads(args.quick):
+            for tracker in args.trackers.split(","):
+                rows.append(measure(env, tracker, workload))
+                print(f"[{clock.elapsed():6.0f} s] {tracker} / {workload.name} done", flush=True)
+    result = {"machine": machine(), "quick": args.quick, "rows": rows}
+    print(table(["tracker", "workload", "bare /s", "bare MB/s", "lane /s", "lane MB/s", "lane/bare", "delivered"],
+                [[r["tracker"], r["workload"], fmt(r.get("bare_per_s"), 0), fmt(r.get("bare_mb_s")),
+                  fmt(r["lane_per_s"], 0), fmt(r["lane_mb_s"]), fmt(r.get("ratio")),
+                  f"{r['delivered']}/{r['units']}"] for r in rows]))
+    names = list(dict.fromkeys(r["tracker"] for r in rows))
+    series = {w.name: [next((r.get("ratio") for r in rows if r["tracker"] == t and r["workload"] == w.name), None)
+                       for t in names] for w in workloads(args.quick)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    result["plots"] = [str(plots.bars(args.out / "capacity.png", "lane throughput / the tracker's own ceiling",
+                                      names, series, "ratio (1.0 = as fast as the bare SDK)", target=0.8))]
+    write_json(args.out, "capacity", result)
+    print(f"wall time {clock.elapsed():.0f} s; results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
