@@ -42,7 +42,10 @@ class MetricCleaner:
 
     def _clean_into(self, out: dict[str, float | int], prefix: str, values: dict) -> None:
         for key, value in values.items():
-            name = f"{prefix}{key}"
+            name = key if not prefix and type(key) is str else f"{prefix}{key}"
+            if type(value) is float:  # the common case, without a call (as_number returns it as is)
+                out[name] = value
+                continue
             if isinstance(value, dict):
                 self._clean_into(out, f"{name}/", value)
                 continue
