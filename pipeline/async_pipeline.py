@@ -42,10 +42,7 @@ class AsyncPipeline:
                                   sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
                                   trainer_node=trainer_node)
             actor = actor_class.options(**options).remote(name, opening.pack())
-            lane = Lane(name, actor, cfg.lane_max_bytes, cfg.max_inflight_batches,
-                        dead_after_s=max(30.0, cfg.startup_timeout_s / 2), startup_timeout_s=cfg.startup_timeout_s,
-                        reload=reload, backoff_s=max(cfg.retry_backoff_s, 0.05), max_backoff_s=cfg.max_retry_backoff_s,
-                        max_outage_s=cfg.max_outage_s)
+            lane = Lane.configured(name, actor, cfg, reload=reload)
             if spooling is not None:
                 lane.preload(spooling.pending.get(name, ()))
             self._lanes[name] = lane

@@ -20,8 +20,14 @@ log = logging.getLogger("tracklane")
 METRICS = "metrics"
 
 
+_NAME_INDEX = {"generations": 1, "trajectories": 1, "histogram": 0, "text": 0, "image": 0}
+"""Where the key or name sits in each rich kind's payload (log_calls.py builds them)."""
+
+
 class Converter:
-    def __init__(self, limits: RecordLimits) -> None:
+    def __init__(self, limits: RecordLimits, key_prefix: str = "") -> None:
+        """``key_prefix`` goes before every metric key and rich record name (a producer's name)."""
+        self._prefix = key_prefix
         self.metrics = MetricCleaner()
         self.rich = RichConverter(limits)
         self.rejected = 0
@@ -35,9 +41,12 @@ class Converter:
             return None
         only = None if backend is None else ([backend] if isinstance(backend, str) else [str(b) for b in backend])
         if kind == METRICS:
-            values = self.metrics.clean(payload)
+            values = self.metrics.clean(payload, self._prefix)
             return Metrics(step=step, values=values, time=when, only=only) if values else None
+        index = _NAME_INDEX.get(kind)
         try:
+            if self._prefix and index is not None:
+                payload = payload[:index] + (f"{self._prefix}{payload[index]}",) + payload[index + 1:]
             return self.rich.build(kind, step, payload, when, only)
         except Exception as exc:  # malformed input to a log_* call
             self._reject(kind, f"{type(exc).__name__}: {exc}")

@@ -30,6 +30,7 @@ import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
 from .ack import Ack
+from .config import AsyncLogConfig
 from .report import LaneInfo, LaneReport
 
 _LAGS_KEPT = 10_000
@@ -91,6 +92,15 @@ class Lane:
         self.report = LaneReport(name=name)
         self.sources: dict[str, int] = {}
         """How far each producer's batches got at this lane's actor, as of its latest answer."""
+
+    @classmethod
+    def configured(cls, name: str, actor: Any, cfg: AsyncLogConfig, reload: Reload | None = None,
+                   source: str = "") -> Lane:
+        """A lane with the bounds, deadlines and backoff of ``trainer.async_log`` (rank 0's or a producer's)."""
+        return cls(name, actor, cfg.lane_max_bytes, cfg.max_inflight_batches,
+                   dead_after_s=max(30.0, cfg.startup_timeout_s / 2), startup_timeout_s=cfg.startup_timeout_s,
+                   reload=reload, backoff_s=max(cfg.retry_backoff_s, 0.05), max_backoff_s=cfg.max_retry_backoff_s,
+                   max_outage_s=cfg.max_outage_s, source=source)
 
     # -- feeding -------------------------------------------------------------------------
     def has_room(self, nbytes: int) -> bool:
@@ -218,7 +228,7 @@ class Lane:
             if seq > durable:  # sent again from the spool if the actor dies
                 self._handed[seq] = dataclasses.replace(entry, ref=None)
         self._acked = max(self._acked, applied)
-        self._durable = max(self._durable, min(durable, self._acked))
+        self._durable = max(self._durable, durable)  # durable <= applied <= self._acked
         while self._handed and next(iter(self._handed)) <= self._durable:
             self._handed.popitem(last=False)
         self._last_sent = max(self._last_sent, self._acked)

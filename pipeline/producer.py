@@ -28,7 +28,6 @@ import msgpack
 from .config import AsyncLogConfig
 from .log_calls import LogCalls
 from .rich import RecordLimits
-from .values import BYTES_PER_ENTRY
 
 log = logging.getLogger("tracklane")
 
@@ -71,8 +70,6 @@ class ProducerFigures:
     """Records the converter refused whole (not a mapping, a bad step ...)."""
     seq: int = 0
     """Its last batch handed to the lanes: rank 0's finish waits until every live lane has it."""
-    unacked: int = 0
-    """Records its lanes hold unacknowledged."""
     closed: bool = False
     """It flushed and stopped (its process is ending)."""
 
@@ -120,7 +117,8 @@ class Producer(LogCalls):
     def _start(self, item: Any) -> None:
         with self._lock:
             if self._pipeline is None:
-                self._pipeline = _ProducerPipeline(self.name, self._lanes, self._hub, self._cfg, self._limits)
+                self._pipeline = _ProducerPipeline(self.name, self.key_prefix, self._lanes, self._hub, self._cfg,
+                                                   self._limits)
                 self._put = self._pipeline.put
         self._pipeline.put(item)
 
@@ -128,20 +126,6 @@ class Producer(LogCalls):
     def source(self) -> str:
         """This process's source id for the producer ("" before its first call)."""
         return self._pipeline.source if self._pipeline is not None else ""
-
-    def log(self, data: dict, step: int, backend: str | list[str] | None = None) -> None:
-        try:
-            prefix = self.key_prefix
-            values = {prefix + key: value for key, value in data.items()} if prefix else dict(data)
-            self._put((step, values, time.time(), backend, "metrics", len(values) * BYTES_PER_ENTRY))  # a Captured
-        except Exception:
-            self._reject("log", data)
-
-    def _rich(self, kind: str, step: int, payload: tuple, backend: Any, size: int) -> None:
-        index = _NAME_INDEX.get(kind)
-        if self.key_prefix and index is not None:
-            payload = payload[:index] + (self.key_prefix + payload[index],) + payload[index + 1:]
-        self._put((step, payload, time.time(), backend, kind, size))  # a Captured
 
     def _drop_late(self) -> None:  # a producer has no finish of its own: never late
         pass
@@ -159,32 +143,25 @@ class Producer(LogCalls):
         return self._pipeline.close(timeout)
 
 
-_NAME_INDEX = {"generations": 1, "trajectories": 1, "histogram": 0, "text": 0, "image": 0}
-"""Where the key or name sits in each rich kind's payload (log_calls.py builds them)."""
-
-
 class _ProducerPipeline:
     """One producer's buffer, lanes and shipper thread in one process."""
 
-    def __init__(self, name: str, actors: dict[str, Any], hub: Any, cfg: AsyncLogConfig, limits: RecordLimits) -> None:
+    def __init__(self, name: str, key_prefix: str, actors: dict[str, Any], hub: Any, cfg: AsyncLogConfig,
+                 limits: RecordLimits) -> None:
         from .buffer import RecordBuffer
         from .lane import Lane
         from .shipper import Shipper
 
         self.source = f"{name}#{uuid.uuid4().hex[:10]}"
         cfg = dataclasses.replace(cfg, health_metrics=False, spool=False)  # rank 0 reports the pipeline's figures
-        lanes = {lane: Lane(lane, actor, cfg.lane_max_bytes, cfg.max_inflight_batches,
-                            dead_after_s=max(30.0, cfg.startup_timeout_s / 2), startup_timeout_s=cfg.startup_timeout_s,
-                            backoff_s=max(cfg.retry_backoff_s, 0.05), max_backoff_s=cfg.max_retry_backoff_s,
-                            max_outage_s=cfg.max_outage_s, source=self.source)
-                 for lane, actor in actors.items()}
+        lanes = {lane: Lane.configured(lane, actor, cfg, source=self.source) for lane, actor in actors.items()}
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
         self._figures = ProducerFigures(name=name)
         self._hub = hub
         self._last_report = 0.0
-        self._shipper = Shipper(cfg, limits, self.buffer, lanes, owns_trackers=False, progress=self._progress)
+        self._shipper = Shipper(cfg, limits, self.buffer, lanes, owns_trackers=False, progress=self._progress,
+                                key_prefix=key_prefix)
         self.put = self.buffer.put
-        self._closed = False
         self._shipper.start()
         atexit.register(self._close_at_exit)
 
@@ -200,7 +177,6 @@ class _ProducerPipeline:
         figures.shipped, figures.seq, figures.rejected = shipper.shipped_records, shipper.seq, shipper.rejected_records
         figures.buffer_dropped = self.buffer.dropped
         figures.lane_dropped = max((lane.dropped_records for lane in lanes), default=0)
-        figures.unacked = max((lane.unacked_records for lane in lanes), default=0)
         try:
             self._hub.update.remote(self.source, figures.pack())
         except Exception:  # rank 0 is gone (its hub with it): nothing left to tell
@@ -216,9 +192,8 @@ class _ProducerPipeline:
             self.close(10.0)
 
     def close(self, timeout: float) -> bool:
-        if self._closed:
+        if self._figures.closed:
             return True
-        self._closed = True
         self._figures.closed = True
         report = self._shipper.close(0, timeout)
         return report.complete

@@ -32,12 +32,13 @@ class MetricCleaner:
         self._warned: set[str] = set()
         self.skipped = 0
 
-    def clean(self, values: Any) -> dict[str, float | int]:
+    def clean(self, values: Any, prefix: str = "") -> dict[str, float | int]:
+        """``values`` flattened with "/", each key after ``prefix``; what is no number skipped and counted."""
         out: dict[str, float | int] = {}
         if not isinstance(values, dict):
             self._skip("<data>", values)
             return out
-        self._clean_into(out, "", values)
+        self._clean_into(out, prefix, values)
         return out
 
     def _clean_into(self, out: dict[str, float | int], prefix: str, values: dict) -> None:

@@ -56,6 +56,7 @@ class MemorySink(Sink):
         self._path = os.path.join(self.settings["dir"], RECORDS_FILE)
         with open(self._path, "wb" if fresh else "ab"):
             pass
+        self._writes = 0
         return {}
 
     def write(self, records: Sequence[Record]) -> None:
@@ -68,13 +69,13 @@ class MemorySink(Sink):
         blob = encode_batch(Batch(seq=0, created=time.time(), records=list(records)))
         with open(self._path, "ab") as handle:
             handle.write(FRAME_HEADER.pack(len(blob)) + blob)
-        self._writes = getattr(self, "_writes", 0) + 1
+        self._writes += 1
 
     def written(self) -> int | None:
-        return getattr(self, "_writes", 0) if self.settings["store_lag"] else None
+        return self._writes if self.settings["store_lag"] else None
 
     def durable(self, point: int) -> bool:
-        return point <= getattr(self, "_writes", 0) - self.settings["store_lag"]
+        return point <= self._writes - self.settings["store_lag"]
 
     def where(self) -> str:
         return f"memory: {os.path.join(self.settings['dir'], RECORDS_FILE)}"
