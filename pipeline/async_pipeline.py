@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from .report import LaneInfo, PipelineReport
 from .rich import RecordLimits
 from .shipper import Shipper, SpoolReloader
 from .spooling import open_spooling
+from .system_metrics import start_node_sampling
 
 
 class AsyncPipeline:
@@ -54,10 +56,12 @@ class AsyncPipeline:
             sys.setswitchinterval(cfg.gil_switch_interval_s)
         self._shipper.start()
         self.put = self.buffer.put  # log()'s one call into the pipeline
-        self._cfg, self._limits = cfg, limits
+        self._cfg, self._limits, self._run_id = cfg, limits, run.run_id
         self._hub: Any = None
+        self._started = time.time()
+        self._sampling = start_node_sampling(self.put, run.run_id, cfg.system_metrics_s, self._started, trainer_node)
 
-    def producer(self, name: str, key_prefix: str | None) -> Producer:
+    def producer(self, name: str, key_prefix: str | None, axis: str | None = None) -> Producer:
         """A picklable handle for logging into this run from any Ray actor or task (see producer.py)."""
         import ray
 
@@ -65,7 +69,8 @@ class AsyncPipeline:
             self._hub = ray.remote(num_cpus=0, max_restarts=0)(ProducerHub).remote()
             self._shipper.hub = self._hub
         actors = {name: lane.actor for name, lane in self._lanes.items()}
-        return Producer(name, actors, self._hub, self._cfg, self._limits, key_prefix=key_prefix)
+        return Producer(name, actors, self._hub, self._cfg, self._limits, key_prefix=key_prefix, axis=axis,
+                        run=(self._run_id, self._started))
 
     @property
     def health(self) -> dict[str, float | int]:
@@ -85,6 +90,8 @@ class AsyncPipeline:
         return self._shipper.flush(timeout)
 
     def close(self, exit_code: int, timeout: float) -> PipelineReport:
+        if self._sampling is not None:
+            self._sampling.stop()
         try:
             return self._shipper.close(exit_code, timeout)
         finally:

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .captured import SIZE, STEP, TIME, Captured
+from .captured import KIND, OTHER_AXES, SIZE, STEP, TIME, Captured
 
 
 class RecordBuffer:
@@ -83,8 +83,9 @@ class RecordBuffer:
                 out.append(item)
                 taken += item[SIZE]
             self._consumed += taken
-            if out:
-                self._last_taken_step = out[-1][STEP]
+            step = _trainer_step(out)
+            if step is not None:
+                self._last_taken_step = step
             self._woken = False
             self._rearm()
             if out:
@@ -92,9 +93,10 @@ class RecordBuffer:
             return out
 
     def last_step(self) -> Any:
-        """The step of the newest item put (as the caller passed it; None before the first)."""
+        """The trainer's step of the newest item put (as the caller passed it; None before the first)."""
         with self._lock:  # not the hot path: the crash record asks once
-            return self._items[-1][STEP] if self._items else self._last_taken_step
+            step = _trainer_step(self._items)
+            return self._last_taken_step if step is None else step
 
     @property
     def nbytes(self) -> int:
@@ -113,3 +115,12 @@ class RecordBuffer:
             return 0.0
         return max(0.0, oldest + flush_interval_s - time.time())
 
+
+
+def _trainer_step(items: Any) -> Any:
+    """The step of the newest item on the trainer's axis (system metrics and other axes count seconds or
+    a producer's own steps), None if there is none."""
+    for item in reversed(items):
+        if item[KIND] not in OTHER_AXES:
+            return item[STEP]
+    return None

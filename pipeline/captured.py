@@ -35,5 +35,14 @@ class Captured(NamedTuple):
 # Indices for the hot path (literals, so type checkers know the field types).
 STEP: Final = 0
 TIME: Final = 2
+KIND: Final = 4
 SIZE: Final = 5
+
+METRICS_ON_AXIS: Final = "metrics_on_axis"
+"""``log(..., axis=...)``: the payload is (values, axis)."""
+SYSTEM_METRICS: Final = "system_metrics"
+"""A node's system metrics (system_metrics.py): keyed as they are, never prefixed; the step is seconds."""
+OTHER_AXES: Final = frozenset({METRICS_ON_AXIS, SYSTEM_METRICS})
+"""Kinds whose step is not the trainer's."""
 assert Captured._fields[STEP] == "step" and Captured._fields[TIME] == "time" and Captured._fields[SIZE] == "size"
+assert Captured._fields[KIND] == "kind"

@@ -4,6 +4,7 @@ Wire layout (msgpack array)::
 
     ["TLB", 1, seq, created, [record, ...]]
     record = ["metrics", step, time, {name: number}, only]   # only: [backend, ...] or nil
+           | ["metrics", step, time, {name: number}, only, axis]   # a step on another axis (str)
            | [kind, {field: value}]                          # every other kind (records.py)
 
 Decoding treats its input as hostile: sizes are capped before and after
@@ -51,7 +52,9 @@ def encode_batch(batch: Batch, level: int = 3) -> bytes:
 
 def _record_to_wire(record: Record) -> list:
     if isinstance(record, Metrics):  # the common case stays compact
-        return [Metrics.kind, record.step, record.time, record.values, record.only]
+        if record.axis is None:
+            return [Metrics.kind, record.step, record.time, record.values, record.only]
+        return [Metrics.kind, record.step, record.time, record.values, record.only, record.axis]
     fields = {name: getattr(record, name) for name in record.__slots__}
     if isinstance(record, Trajectories):
         fields["trajectories"] = [{name: getattr(t, name) for name in t.__slots__} for t in record.trajectories]
@@ -118,8 +121,10 @@ def _record_from_wire(wire: Any) -> Record:
     _expect(isinstance(wire, list) and len(wire) >= 1, "record must be a non-empty list")
     kind = wire[0]
     if kind == Metrics.kind:
-        _expect(len(wire) == 5, "metrics record must have 5 fields")
-        _, step, when, values, only = wire
+        _expect(len(wire) in (5, 6), "metrics record must have 5 or 6 fields")
+        _, step, when, values, only = wire[:5]
+        axis = wire[5] if len(wire) == 6 else None
+        _expect(axis is None or (type(axis) is str and 0 < len(axis) <= 256), "metrics axis must be a short string")
         _expect(type(step) is int, "metrics step must be an int")
         _expect(type(when) in (int, float), "metrics time must be a number")
         _expect(isinstance(values, dict), "metrics values must be a map")
@@ -130,7 +135,7 @@ def _record_from_wire(wire: Any) -> Record:
                 _expect(type(key) is str, "metric names must be strings")
                 _expect(type(value) in _NUMERIC, f"metric {key!r} must be a number")
         _expect(_is_only(only), "metrics 'only' must be nil or a list of backend names")
-        return Metrics(step=step, time=float(when), values=values, only=only)
+        return Metrics(step=step, time=float(when), values=values, only=only, axis=axis)
     schema = _SCHEMAS.get(kind) if type(kind) is str else None  # a list or map kind is unhashable
     if schema is None:
         raise CodecError(f"malformed batch: unknown record kind {_short(kind)}")

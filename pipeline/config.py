@@ -38,6 +38,9 @@ class AsyncLogConfig:
     """zstd level for batches (1 fastest .. 19 smallest)."""
     finish_timeout_s: float = 60.0
     """Deadline for finish(): draining every lane and closing every tracker."""
+    system_metrics_s: float = 10.0
+    """Every this many seconds, one sampler per node hosting the trainer or a producer logs
+    ``system/<node>/...`` (CPU, memory, disk, network, GPUs) on the axis ``system/elapsed_s``; 0: off."""
     startup_timeout_s: float = 120.0
     """Deadline for the lane actors to open their trackers at start."""
     sink_retries: int = 3
@@ -93,6 +96,10 @@ class AsyncLogConfig:
         if self.gil_switch_interval_s is not None and not 1e-5 <= self.gil_switch_interval_s <= 0.1:
             raise ConfigError("trainer.async_log.gil_switch_interval_s must be null or in [1e-5, 0.1] seconds, "
                               f"got {self.gil_switch_interval_s!r}")
+        _positive("system_metrics_s", self.system_metrics_s, allow_zero=True)
+        if 0 < self.system_metrics_s < 1:
+            raise ConfigError("trainer.async_log.system_metrics_s must be 0 (off) or at least 1 second (its axis counts "
+                              f"whole seconds), got {self.system_metrics_s}")
         if self.overflow not in OVERFLOW_POLICIES:
             raise ConfigError(f"trainer.async_log.overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.overflow!r}")
         if not 1 <= self.compression_level <= 22:
@@ -123,9 +130,20 @@ def _positive(name: str, value: Any, allow_zero: bool = False) -> None:
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(AsyncLogConfig)}
 
 
-def async_log_config(section: Mapping[str, Any] | None) -> AsyncLogConfig:
-    """Build the config from ``trainer.async_log`` (a plain mapping), refusing unknown keys."""
+SYSTEM_METRICS_ENV = "TRACKLANE_SYSTEM_METRICS_S"
+"""Sets ``system_metrics_s`` where the config does not (e.g. 0 to keep a test suite's runs free of them)."""
+
+
+def async_log_config(section: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> AsyncLogConfig:
+    """Build the config from ``trainer.async_log`` (a plain mapping), refusing unknown keys; ``env`` may
+    set what the section does not say (``TRACKLANE_SYSTEM_METRICS_S``)."""
     section = dict(section or {})
+    if "system_metrics_s" not in section and (env or {}).get(SYSTEM_METRICS_ENV):
+        try:
+            section["system_metrics_s"] = float((env or {})[SYSTEM_METRICS_ENV])
+        except ValueError:
+            raise ConfigError(f"{SYSTEM_METRICS_ENV} must be a number of seconds, got "
+                              f"{(env or {})[SYSTEM_METRICS_ENV]!r}") from None
     unknown = sorted(set(section) - set(_FIELD_TYPES))
     if unknown:
         raise ConfigError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from .captured import Captured
+from .captured import METRICS_ON_AXIS, SYSTEM_METRICS, Captured
 from .records import Metrics, Record
 from .report import PipelineReport
 from .rich import RecordLimits, RichConverter
@@ -18,6 +18,7 @@ from .values import MetricCleaner, as_number
 log = logging.getLogger("tracklane")
 
 METRICS = "metrics"
+SYSTEM_AXIS = "system/elapsed_s"
 
 
 _NAME_INDEX = {"generations": 1, "trajectories": 1, "histogram": 0, "text": 0, "image": 0}
@@ -25,9 +26,11 @@ _NAME_INDEX = {"generations": 1, "trajectories": 1, "histogram": 0, "text": 0, "
 
 
 class Converter:
-    def __init__(self, limits: RecordLimits, key_prefix: str = "") -> None:
-        """``key_prefix`` goes before every metric key and rich record name (a producer's name)."""
+    def __init__(self, limits: RecordLimits, key_prefix: str = "", axis: str | None = None) -> None:
+        """``key_prefix`` goes before every metric key and rich record name (a producer's name); ``axis``
+        is what its metrics' steps count (a producer's own axis; None: the trainer's step)."""
         self._prefix = key_prefix
+        self._axis = axis
         self.metrics = MetricCleaner()
         self.rich = RichConverter(limits)
         self.rejected = 0
@@ -42,7 +45,14 @@ class Converter:
         only = None if backend is None else ([backend] if isinstance(backend, str) else [str(b) for b in backend])
         if kind == METRICS:
             values = self.metrics.clean(payload, self._prefix)
-            return Metrics(step=step, values=values, time=when, only=only) if values else None
+            return Metrics(step=step, values=values, time=when, only=only, axis=self._axis) if values else None
+        if kind == SYSTEM_METRICS:
+            values = self.metrics.clean(payload)
+            return Metrics(step=step, values=values, time=when, only=only, axis=SYSTEM_AXIS) if values else None
+        if kind == METRICS_ON_AXIS:
+            data, axis = payload
+            values = self.metrics.clean(data, self._prefix)
+            return Metrics(step=step, values=values, time=when, only=only, axis=axis) if values else None
         index = _NAME_INDEX.get(kind)
         try:
             if self._prefix and index is not None:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .captured import METRICS_ON_AXIS
 from .convert import METRICS
 from .values import BYTES_PER_ENTRY
 
@@ -30,13 +31,20 @@ class LogCalls:
     def _drop_late(self) -> None:
         raise NotImplementedError
 
-    def log(self, data: dict, step: int, backend: str | list[str] | None = None) -> None:
-        """Hand over the metrics of one step. In async mode this is a shallow copy and an append."""
+    def log(self, data: dict, step: int, backend: str | list[str] | None = None, axis: str | None = None) -> None:
+        """Hand over the metrics of one step. In async mode this is a shallow copy and an append.
+
+        ``axis`` names what ``step`` counts when it is not the trainer's step (``rollout/step``,
+        ``param_version``): every tracker keeps the points on that axis, in any order."""
         try:
             if self._report is not None:
                 return self._drop_late()
             values = data.copy() if type(data) is dict else dict(data)
-            self._put((step, values, _now(), backend, METRICS, len(values) * BYTES_PER_ENTRY))  # a Captured
+            if axis is None:
+                self._put((step, values, _now(), backend, METRICS, len(values) * BYTES_PER_ENTRY))  # a Captured
+            else:
+                self._put((step, (values, str(axis)), _now(), backend, METRICS_ON_AXIS,
+                           len(values) * BYTES_PER_ENTRY))
         except Exception:  # bad input must never stop the training loop; it is counted
             self._reject("log", data)
 

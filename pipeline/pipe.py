@@ -40,7 +40,7 @@ class Pipe(Protocol):
     def close(self, exit_code: int, timeout: float) -> PipelineReport:
         """Drain, close every tracker with ``exit_code``, and report; bounded by ``timeout``."""
 
-    def producer(self, name: str, key_prefix: str | None) -> Any:
+    def producer(self, name: str, key_prefix: str | None, axis: str | None = None) -> Any:
         """A ``Producer`` for logging into this run from other processes (asynchronous path only)."""
 
 

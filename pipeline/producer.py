@@ -28,6 +28,7 @@ import msgpack
 from .config import AsyncLogConfig
 from .log_calls import LogCalls
 from .rich import RecordLimits
+from .system_metrics import start_node_sampling
 
 log = logging.getLogger("tracklane")
 
@@ -82,13 +83,18 @@ class Producer(LogCalls):
     ``log_artifact`` and ``flush(timeout)``, as on ``Tracking``, from any process of the Ray job.
 
     ``key_prefix`` (default ``"<name>/"``) goes before every metric key and rich record name, so
-    producers logging the same keys stay apart; pass ``""`` to log under the keys as given.
+    producers logging the same keys stay apart; pass ``""`` to log under the keys as given. ``axis``
+    names what its metrics' steps count (``rollout/step``, ``param_version``; None: the trainer's step),
+    so a producer a step or more behind the trainer loses nothing (wandb keeps it as the step metric).
     """
 
     def __init__(self, name: str, lanes: dict[str, Any], hub: Any, cfg: AsyncLogConfig, limits: RecordLimits,
-                 key_prefix: str | None = None) -> None:
+                 key_prefix: str | None = None, axis: str | None = None, run: tuple[str, float] = ("", 0.0)) -> None:
+        """``run``: the run's id and start time (for the node's system metrics)."""
         self.name = name
+        self.run = run
         self.key_prefix = f"{name}/" if key_prefix is None else key_prefix
+        self.axis = axis
         self.backends = list(lanes)
         self._lanes = lanes
         self._hub = hub
@@ -105,11 +111,11 @@ class Producer(LogCalls):
 
     def __getstate__(self) -> dict[str, Any]:
         # Only the spec travels: each process that unpickles it starts its own buffer and shipper.
-        return {"name": self.name, "key_prefix": self.key_prefix, "lanes": self._lanes, "hub": self._hub,
-                "cfg": self._cfg, "limits": self._limits}
+        return {"name": self.name, "key_prefix": self.key_prefix, "axis": self.axis, "run": self.run,
+                "lanes": self._lanes, "hub": self._hub, "cfg": self._cfg, "limits": self._limits}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.name, self.key_prefix = state["name"], state["key_prefix"]
+        self.name, self.key_prefix, self.axis, self.run = state["name"], state["key_prefix"], state["axis"], state["run"]
         self._lanes, self._hub, self._cfg, self._limits = state["lanes"], state["hub"], state["cfg"], state["limits"]
         self.backends = list(self._lanes)
         self._init_local()
@@ -117,8 +123,8 @@ class Producer(LogCalls):
     def _start(self, item: Any) -> None:
         with self._lock:
             if self._pipeline is None:
-                self._pipeline = _ProducerPipeline(self.name, self.key_prefix, self._lanes, self._hub, self._cfg,
-                                                   self._limits)
+                self._pipeline = _ProducerPipeline(self.name, self.key_prefix, self.axis, self._lanes, self._hub,
+                                                   self._cfg, self._limits, self.run)
                 self._put = self._pipeline.put
         self._pipeline.put(item)
 
@@ -146,8 +152,8 @@ class Producer(LogCalls):
 class _ProducerPipeline:
     """One producer's buffer, lanes and shipper thread in one process."""
 
-    def __init__(self, name: str, key_prefix: str, actors: dict[str, Any], hub: Any, cfg: AsyncLogConfig,
-                 limits: RecordLimits) -> None:
+    def __init__(self, name: str, key_prefix: str, axis: str | None, actors: dict[str, Any], hub: Any,
+                 cfg: AsyncLogConfig, limits: RecordLimits, run: tuple[str, float]) -> None:
         from .buffer import RecordBuffer
         from .lane import Lane
         from .shipper import Shipper
@@ -160,9 +166,11 @@ class _ProducerPipeline:
         self._hub = hub
         self._last_report = 0.0
         self._shipper = Shipper(cfg, limits, self.buffer, lanes, owns_trackers=False, progress=self._progress,
-                                key_prefix=key_prefix)
+                                key_prefix=key_prefix, axis=axis)
         self.put = self.buffer.put
         self._shipper.start()
+        self._sampling = start_node_sampling(self.put, run[0], cfg.system_metrics_s, run[1], _node_id()) \
+            if run[0] else None
         atexit.register(self._close_at_exit)
 
     def _progress(self, shipper: Any, force: bool) -> None:
@@ -195,6 +203,8 @@ class _ProducerPipeline:
         if self._figures.closed:
             return True
         self._figures.closed = True
+        if self._sampling is not None:
+            self._sampling.stop()
         report = self._shipper.close(0, timeout)
         return report.complete
 
@@ -222,3 +232,9 @@ def targets(snapshot: bytes) -> dict[str, int]:
 
 
 __all__ = ["Producer", "ProducerFigures", "ProducerHub", "producer_reports", "targets"]
+
+
+def _node_id() -> str | None:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None

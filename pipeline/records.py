@@ -25,6 +25,10 @@ class Metrics:
     """Metric name -> number; NaN and +-Inf are kept."""
     time: float
     only: list[str] | None = None
+    axis: str | None = None
+    """What ``step`` counts when it is not the trainer's step: a producer's own axis (``rollout/step``,
+    ``param_version``) or the system metrics' seconds (``system/elapsed_s``). Each tracker keeps it: wandb
+    as the keys' step metric, MLflow and TensorBoard as their step, the file in the line."""
 
     kind = "metrics"
 

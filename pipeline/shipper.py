@@ -80,9 +80,10 @@ class Shipper:
     def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, buffer: RecordBuffer, lanes: dict[str, Lane],
                  spooling: Spooling | None = None, first_seq: int = 0, owns_trackers: bool = True,
                  progress: Callable[[Shipper, bool], None] | None = None, hub: Any = None,
-                 key_prefix: str = "") -> None:
+                 key_prefix: str = "", axis: str | None = None) -> None:
         """``owns_trackers``: rank 0's shipper closes the trackers at its close; a producer's only drains.
-        ``key_prefix``: put before every key and record name (a producer's name), here, off the caller's thread.
+        ``key_prefix``: put before every key and record name (a producer's name), here, off the caller's thread;
+        ``axis``: what the metrics' steps count (a producer's own axis).
         ``progress(shipper, force)`` runs after each round (a producer tells the hub how far it got).
         ``hub``: rank 0's ``ProducerHub`` handle, if producers were made: its close waits for them."""
         self._cfg = cfg
@@ -95,7 +96,7 @@ class Shipper:
         self.taken = 0  # items taken out of the buffer
         self._buffer = buffer
         self._lanes = lanes
-        self._converter = Converter(limits, key_prefix)
+        self._converter = Converter(limits, key_prefix, axis)
         self._spooling = spooling
         self._released = 0  # every lane acknowledged batches up to here
         self._evicted_lost = 0  # records the spool's bound deleted before the slowest lane had them
@@ -200,7 +201,8 @@ class Shipper:
             record = self._converter.record(item)
             if record is not None:
                 records.append(record)
-                self._last_step = record.step
+                if getattr(record, "axis", None) is None:  # the health figures go at the trainer's step
+                    self._last_step = record.step
         if records:
             self.health = self._health()
             if self._cfg.health_metrics:

@@ -61,7 +61,7 @@ class SyncPipeline:
             host.flush()
         return self._report(started)
 
-    def producer(self, name: str, key_prefix: str | None) -> Any:
+    def producer(self, name: str, key_prefix: str | None, axis: str | None = None) -> Any:
         raise ConfigError("Tracking.producer() needs trainer.log_async: true (producers ship to the lane actors)")
 
     def close(self, exit_code: int, timeout: float) -> PipelineReport:

@@ -48,7 +48,7 @@ class Tracking(LogCalls):
         id, MLflow reopens the run tagged with it, the file logger appends."""
         trainer = trainer_section(config)
         self.log_async = bool(trainer.get("log_async", False))
-        self._cfg = async_log_config(trainer.get("async_log"))  # checked even when unused
+        self._cfg = async_log_config(trainer.get("async_log"), os.environ)  # checked even when unused
         limits = record_limits(trainer.get("record_limits"))
         if resume and not run_id:
             raise ConfigError("Tracking(resume=True) needs the run_id of the run to continue")
@@ -73,16 +73,19 @@ class Tracking(LogCalls):
         """The id every tracker knows this run by; pass it back with ``resume=True`` to continue the run."""
         return self.run.run_id
 
-    def producer(self, name: str, key_prefix: str | None = None) -> Any:
+    def producer(self, name: str, key_prefix: str | None = None, axis: str | None = None) -> Any:
         """A picklable ``Producer`` that logs into this run from any Ray actor or task (``log_async: true``):
         the same ``log*()`` calls and ``flush(timeout)``, each producer's records in its own order, keys
         prefixed with ``key_prefix`` (default ``"<name>/"``; ``""`` for none). ``finish()`` waits (within its
-        deadline) for what live producers shipped before it and reports each of them."""
+        deadline) for what live producers shipped before it and reports each of them. ``axis``: what its
+        metrics' steps count when not the trainer's step (``rollout/step``, ``param_version``)."""
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
             raise ConfigError(f"a producer name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}")
         if self._report is not None:
             raise ConfigError("Tracking.producer() after finish()")
-        return self._pipe.producer(name, key_prefix)
+        if axis is not None and (not isinstance(axis, str) or not re.fullmatch(r"[A-Za-z0-9_./-]{1,128}", axis)):
+            raise ConfigError(f"a producer axis must be 1-128 letters, digits, '_', '.', '/' or '-', got {axis!r}")
+        return self._pipe.producer(name, key_prefix, axis)
 
     def health(self) -> dict[str, float | int]:
         """The pipeline's latest ``tracklane/*`` figures (lag, queue bytes, drops), as of the last batch

@@ -13,6 +13,9 @@ from pipeline.testing.mlflow_server import URI_ENV, start_server, stop_server
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # Spools of runs whose config names no folder go under one temp folder, not the checkout.
 os.environ.setdefault("TRACKLANE_SPOOL_ROOT", tempfile.mkdtemp(prefix="tracklane-test-spools-"))
+# Tests compare every point logged; system metrics (on by default, every 10 s) are checked by the tests
+# that ask for them in their config.
+os.environ.setdefault("TRACKLANE_SYSTEM_METRICS_S", "0")
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ def _batch() -> Batch:
     records = [Metrics(step=s, time=1.5 + s, values={"a/b": s * 0.5, "nan": math.nan, "inf": -math.inf, "n": 7})
                for s in range(3)]
     records.append(Metrics(step=3, time=9.0, values={"x": 1.0}, only=["wandb"]))
+    records.append(Metrics(step=2, time=9.5, values={"w/loss": 0.5}, axis="rollout/step"))  # a producer's own axis
     return Batch(seq=42, created=123.25, records=records)
 
 
@@ -28,7 +29,8 @@ def test_round_trip_keeps_every_value():
     """Decoding an encoded batch gives back the same sequence number, steps, times and values (NaN, -Inf included)."""
     batch = decode_batch(encode_batch(_batch()))
     assert batch.seq == 42 and batch.created == 123.25
-    assert [r.step for r in batch.records] == [0, 1, 2, 3]
+    assert [r.step for r in batch.records] == [0, 1, 2, 3, 2]
+    assert [r.axis for r in batch.records] == [None, None, None, None, "rollout/step"]
     first = batch.records[1]
     assert first.values["a/b"] == 0.5 and math.isnan(first.values["nan"]) and first.values["inf"] == -math.inf
     assert type(first.values["n"]) is int and batch.records[3].only == ["wandb"]
@@ -92,7 +94,8 @@ def test_oversized_compressed_input():
     (["TLB", 1, 1, 0.0, [["metrics", "1", 0.0, {}, None]]], "step"),
     (["TLB", 1, 1, 0.0, [["metrics", 1, 0.0, {"a": "text"}, None]]], "number"),
     (["TLB", 1, 1, 0.0, [["metrics", 1, 0.0, {"a": 1.0}, "wandb"]]], "only"),
-    (["TLB", 1, 1, 0.0, [["metrics", 1, 0.0]]], "5 fields"),
+    (["TLB", 1, 1, 0.0, [["metrics", 1, 0.0]]], "5 or 6 fields"),
+    (["TLB", 1, 1, 0.0, [["metrics", 1, 0.0, {}, None, 7]]], "axis must be a short string"),
 ])
 def test_malformed_structure(wire, message):
     """Well-formed msgpack with the wrong shape is refused with a message naming the field."""

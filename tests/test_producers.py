@@ -14,6 +14,7 @@ import ray
 from pipeline import ConfigError, Tracking, ValidationGenerationsLogger
 from pipeline.testing.memory import memory_records
 from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir
+from pipeline.testing.readers.wandb_reader import read_wandb_run
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(600)]
 
@@ -42,6 +43,19 @@ class Worker:
     def generations(self, step: int) -> None:
         ValidationGenerationsLogger(producer=self.producer).log(["memory", "wandb"],
                                                                  [("1+1=", "2", 1.0), ("2+2=", "5", 0.0)], step)
+        self.producer.flush(60.0)
+
+
+@ray.remote(num_cpus=0)
+class LateWorker:
+    """Logs the given steps in the given order (a rollout worker behind the trainer, out of order)."""
+
+    def __init__(self, producer) -> None:
+        self.producer = producer
+
+    def run(self, steps: list[int]) -> None:
+        for step in steps:
+            self.producer.log({"loss": step / 8}, step=step)
         self.producer.flush(60.0)
 
 
@@ -132,7 +146,7 @@ def test_a_producer_pickles_without_records_and_needs_the_async_path(offline_tra
     producer = tracking.producer("x")
     producer.log({"a": np.float64(1.0)}, step=0)
     state = producer.__getstate__()
-    assert set(state) == {"name", "key_prefix", "lanes", "hub", "cfg", "limits"}
+    assert set(state) == {"name", "key_prefix", "axis", "run", "lanes", "hub", "cfg", "limits"}
     copy = pickle.loads(pickle.dumps(producer))  # as Ray would pass it (cloudpickle builds on this)
     assert copy.source == "" and copy.key_prefix == "x/"
     assert producer.flush(30.0) and producer.close(30.0)
@@ -141,4 +155,72 @@ def test_a_producer_pickles_without_records_and_needs_the_async_path(offline_tra
                                   (Tracking("p", "bad", ["file"], config=_config()), "a b", "producer name")):
         with pytest.raises(ConfigError, match=error):
             tracking.producer(name)
+        if name == "a b":
+            with pytest.raises(ConfigError, match="producer axis"):
+                tracking.producer("x", axis="bad axis")
         tracking.finish()
+
+
+def test_steps_out_of_order_from_two_producers_all_reach_wandb_and_tensorboard(offline_trackers):
+    """The trainer logs 200 steps first; then two producers log the same steps shuffled, one on the trainer's
+    axis (all behind it), one on its own axis ``rollout/step``: wandb (which drops any step below its newest)
+    keeps every point at its step, as do TensorBoard and the file."""
+    import random
+
+    tracking = Tracking("p", "late", ["wandb", "tensorboard", "file"], config=_config())
+    for step in range(200):
+        tracking.log({"trainer/loss": float(step)}, step=step)
+    tracking.flush(60.0)  # handed to every tracker (wandb's own store may still hold them in memory)
+    orders = [random.Random(seed).sample(range(200), 200) for seed in (1, 2)]
+    workers = [LateWorker.remote(tracking.producer("behind")),
+               LateWorker.remote(tracking.producer("rollout", axis="rollout/step"))]
+    ray.get([worker.run.remote(order) for worker, order in zip(workers, orders)])  # flushed (handed on)
+    report = tracking.finish()
+    assert report.complete, report.summary()
+    assert report.lanes["wandb"].cuts == {}
+
+    want = {(s, "trainer/loss", float(s)) for s in range(200)}
+    want |= {(s, f"{name}/loss", s / 8) for name in ("behind", "rollout") for s in range(200)}
+    wandb_points = [(s, k, v) for s, k, v in read_wandb_run(offline_trackers["wandb"]).points
+                    if not k.startswith("tracklane/")]
+    board = [(s, k, v) for s, k, v in read_tensorboard_dir(offline_trackers["tensorboard"]).points
+             if not k.startswith("tracklane/")]
+    for points in (wandb_points, board, _file_points(offline_trackers["file"])):
+        assert len(points) == len(set(points)) == len(want)
+        assert set(points) == want
+    lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
+    assert {line.get("axis") for line in lines if "rollout/loss" in line["data"]} == {"rollout/step"}
+    for worker in workers:
+        ray.kill(worker)
+
+
+def test_system_metrics_of_each_node_reach_every_tracker_on_their_own_axis(offline_trackers):
+    """With system_metrics_s=1 the trainer's node is sampled once a second (one sampler per node: a producer on
+    the same node does not sample it again), on the axis ``system/elapsed_s``, apart from the training steps."""
+    from pipeline.system_metrics import node_label
+
+    tracking = Tracking("p", "system", ["wandb", "tensorboard", "file"], config=_config(system_metrics_s=1))
+    worker = LateWorker.remote(tracking.producer("worker"))
+    for step in range(30):
+        tracking.log({"trainer/loss": float(step)}, step=step)
+        time.sleep(0.1)
+    ray.get(worker.run.remote([0, 1]))
+    report = tracking.finish()
+    assert report.complete, report.summary()
+
+    node = node_label(ray.get_runtime_context().get_node_id())
+    lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
+    system = [line for line in lines if line.get("axis") == "system/elapsed_s"]
+    assert len(system) >= 3  # ~3 s of samples, the first at 0 s
+    assert {key.split("/")[1] for line in system for key in line["data"]} == {node}
+    assert {f"system/{node}/cpu/percent", f"system/{node}/memory/used_gb"} <= set(system[0]["data"])
+    seconds = [line["step"] for line in system]
+    assert seconds == sorted(seconds) and seconds[0] <= 1
+    cpu = f"system/{node}/cpu/percent"
+    want = {(line["step"], line["data"][cpu]) for line in system}
+    board = {(s, v) for s, k, v in read_tensorboard_dir(offline_trackers["tensorboard"]).points if k == cpu}
+    assert {s for s, _ in board} == {s for s, _ in want}  # TensorBoard keeps float32
+    assert {(s, v) for s, k, v in read_wandb_run(offline_trackers["wandb"]).points if k == cpu} == want
+    trainer = [(s, k) for s, k, _ in read_wandb_run(offline_trackers["wandb"]).points if k == "trainer/loss"]
+    assert sorted(trainer) == [(s, "trainer/loss") for s in range(30)]
+    ray.kill(worker)

@@ -33,6 +33,8 @@ def _jsonl(path) -> dict[int, dict]:
     with open(path) as handle:
         for line in list(handle)[1:]:
             record = json.loads(line)
+            if "axis" in record:  # system metrics: seconds, not steps
+                continue
             values = {k: v for k, v in record["data"].items() if not k.startswith("tracklane/")}
             if values:
                 by_step.setdefault(record["step"], {}).update(values)
@@ -91,10 +93,11 @@ def test_resume_continues_at_the_right_step(tmp_path, offline_trackers, monkeypa
 
 
 def test_resumed_run_continues_the_same_tracker_runs(tmp_path, offline_trackers, ray_session):
-    """Stopped after step 4 and resumed to step 6 (async both times): each tracker holds one run with steps 1-6."""
+    """Stopped after step 4 and resumed to step 6 (async both times): each tracker holds one run with steps 1-6,
+    and the node's system metrics (sampled every second) on their own axis."""
     common = ["trainer.logger=[file,mlflow,wandb,swanlab,tensorboard]", "trainer.log_async=true",
               "trainer.test_freq=0", "trainer.val_before_train=false", "trainer.save_freq=2",
-              "actor_rollout_ref.warmup.steps=5"]
+              "actor_rollout_ref.warmup.steps=5", "trainer.async_log.system_metrics_s=1"]
     first = fit(_config(tmp_path, *common, "trainer.total_steps=4"))
     resumed = fit(_config(tmp_path, *common, "trainer.total_steps=6", "trainer.resume=true"))
     assert first.report.complete and resumed.report.complete, resumed.report.summary()
@@ -111,6 +114,17 @@ def test_resumed_run_continues_the_same_tracker_runs(tmp_path, offline_trackers,
     assert len(run_files(offline_trackers["wandb"])) == 2
     assert steps(read_swanlab_run(offline_trackers["swanlog"]).points) == everything
     assert steps(read_tensorboard_dir(offline_trackers["tensorboard"]).points) == everything
+
+    def cpu(points) -> int:
+        return sum(1 for _, key, _ in points if key.startswith("system/") and key.endswith("/cpu/percent"))
+
+    lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
+    sampled = sum(1 for line in lines if line.get("axis") == "system/elapsed_s")
+    assert sampled >= 2  # at least one sample in each of the two processes
+    for points in (mlflow.points, read_wandb_run(offline_trackers["wandb"]).points,
+                   read_swanlab_run(offline_trackers["swanlog"]).points,
+                   read_tensorboard_dir(offline_trackers["tensorboard"]).points):
+        assert cpu(points) == sampled
 
 
 @pytest.mark.parametrize("override, message", [

@@ -89,10 +89,13 @@ def expected(records: list[Metrics]) -> dict[int, dict[str, float]]:
     return out
 
 
-def write_in_batches(sink: WandbSink, records: list[Metrics], size: int = 7) -> None:
-    # An odd batch size splits some steps' two records across write() calls.
-    for start in range(0, len(records), size):
-        sink.write(records[start : start + size])
+def write_in_batches(sink: WandbSink, records: list[Metrics], size: int = 7, first_seq: int = 1) -> None:
+    """As a lane actor writes: batch by batch, numbered from ``first_seq``. An odd batch size splits some
+    steps' two records across write() calls."""
+    for index, start in enumerate(range(0, len(records), size)):
+        batch = records[start : start + size]
+        sink.begin_batch("", first_seq + index, batch)
+        sink.write(batch)
 
 
 def assert_same_scalars(got: dict[int, dict[str, float]], want: dict[int, dict[str, float]]) -> None:
@@ -159,7 +162,7 @@ def test_reopen_with_resume_state_appends_to_the_same_run(wandb_dir):
 
     second = make_sink()
     assert second.open(state) == state
-    write_in_batches(second, records[half:])
+    write_in_batches(second, records[half:], first_seq=-(-half // 7) + 1)  # the lane's numbering goes on
     second.close(0)
 
     files = run_files(wandb_dir, "abc123")
@@ -261,6 +264,7 @@ sink.open(None)
 records = verl_records(range(STEPS))
 pending, durable = [], -1
 for index in range(int(sys.argv[1])):
+    sink.begin_batch("", index + 1, records[index * 7 : index * 7 + 7])
     sink.write(records[index * 7 : index * 7 + 7])
     pending.append((index, sink.written()))
     while pending and sink.durable(pending[0][1]):
@@ -295,7 +299,7 @@ def test_durable_means_on_disk_and_a_successor_after_a_kill_stores_each_step_onc
     successor = make_sink(run_id="killed1")
     assert successor.open({"id": "killed1"}) == {"id": "killed1"}
     sent = records[(durable + 1) * 7 : (batches + 20) * 7]
-    write_in_batches(successor, sent)
+    write_in_batches(successor, sent, first_seq=durable + 2)
     successor.close(0)
     back = read_wandb_run(wandb_dir, "killed1")
     assert back.duplicates() == []
@@ -303,16 +307,21 @@ def test_durable_means_on_disk_and_a_successor_after_a_kill_stores_each_step_onc
     assert back.params == plain_config(CONFIG)
 
 
-def test_steps_behind_the_newest_are_counted_not_silently_dropped(wandb_dir):
-    """wandb drops a step lower than its newest: the sink counts those values (cuts["step_behind"]) and keeps
-    their table rows out of later increments; the steps in order arrive as usual."""
+def test_steps_that_arrive_late_and_steps_of_another_axis_are_all_kept(wandb_dir):
+    """wandb drops a row whose step is below its newest; the sink numbers rows itself and logs each key against a
+    step metric, so a late step, a table of a late step and a producer's own axis all arrive with their steps."""
     from pipeline.records import Generations
+    from pipeline.testing.readers.wandb_reader import read_wandb_media
 
     sink = make_sink()
     sink.open(None)
     sink.write([Metrics(step=5, values={"a": 1.0, "b": 2.0}, time=0.0), Metrics(step=3, values={"a": 9.0}, time=0.0),
                 Generations(step=4, samples=[("in", "out", 1.0)], key="val/generations", time=0.0),
-                Metrics(step=6, values={"a": 3.0}, time=0.0)])
+                Metrics(step=2, values={"w/loss": 0.5}, time=0.0, axis="rollout/step"),
+                Metrics(step=6, values={"a": 3.0}, time=0.0),
+                Metrics(step=1, values={"w/loss": 0.7}, time=0.0, axis="rollout/step")])
     sink.close(0)
-    assert sink.counts.cuts == {"step_behind": 2}
-    assert sorted(read_wandb_run(wandb_dir).points) == [(5, "a", 1.0), (5, "b", 2.0), (6, "a", 3.0)]
+    assert sink.counts.cuts == {}
+    assert sorted(read_wandb_run(wandb_dir).points) == [(1, "w/loss", 0.7), (2, "w/loss", 0.5), (3, "a", 9.0),
+                                                       (5, "a", 1.0), (5, "b", 2.0), (6, "a", 3.0)]
+    assert [(v.step, v.key) for v in read_wandb_media(wandb_dir).values] == [(4, "val/generations")]

@@ -11,15 +11,15 @@ from collections.abc import Iterable, Sequence
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, Text, Trajectories
 from workers.media import mean_score
 from workers.sink import Sink
-from workers.steps import merge_by_step
+from workers.steps import merge_by_axis_step
 
 
 class ConsoleSink(Sink):
     name = "console"
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
-        self._say(" - ".join([f"step:{step}", *(f"{key}:{value!r}" for key, value in values.items())])
-                  for step, values in merge_by_step(records))
+        self._say(" - ".join([f"{axis or 'step'}:{step}", *(f"{key}:{value!r}" for key, value in values.items())])
+                  for axis, step, values in merge_by_axis_step(records))
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         self._say(f"step:{r.step} - {r.key}: {len(r.samples)} samples, mean score {mean_score(r):.4g}" for r in records)

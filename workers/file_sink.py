@@ -20,7 +20,7 @@ from typing import Any
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from workers.media import safe_name
 from workers.sink import Sink
-from workers.steps import merge_by_step
+from workers.steps import merge_by_axis_step
 
 
 class FileSink(Sink):
@@ -52,8 +52,9 @@ class FileSink(Sink):
         return {"path": path}
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
-        lines = [json.dumps({"step": step, "data": values})
-                 for step, values in merge_by_step(records)]
+        # verl's line, plus "axis" for a step on another axis (a producer's own, the system metrics')
+        lines = [json.dumps({"step": step, "data": values} if axis is None else {"step": step, "axis": axis, "data": values})
+                 for axis, step, values in merge_by_axis_step(records)]
         if lines:
             self._handle.write("\n".join(lines) + "\n")
             self._handle.flush()  # a crash of the actor loses nothing it acknowledged

@@ -74,7 +74,7 @@ class LaneActor:
             if mark is not None:
                 self._state.pending, self._state.mark = seq, mark
                 self._save()
-            if not self._host.write(batch.records, hold=not final, durable=True):
+            if not self._host.write(batch.records, hold=not final, durable=True, batch=(source, seq)):
                 return self._answer(source, held=True)  # the mark stays: rolling back to it undoes nothing
         self._written[source] = seq
         self._not_durable.append((source, seq, self._host.written()))

@@ -126,6 +126,11 @@ class Sink:
     def close(self, exit_code: int) -> None:
         pass
 
+    def begin_batch(self, source: str, seq: int, records: Sequence[Record]) -> None:
+        """Batch ``seq`` of ``source`` (the trainer "", a producer) is about to be written: ``records`` is
+        the whole batch, in its order, before a lane's ``only`` filter (positions stay the same when it is
+        sent again). Not called on the synchronous path."""
+
     # -- durability: what a sink whose tracker stores in the background overrides -----------
     def written(self) -> Any:
         """A point standing for everything handed to the tracker so far, to ask ``durable`` about

@@ -72,15 +72,18 @@ class SinkHost:
             self.resume = dict(resume or {})
         return True
 
-    def write(self, records: Sequence[Record], hold: bool = False, durable: bool = False) -> bool:
+    def write(self, records: Sequence[Record], hold: bool = False, durable: bool = False,
+              batch: tuple[str, int] | None = None) -> bool:
         """Write the records addressed to this lane, retrying with backoff; with ``durable`` also flushed,
         in the tracker's hands before it returns (what a lane's acknowledgement needs). Returns False,
         having applied and counted nothing, if ``hold`` and the tracker is unreachable: the caller sends
         them again later. Otherwise a batch the tracker refuses is written record by record, and only
-        the records it refuses are counted failed."""
+        the records it refuses are counted failed. ``batch``: (source, seq) of a lane's batch."""
         mine = [r for r in records if r.only is None or self.lane in r.only]
         if not mine or self._closed:
             return True
+        if batch is not None:
+            self.sink.begin_batch(batch[0], batch[1], records)
         exc = self._attempt(mine, durable=durable)
         if exc is None:
             return True

@@ -11,9 +11,14 @@ from pipeline.records import Metrics
 R = TypeVar("R")
 
 
+def _step_and_axis(record: object) -> tuple[int, str | None]:
+    return record.step, getattr(record, "axis", None)  # type: ignore[attr-defined]  # only metrics have an axis
+
+
 def records_by_step(records: Iterable[R]) -> Iterator[tuple[int, list[R]]]:
-    """(step, records) per run of consecutive records sharing a step."""
-    for step, group in groupby(records, key=lambda record: record.step):  # type: ignore[attr-defined]
+    """(step, records) per run of consecutive records sharing a step (and, for metrics, its axis:
+    ``group[0].axis``)."""
+    for (step, _axis), group in groupby(records, key=_step_and_axis):
         yield step, list(group)
 
 
@@ -31,6 +36,12 @@ def merged_values(group: Sequence[Metrics]) -> dict[str, float | int]:
 
 
 def merge_by_step(records: Iterable[Metrics]) -> Iterator[tuple[int, dict[str, float | int]]]:
-    """(step, values) once per run of consecutive metric records sharing a step."""
+    """(step, values) once per run of consecutive metric records sharing a step and axis."""
     for step, group in records_by_step(records):
         yield step, merged_values(group)
+
+
+def merge_by_axis_step(records: Iterable[Metrics]) -> Iterator[tuple[str | None, int, dict[str, float | int]]]:
+    """(axis, step, values) once per run of consecutive metric records sharing a step and axis."""
+    for step, group in records_by_step(records):
+        yield group[0].axis, step, merged_values(group)

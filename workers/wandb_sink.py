@@ -12,11 +12,18 @@ Rich records, as wandb 0.31 stores them (offline: under the run's ``files/``):
     image         ``wandb.Image`` of the PNG file as given (files/media/images/)
     artifact      ``wandb.Artifact(name, type)`` with the file (or directory), metadata {"step": N}
 
+Steps: wandb drops a row whose step is lower than its newest, and producers log at their own pace (a
+rollout worker a step behind the trainer, a producer on its own axis). So the sink numbers the rows itself
+(``_step``: the trainer's step while steps increase, else the next number) and logs every key against a
+step metric (``define_metric``): ``STEP_AXIS`` for the trainer's step, a producer's axis
+(``Metrics.axis``) for its own. Every point is kept, in any order, and charts use the true step.
+
 Durability: wandb-core writes its transaction log in 32 KiB blocks and a step's row only once a later
 step is logged, so a batch is durable once the file holds a row of the step that was open when the batch
-ended (``written``/``durable``, read from the file itself: ``workers/wandb_store.py``). A sink that takes
-over a run (actor restart, resumed run) reads what the run's earlier files hold and skips re-sent records
-of steps they already have (and artifacts already logged), so nothing lands twice.
+ended (``written``/``durable``, read from the file itself: ``workers/wandb_store.py``). Each row carries a
+hidden tag (``ROW_TAG``: source, batch, position of its last record). A sink that takes over a run (actor
+restart, resumed run) reads the run's earlier files and skips the re-sent records their newest tag per
+source covers (and artifacts already logged), so nothing lands twice.
 
 Records of one key at one step in one batch become one log call; a step with no samples logs nothing.
 Logged table rows are released (set to None) so the lane's memory stays flat over a long run. A log
@@ -37,8 +44,8 @@ from pipeline.errors import SinkError
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
 from workers.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
 from workers.sink import Sink, import_sdk
-from workers.steps import R, merge_by_step, records_by_step
-from workers.wandb_store import LogTail, Stored, run_files, stored_so_far
+from workers.steps import R, merged_values, records_by_step
+from workers.wandb_store import ROW_TAG, LogTail, Stored, run_files, stored_so_far
 
 log = logging.getLogger("tracklane")
 
@@ -47,6 +54,8 @@ QUIET_S = 3.0
 """A run's earlier file is read once it has been still this long: the wandb-core of a killed actor lives on
 for a second or two (measured: under 2 s); it writes nothing more, but wait to be sure."""
 QUIET_WAIT_MAX_S = 15.0
+STEP_AXIS = "tracklane/step"
+"""The step metric of what is logged at the trainer's step (a hidden key of every row)."""
 
 
 class WandbSink(Sink):
@@ -73,7 +82,11 @@ class WandbSink(Sink):
         self._tables: dict[str, Any] = {}  # key -> the run's INCREMENTAL wandb.Table
         self._released: dict[str, int] = {}  # key -> rows of that table already logged and released
         self._tail: LogTail | None = None  # follows this run file on disk
-        self._open_step: int | None = None  # the newest step logged (-1: only artifacts; None: nothing handed yet)
+        self._row: int | None = None  # ``_step`` of the newest row handed (-1: only artifacts; None: nothing yet)
+        self._open: tuple[str, str, int] | None = None  # (source, axis, step) of that row: wandb keeps it open
+        self._defined: set[str] = set()  # keys (and axes) given their step metric
+        self._source, self._seq = "", 0  # the batch being written (begin_batch)
+        self._positions: dict[int, int] = {}  # id(record) -> its position in that batch
         self._earlier = Stored()  # what the run's earlier files hold (a run taken over)
         self._skipped = 0
         self._tail_warned = False
@@ -106,6 +119,8 @@ class WandbSink(Sink):
             raise SinkError(f"wandb.init failed: {exc}") from exc
         self._run_dir = os.path.dirname(self._run.dir)  # run.dir is the run's files/ folder
         self._tail = LogTail(self._run.settings.sync_file)
+        if self._earlier.step >= 0:  # number the rows on from the earlier files'
+            self._row = self._earlier.step
         return {"id": str(self._run.id)}
 
     def _stored(self, run_id: str) -> Stored:
@@ -122,7 +137,7 @@ class WandbSink(Sink):
 
     # -- durability -----------------------------------------------------------------------
     def written(self) -> int | None:
-        return self._open_step
+        return self._row
 
     def durable(self, point: int) -> bool:
         # The row of the step open when the batch ended (or a later one) is in the file: wandb-core
@@ -136,49 +151,61 @@ class WandbSink(Sink):
                         "the run is closed", self._tail.error)
         return stored >= max(point, 0)
 
+    def begin_batch(self, source: str, seq: int, records: Sequence[Any]) -> None:
+        self._source, self._seq = source, seq
+        self._positions = {id(record): position for position, record in enumerate(records)}
+
     def write(self, records: Sequence[Any]) -> None:
-        if self._earlier.step >= 0 or self._earlier.artifacts:
-            records = self._not_stored(records)
+        if self._earlier.artifacts:
+            records = [r for r in records if not self._stored_artifact(r)]
         super().write(records)
 
-    def _not_stored(self, records: Sequence[Any]) -> list[Any]:
-        """Leave out what the run's earlier files hold: rows of their steps (wandb keeps a run's steps
-        increasing, so it would drop them anyway) and artifacts logged already."""
-        kept = []
-        for record in records:
-            if isinstance(record, Artifact):
-                stored = (safe_name(record.name, "-"), safe_name(record.type, "-"), record.step) in self._earlier.artifacts
-            else:
-                stored = record.step <= self._earlier.step
-            if not stored:
-                kept.append(record)
-        skipped = len(records) - len(kept)
-        if skipped and not self._skipped:
-            log.warning("tracklane: wandb: run %s already holds steps up to %d (an earlier actor or process of this "
-                        "run stored them); skipping the records sent again for them", self._run.id, self._earlier.step)
-        self._skipped += skipped
-        return kept
+    def _stored_artifact(self, record: Any) -> bool:
+        return isinstance(record, Artifact) and \
+            (safe_name(record.name, "-"), safe_name(record.type, "-"), record.step) in self._earlier.artifacts
 
-    def _log(self, values: dict[str, Any], step: int) -> None:
-        if not self._behind(step, len(values)):
-            self._run.log(values, step=step)
-            self._open_step = step
+    def _fresh(self, group: Sequence[Any]) -> bool:
+        """False if the run's earlier files hold this row already (a batch sent again after a takeover)."""
+        position = self._positions.get(id(group[-1]), -1)
+        if position < 0 or (self._seq, position) > self._earlier.rows.get(self._source, (0, -1)):
+            return True
+        if not self._skipped:
+            log.warning("tracklane: wandb: run %s already holds records sent again (an earlier actor or process "
+                        "of this run stored them); skipping them", self._run.id)
+        self._skipped += len(group)
+        return False
 
-    def _behind(self, step: int, n: int) -> bool:
-        """wandb drops a step lower than its newest (warning only in this actor's log): count those values."""
-        if self._open_step is None or step >= self._open_step:
-            return False
-        if "step_behind" not in self.counts.cuts:
-            log.warning("tracklane: wandb drops steps lower than the newest it saw (%d < %d); counting the values "
-                        "left out as cuts['step_behind']", step, self._open_step)
-        self.counts.add(self.counts.cuts, "step_behind", n)
-        return True
+    def _log(self, values: dict[str, Any], step: int, group: Sequence[Any]) -> None:
+        """One history row: ``values`` at ``step`` of the group's axis, tagged with its last record's position."""
+        axis = getattr(group[0], "axis", None) or STEP_AXIS
+        if not self._defined.issuperset(values) or axis not in self._defined:
+            self._define(values, axis)
+        opened = (self._source, axis, step)
+        if self._open != opened or self._row is None or self._row < 0:  # a new row; else wandb merges into it
+            after = -1 if self._row is None else self._row
+            self._row = max(after + 1, step if axis == STEP_AXIS else 0)
+            self._open = opened
+        row = dict(values)
+        row[axis] = step
+        position = self._positions.get(id(group[-1]), -1)
+        if position >= 0:
+            row[ROW_TAG] = f"{self._source}|{self._seq}|{position}"
+        self._run.log(row, step=self._row)
+
+    def _define(self, values: dict[str, Any], axis: str) -> None:
+        if axis not in self._defined:
+            self._run.define_metric(axis, hidden=True)
+            self._defined.add(axis)
+        for key in values:
+            if key not in self._defined:
+                self._run.define_metric(key, step_metric=axis)
+                self._defined.add(key)
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
-        # wandb keeps the newest step's row open, so a record of the same step in the
-        # next batch still merges into it.
-        for step, values in merge_by_step(records):
-            self._log(values, step)
+        # wandb keeps the newest row open, so a record of the same step in the next batch still merges into it.
+        for step, group in records_by_step(records):
+            if self._fresh(group):
+                self._log(merged_values(group), step, group)
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         self._log_rows(records, GENERATION_COLUMNS, lambda r: r.key, generation_rows)
@@ -192,6 +219,8 @@ class WandbSink(Sink):
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         wandb = import_sdk(type(self))
         for step, group in records_by_step(records):
+            if not self._fresh(group):
+                continue
             values = {}
             for record in group:
                 figures = record.summary()
@@ -200,11 +229,13 @@ class WandbSink(Sink):
                 if figures.count:  # nothing finite: an empty histogram would only mislead
                     values[record.name] = wandb.Histogram(np_histogram=(figures.counts, figures.bin_edges))
             if values:
-                self._log(values, step)
+                self._log(values, step, group)
 
     def write_image(self, records: Sequence[Image]) -> None:
         wandb = import_sdk(type(self))
         for step, group in records_by_step(records):
+            if not self._fresh(group):
+                continue
             # wandb.Image(path) copies the file as given (no decode-and-encode: ~5x cheaper than from PIL);
             # with media symlinks on it would link to our temporary file, so go through PIL then.
             via_file = not self._run.settings.allow_media_symlink
@@ -213,7 +244,7 @@ class WandbSink(Sink):
                 for index, record in enumerate(group):
                     values[record.name] = wandb.Image(_png_file(folder, index, record.png) if via_file
                                                       else _pil_image(record.png))
-                self._log(values, step)
+                self._log(values, step, group)
 
     def write_artifact(self, records: Sequence[Artifact]) -> None:
         wandb = import_sdk(type(self))
@@ -226,13 +257,13 @@ class WandbSink(Sink):
             else:
                 artifact.add_file(record.path)  # "mutable": wandb copies it, the trainer may delete it
             self._run.log_artifact(artifact)
-            self._open_step = -1 if self._open_step is None else self._open_step
+            self._row = -1 if self._row is None else self._row
 
     def _log_rows(self, records: Sequence[R], columns: list[str], key_of: Callable[[R], str],
                   rows_of: Callable[[R], list[list[Any]]]) -> None:
         """Add each step's rows to the key's incremental table and log them at that step."""
         for step, group in records_by_step(records):
-            if self._behind(step, len(group)):  # before the rows join a table: they would go out at a later step
+            if not self._fresh(group):  # before the rows join a table
                 continue
             values = {}
             for record in group:
@@ -245,7 +276,7 @@ class WandbSink(Sink):
                     values[key] = table
             if values:
                 try:
-                    self._log(values, step)
+                    self._log(values, step, group)
                 except Exception:
                     # The lane retries the whole batch: a fresh table then gets these rows once, not twice.
                     for key in values:

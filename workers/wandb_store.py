@@ -16,6 +16,10 @@ run is closed): up to 32 KiB of the newest records are not on disk, and die with
 a history row reaches wandb-core only when a later step is logged (wandb keeps the newest step's
 row open). So what wandb-core was handed is durable once a row of that step, or a later one, is in
 the file.
+
+The wandb sink numbers the rows itself (``_step``) and tags each with ``ROW_TAG``: "<source>|<seq>|<n>",
+the batch and the position in it of the row's last record. The file holds a prefix of what wandb-core
+was handed, so a source's newest tag in it says which of that source's records are on disk.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ BLOCK_SIZE = 32 * 1024
 RECORD_HEADER = struct.Struct("<IHB")  # crc32, length, type
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 _STAMP = re.compile(r"run-(\d{8}_\d{6})-")
+ROW_TAG = "_tracklane"
+"""The history key of a row's tag (wandb hides keys starting with "_" from its charts)."""
 
 
 class CorruptRunFileError(ValueError):
@@ -165,7 +171,9 @@ class Stored:
     """What the earlier files of a run hold (``stored_so_far``)."""
 
     step: int = -1
-    """The highest history step (-1: none)."""
+    """The highest history step, the sink's row number (-1: none)."""
+    rows: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Source -> (seq, position) of its newest tagged row: its records up to there are on disk."""
     artifacts: set[tuple[str, str, Any]] = field(default_factory=set)
     """The artifacts logged, as (name, type, the step in their metadata)."""
     config: bool = False
@@ -184,6 +192,9 @@ def stored_so_far(paths: list[Path]) -> Stored:
                 kind = record.WhichOneof("record_type")
                 if kind == "history":
                     stored.step = max(stored.step, record.history.step.num)
+                    tag = row_tag(record.history)
+                    if tag is not None and tag[1:] > stored.rows.get(tag[0], (0, -1)):
+                        stored.rows[tag[0]] = tag[1:]
                 elif kind == "artifact":
                     artifact = record.artifact
                     stored.artifacts.add((artifact.name, artifact.type, metadata_step(artifact.metadata)))
@@ -193,6 +204,18 @@ def stored_so_far(paths: list[Path]) -> Stored:
         except CorruptRunFileError:
             continue
     return stored
+
+
+def row_tag(history: Any) -> tuple[str, int, int] | None:
+    """(source, seq, position) of a history row the wandb sink tagged, else None."""
+    for item in history.item:
+        if item.key == ROW_TAG or list(item.nested_key) == [ROW_TAG]:
+            try:
+                source, seq, position = json.loads(item.value_json).rsplit("|", 2)
+                return source, int(seq), int(position)
+            except (ValueError, AttributeError):
+                return None
+    return None
 
 
 def metadata_step(metadata_json: str) -> Any:

@@ -9,6 +9,8 @@ key is left out.
 
 Media (tables, histograms, images, html ...) are history items whose ``nested_key`` is
 ``[logged key, field]``, one of the fields being ``_type``; they are not scalar points.
+A point's step is the value of its key's step metric in the row (the sink logs every key against
+one, ``define_metric``), else the row's ``_step``; the step metrics themselves are not points.
 ``read_wandb_media`` returns them per step, with the files they name under the run's
 ``files/`` folder (``media/table/...table.json``, ``media/images/...``), and the run's
 artifact records (offline, each file's copy waits in ``WANDB_DATA_DIR/artifacts/staging``).
@@ -30,8 +32,9 @@ from . import ReadBack
 def read_wandb_run(wandb_dir: str | Path, run_id: str | None = None) -> ReadBack:
     """Every run file of one run under ``wandb_dir`` (the WANDB_DIR), oldest first, as one ReadBack."""
     back = ReadBack()
+    axes: dict[str, str] = {}
     for path in run_files(wandb_dir, run_id):
-        part = read_run_file(path)
+        part = read_run_file(path, axes)
         back.points.extend(part.points)
         back.params.update(part.params)
         back.status = part.status or back.status
@@ -49,17 +52,21 @@ def run_files(wandb_dir: str | Path, run_id: str | None = None) -> list[Path]:
     return found
 
 
-def read_run_file(path: str | Path) -> ReadBack:
-    """One ``.wandb`` file: history points, config, and the exit code as ``exit_code=N``."""
+def read_run_file(path: str | Path, axes: dict[str, str] | None = None) -> ReadBack:
+    """One ``.wandb`` file: history points, config, and the exit code as ``exit_code=N``. ``axes``
+    (key -> its step metric) is filled from the file's metric records (and may come from earlier files)."""
     from wandb.proto import wandb_internal_pb2  # the record schema is wandb's own
 
     back = ReadBack()
+    axes = {} if axes is None else axes
     for payload in iter_payloads(path):
         record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # generated protobuf
         record.ParseFromString(payload)
         kind = record.WhichOneof("record_type")
-        if kind == "history":
-            back.points.extend(_history_points(record.history))
+        if kind == "metric":
+            _define(axes, record.metric)
+        elif kind == "history":
+            back.points.extend(_history_points(record.history, axes))
         elif kind == "run":
             _apply_config(back.params, record.run.config)
         elif kind == "config":
@@ -77,14 +84,22 @@ def iter_payloads(path: str | Path) -> Iterator[bytes]:
     return payloads(path)
 
 
-def _history_points(history: Any) -> Iterator[tuple[int, str, float]]:
-    step, items, _ = _history_row(history)
+def _define(axes: dict[str, str], metric: Any) -> None:
+    if metric.name and metric.step_metric:
+        axes[metric.name] = metric.step_metric
+
+
+def _history_points(history: Any, axes: dict[str, str]) -> Iterator[tuple[int, str, float]]:
+    step, items, _ = _history_row(history, axes)
+    steps = set(axes.values())
     for key, value in items.items():
-        if not key.startswith("_") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not key.startswith("_") and key not in steps and isinstance(value, (int, float)) \
+                and not isinstance(value, bool):
             yield step, key, value
 
 
-def _history_row(history: Any) -> tuple[int, dict[str, Any], dict[str, dict[str, Any]]]:
+def _history_row(history: Any, axes: dict[str, str] | None = None
+                 ) -> tuple[int, dict[str, Any], dict[str, dict[str, Any]]]:
     """(step, plain items by key, media values by logged key) of one history record."""
     items: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {}
@@ -98,6 +113,10 @@ def _history_row(history: Any) -> tuple[int, dict[str, Any], dict[str, dict[str,
         if key not in media:
             items.update({f"{key}/{name}": value for name, value in fields.items()})
     step = int(items["_step"]) if "_step" in items else history.step.num
+    for key in (*items, *media):  # the row's step metric, if its keys have one
+        axis = (axes or {}).get(key)
+        if axis is not None and isinstance(items.get(axis), (int, float)):
+            return int(items[axis]), items, media
     return step, items, media
 
 
@@ -198,13 +217,16 @@ def read_wandb_media(wandb_dir: str | Path, run_id: str | None = None) -> WandbM
     from wandb.proto import wandb_internal_pb2
 
     media = WandbMedia()
+    axes: dict[str, str] = {}
     for path in run_files(wandb_dir, run_id):
         files_dir = Path(path).parent / "files"
         for payload in iter_payloads(path):
             record = wandb_internal_pb2.Record.FromString(payload)  # type: ignore[attr-defined]  # generated protobuf
             kind = record.WhichOneof("record_type")
-            if kind == "history":
-                step, _, values = _history_row(record.history)
+            if kind == "metric":
+                _define(axes, record.metric)
+            elif kind == "history":
+                step, _, values = _history_row(record.history, axes)
                 media.values += [MediaValue(step, key, fields, files_dir) for key, fields in values.items()]
             elif kind == "artifact":
                 media.artifacts.append(_artifact(record.artifact))
