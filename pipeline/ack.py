@@ -51,6 +51,28 @@ class SinkCounts:
 
 
 @dataclass(slots=True, kw_only=True)
+class Work:
+    """What a lane's host spent, cumulative over its actor's life: where the tracker's ceiling is found."""
+
+    busy_s: float = 0.0
+    """Wall time inside batch writes (decode, convert, the SDK, flush)."""
+    cpu_s: float = 0.0
+    """CPU time of the host's whole process (its threads included: Ray's, the SDK's)."""
+    records: int = 0
+    """Records written."""
+
+    def to_plain(self) -> list[float]:
+        return [self.busy_s, self.cpu_s, self.records]
+
+    @classmethod
+    def from_plain(cls, data: Any) -> Work:
+        if not (isinstance(data, list) and len(data) == 3 and all(type(v) in (int, float) for v in data[:2])
+                and type(data[2]) is int):
+            raise CodecError("malformed acknowledgement: bad work figures")
+        return cls(busy_s=float(data[0]), cpu_s=float(data[1]), records=int(data[2]))
+
+
+@dataclass(slots=True, kw_only=True)
 class Ack:
     """One answer of a sink host: how far its tracker got (``applied``) and how much of that its own store
     already holds (``durable``)."""
@@ -80,6 +102,8 @@ class Ack:
     """Ray node id of the host ("" outside Ray)."""
     sources: dict[str, int] = field(default_factory=dict)
     """The last batch of each producer (``Tracking.producer``) the tracker was handed, by source id."""
+    work: Work = field(default_factory=lambda: Work())
+    """What the host has spent so far (this actor's life)."""
 
     @property
     def durable_seq(self) -> int:
@@ -87,12 +111,13 @@ class Ack:
 
     def pack(self) -> bytes:
         return msgpack.packb([self.applied, self.gap, self.opened, self.error, self.counts.to_plain(), self.where,
-                              self.pid, self.node_id, self.held, self.durable, self.sources], use_bin_type=True)
+                              self.pid, self.node_id, self.held, self.durable, self.sources, self.work.to_plain()],
+                             use_bin_type=True)
 
     @classmethod
     def unpack(cls, blob: bytes) -> Ack:
         try:
-            applied, gap, opened, error, counts, where, pid, node_id, held, durable, sources = \
+            applied, gap, opened, error, counts, where, pid, node_id, held, durable, sources, work = \
                 msgpack.unpackb(blob, raw=False)
         except Exception as exc:  # msgpack raises several unrelated types for bad input
             raise CodecError(f"malformed acknowledgement: {exc}") from exc
@@ -101,7 +126,8 @@ class Ack:
                 or (durable is not None and type(durable) is not int):  # int() or str() of a hostile value would raise
             raise CodecError("malformed acknowledgement: bad applied, durable, pid, error, where or node_id field")
         return cls(applied=applied, durable=durable, gap=bool(gap), held=bool(held), opened=bool(opened), error=error,
-                   counts=SinkCounts.from_plain(counts), where=where, pid=pid, node_id=node_id, sources=_counts(sources))
+                   counts=SinkCounts.from_plain(counts), where=where, pid=pid, node_id=node_id, sources=_counts(sources),
+                   work=Work.from_plain(work))
 
 
 def _int(value: Any) -> int:

@@ -39,6 +39,11 @@ class LaneReport:
     """How long the tracker has been down at the moment of the report (0: it answers)."""
     error: str | None = None
     where: str = ""
+    busy_s: float = 0.0
+    """Wall time the lane's host spent writing batches (this actor's life): how near its tracker's ceiling it runs."""
+    cpu_s: float = 0.0
+    """CPU time of the host's process (this actor's life; on the synchronous path, the trainer's)."""
+    records_written: int = 0
 
     @property
     def complete(self) -> bool:
@@ -50,6 +55,7 @@ class LaneReport:
         self.unsupported = dict(ack.counts.unsupported)
         self.artifacts_missing = ack.counts.artifacts_missing
         self.cuts = dict(ack.counts.cuts)
+        self.busy_s, self.cpu_s, self.records_written = ack.work.busy_s, ack.work.cpu_s, ack.work.records
         if ack.error:
             self.error = ack.error
         if ack.where:
@@ -65,6 +71,9 @@ class LaneReport:
             text += f", {self.artifacts_missing} artifact(s) skipped: file missing"
         if self.cuts:
             text += ", cut by the tracker: " + ", ".join(f"{n} {what}" for what, n in self.cuts.items())
+        if self.records_written:
+            text += (f", busy {self.busy_s:.1f} s, CPU {self.cpu_s:.1f} s "
+                     f"({1e3 * self.cpu_s / self.records_written:.2f} s per 1,000 records)")
         if self.restarts:
             text += f", {self.restarts} restart(s)"
         if self.outage_s:

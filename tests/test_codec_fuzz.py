@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from pipeline.ack import Ack, SinkCounts
+from pipeline.ack import Ack, SinkCounts, Work
 from pipeline.codec import DecodeLimits, decode_batch, encode_batch
 from pipeline.errors import CodecError
 from pipeline.histogram import HistogramFigures, histogram_figures
@@ -717,7 +717,9 @@ def _ack_field(annotation: str) -> st.SearchStrategy:
             "dict[str, int]": st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**64 - 1), max_size=3),
             "SinkCounts": st.builds(SinkCounts, failed_records=st.integers(0, 2**63), artifacts_missing=st.integers(0, 9),
                                     unsupported=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3),
-                                    cuts=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3))}[annotation]
+                                    cuts=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3)),
+            "Work": st.builds(Work, busy_s=st.floats(0, 1e9), cpu_s=st.floats(0, 1e9), records=st.integers(0, 2**63))
+            }[annotation]
 
 
 _acks = st.fixed_dictionaries({f.name: _ack_field(str(f.type)) for f in dataclasses.fields(Ack)}).map(lambda kw: Ack(**kw))
@@ -730,7 +732,8 @@ def _ack_well_typed(ack: Ack) -> bool:
             and all(type(getattr(ack, f.name)) is bool for f in dataclasses.fields(Ack) if f.type == "bool")
             and (ack.error is None or type(ack.error) is str) and type(ack.where) is str and type(ack.node_id) is str
             and type(counts.failed_records) is int and type(counts.artifacts_missing) is int
-            and _str_map(counts.unsupported, lambda n: type(n) is int) and _str_map(counts.cuts, lambda n: type(n) is int))
+            and _str_map(counts.unsupported, lambda n: type(n) is int) and _str_map(counts.cuts, lambda n: type(n) is int)
+            and type(ack.work.busy_s) is float and type(ack.work.cpu_s) is float and type(ack.work.records) is int)
 
 
 def _unpack_or_refuse(blob: bytes) -> None:

@@ -18,9 +18,11 @@ what its tracker's store turns out to hold already.
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from typing import Any
 
+from pipeline.ack import Work
 from pipeline.backends import backend_class
 from pipeline.codec import decode_batch
 from pipeline.errors import CodecError
@@ -48,6 +50,7 @@ class LaneActor:
         # the durable one.
         self._written = {"": self._state.applied, **self._state.sources}
         self._not_durable: deque[tuple[str, int, Any]] = deque()  # (source, seq, sink's point) not durable yet
+        self._work = Work()
         if self._host.open():
             self._save()
 
@@ -65,6 +68,13 @@ class LaneActor:
             return self._answer(source)
         if prev != written:
             return self._answer(source, gap=True)
+        started = time.perf_counter()
+        try:
+            return self._apply(seq, blob, final, source)
+        finally:
+            self._work.busy_s += time.perf_counter() - started
+
+    def _apply(self, seq: int, blob: bytes, final: bool, source: str) -> bytes:
         try:
             batch = decode_batch(blob)
         except CodecError as exc:
@@ -76,6 +86,7 @@ class LaneActor:
                 self._save()
             if not self._host.write(batch.records, hold=not final, durable=True, batch=(source, seq)):
                 return self._answer(source, held=True)  # the mark stays: rolling back to it undoes nothing
+            self._work.records += len(batch.records)
         self._written[source] = seq
         self._not_durable.append((source, seq, self._host.written()))
         self._state.pending, self._state.mark = 0, None
@@ -123,8 +134,9 @@ class LaneActor:
 
     def _answer(self, source: str, gap: bool = False, held: bool = False) -> bytes:
         """The answer to ``source``'s lane; it also says how far every producer got (rank 0's finish waits on it)."""
+        self._work.cpu_s = time.process_time()
         return self._host.ack(self._written.get(source, 0), durable=self._durable(source), gap=gap, held=held,
-                              sources={k: v for k, v in self._written.items() if k}).pack()
+                              sources={k: v for k, v in self._written.items() if k}, work=self._work).pack()
 
 
 def _node_note(node_id: str) -> str:
