@@ -14,7 +14,11 @@ plain way, one after the other:
 
 Both are timed from the first write to the end of the tracker's close (opening not counted); the
 figures are records/s, raw MB/s (text plus int32 token ids; 16 bytes a scalar point) and the
-lane/bare ratio. Writes ``capacity.json`` and ``capacity.png`` into ``--out``.
+lane/bare ratio. Each lane's row also says what its actor spent (busy wall time, process CPU).
+
+Then the pipeline's own ceiling: the same kinds of records, more of them, through buffer -> shipper ->
+Ray -> lane actor into a sink that only counts them (``memory_sink.discard``), against the targets
+of 200,000 scalars/s and 50 MB/s raw. Writes ``capacity.json`` and ``capacity.png`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -157,11 +161,15 @@ BARE: dict[str, Callable[[RunPlace, list, bool], float | None]] = {
 
 
 # -- the lane -------------------------------------------------------------------------------
-def lane(place: RunPlace, tracker: str, work: list, is_traj: bool) -> tuple[float, dict[str, Any]]:
+def lane(place: RunPlace, tracker: str, work: list, is_traj: bool,
+         extra: dict[str, Any] | None = None) -> tuple[float, dict[str, Any]]:
     from pipeline import Tracking
 
-    config = {"trainer": {"log_async": True, "async_log": {"health_metrics": False, "spool": False},
-                          "record_limits": {"max_trajectories": 1_000_000, "max_chars": 1_000_000}}}
+    # "block": a loop faster than the lane waits for room instead of dropping, so the rate is what it sustains
+    config = {"trainer": {"log_async": True, "async_log": {"health_metrics": False, "spool": False,
+                                                           "system_metrics_s": 0, "overflow": "block",
+                                                           "block_timeout_s": 600},
+                          "record_limits": {"max_trajectories": 1_000_000, "max_chars": 1_000_000}, **(extra or {})}}
     tracking = Tracking(place.project, place.experiment, [tracker], config=config)
     tracking.flush(timeout=300)  # the actor is up and its tracker open: not timed
     started = time.perf_counter()
@@ -172,7 +180,11 @@ def lane(place: RunPlace, tracker: str, work: list, is_traj: bool) -> tuple[floa
             tracking.log(payload, step=step)
     report = tracking.finish(timeout=1800)
     elapsed = time.perf_counter() - started
-    return elapsed, {"complete": report.complete, "read_back": read_back(tracker, place)}
+    figures = report.lanes[tracker]
+    check = {"complete": report.complete, "busy_s": figures.busy_s, "cpu_s": figures.cpu_s}
+    if tracker == "memory":
+        return elapsed, check
+    return elapsed, {**check, "read_back": read_back(tracker, place)}
 
 
 def measure(env: BenchEnv, tracker: str, workload: Workload) -> dict[str, Any]:
@@ -187,10 +199,35 @@ def measure(env: BenchEnv, tracker: str, workload: Workload) -> dict[str, Any]:
     units, mb = workload.units(), workload.raw_bytes() / 1e6
     row: dict[str, Any] = {"tracker": tracker, "workload": workload.name, "units": units, "raw_mb": mb,
                            "lane_s": lane_s, "lane_per_s": units / lane_s, "lane_mb_s": mb / lane_s,
-                           "complete": check["complete"], "delivered": delivered}
+                           "complete": check["complete"], "delivered": delivered,
+                           "actor_busy_s": check["busy_s"], "actor_cpu_s": check["cpu_s"]}
     if bare_s is not None:
         row.update(bare_s=bare_s, bare_per_s=units / bare_s, bare_mb_s=mb / bare_s, ratio=bare_s / lane_s)
     return row
+
+
+# -- the pipeline alone -------------------------------------------------------------------------
+PIPELINE_TARGETS = {"scalars": ("scalars/s", 200_000), "trajectories": ("MB/s", 50.0)}
+
+
+def pipeline_ceiling(env: BenchEnv, workload: Workload) -> dict[str, Any]:
+    """The workload, more steps (10x scalars, 2x trajectories), into a lane whose sink only counts: what the
+    pipeline itself carries."""
+    big = Workload(workload.name, workload.steps * (2 if workload.trajectories else 10), workload.trajectories)
+    work = big.records()
+    is_traj = bool(big.trajectories)
+    place = env.place(f"pipeline-{big.name}")
+    folder = place.root / "discarded"
+    with quiet_stdout():
+        elapsed, check = lane(place, "memory", work, is_traj, {"memory_sink": {"discard": True, "dir": str(folder)}})
+    tally = json.loads((folder / "tally.json").read_text())
+    units, mb = big.units(), big.raw_bytes() / 1e6
+    unit, target = PIPELINE_TARGETS[big.name]
+    rate = units / elapsed if unit == "scalars/s" else mb / elapsed
+    return {"workload": big.name, "units": units, "raw_mb": mb, "s": elapsed, "per_s": units / elapsed,
+            "mb_s": mb / elapsed, "target": f">= {target:,} {unit}", "meets": rate >= target,
+            "delivered": tally["trajectories" if is_traj else "values"], "complete": check["complete"],
+            "actor_busy_s": check["busy_s"], "actor_cpu_s": check["cpu_s"]}
 
 
 def main(argv: list[str]) -> int:
@@ -205,11 +242,21 @@ def main(argv: list[str]) -> int:
             for tracker in args.trackers.split(","):
                 rows.append(measure(env, tracker, workload))
                 print(f"[{clock.elapsed():6.0f} s] {tracker} / {workload.name} done", flush=True)
-    result = {"machine": machine(), "quick": args.quick, "rows": rows}
+        ceiling = [pipeline_ceiling(env, workload) for workload in workloads(args.quick)]
+    result = {"machine": machine(), "quick": args.quick, "rows": rows, "pipeline": ceiling}
     print(table(["tracker", "workload", "bare /s", "bare MB/s", "lane /s", "lane MB/s", "lane/bare", "delivered"],
                 [[r["tracker"], r["workload"], fmt(r.get("bare_per_s"), 0), fmt(r.get("bare_mb_s")),
                   fmt(r["lane_per_s"], 0), fmt(r["lane_mb_s"]), fmt(r.get("ratio")),
                   f"{r['delivered']}/{r['units']}"] for r in rows]))
+    print("\nthe lane actors' work (wall time inside batch writes, process CPU):")
+    print(table(["tracker", "workload", "lane s", "actor busy s", "actor CPU s"],
+                [[r["tracker"], r["workload"], fmt(r["lane_s"]), fmt(r["actor_busy_s"]), fmt(r["actor_cpu_s"])]
+                 for r in rows]))
+    print("\nthe pipeline alone (buffer -> shipper -> Ray -> actor -> a sink that only counts):")
+    print(table(["workload", "units", "raw MB", "s", "/s", "MB/s", "target", "met", "delivered", "actor CPU s"],
+                [[c["workload"], c["units"], fmt(c["raw_mb"]), fmt(c["s"]), fmt(c["per_s"], 0), fmt(c["mb_s"]),
+                  c["target"], "yes" if c["meets"] else "NO", f"{c['delivered']}/{c['units']}",
+                  fmt(c["actor_cpu_s"])] for c in ceiling]))
     names = list(dict.fromkeys(r["tracker"] for r in rows))
     series = {w.name: [next((r.get("ratio") for r in rows if r["tracker"] == t and r["workload"] == w.name), None)
                        for t in names] for w in workloads(args.quick)}

@@ -305,7 +305,7 @@ class NodeSampling:
         self._claim.release()
 
 
-def start_node_sampling(put: Callable[[tuple], None], run_id: str, interval_s: float, started: float,
+def start_node_sampling(put: Callable[[Any], None], run_id: str, interval_s: float, started: float,
                         node_id: str | None) -> NodeSampling | None:
     """Sample this node into the pipeline's buffer (``put``) every ``interval_s`` if no other process of the
     run on this node does yet; None when off (0), or when another process has the node."""

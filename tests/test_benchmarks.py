@@ -98,4 +98,8 @@ def test_capacity_quick(tmp_path, mlflow_server_uri):
     for (tracker, workload), row in rows.items():
         assert row["complete"] and row["delivered"] == row["units"], row
         assert ("ratio" in row) == (tracker != "swanlab" or workload == "scalars"), row
+        assert 0 < row["actor_busy_s"] < row["lane_s"] and row["actor_cpu_s"] > 0, row
+    assert [c["workload"] for c in result["pipeline"]] == ["scalars", "trajectories"]
+    for ceiling in result["pipeline"]:  # the pipeline alone: every value counted by the discarding sink
+        assert ceiling["complete"] and ceiling["delivered"] == ceiling["units"] > 0, ceiling
     _assert_pngs(result)

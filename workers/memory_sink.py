@@ -1,14 +1,18 @@
 """The test double: a sink that keeps every record it gets, optionally slow or failing.
 
 Selected as backend ``"memory"``; configured under ``trainer.memory_sink`` (``delay_s`` per
-write, ``fail_writes``, ``fail_open``, ``down_while``, ``store_lag``, ``dir``). It appends each write as one encoded batch
-(msgpack + zstd, never pickle) to ``<dir>/records.tlb``, so what it got can be read back from any
-process, whether it ran in a lane actor or in-process: ``pipeline.testing.memory_records(run_id)``.
+write, ``fail_writes``, ``fail_open``, ``down_while``, ``store_lag``, ``dir``, ``discard``). It
+appends each write as one encoded batch (msgpack + zstd, never pickle) to ``<dir>/records.tlb``, so
+what it got can be read back from any process, whether it ran in a lane actor or in-process:
+``pipeline.testing.memory_records(run_id)``.
 The default ``dir`` is ``<temp>/tracklane-memory/<run_id>``; a fresh run starts it empty.
+With ``discard`` it keeps only counts (``<dir>/tally.json`` at close: records, scalar values,
+trajectories): the pipeline's own ceiling, with a sink that costs nothing (``benchmarks.capacity``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import tempfile
@@ -46,6 +50,7 @@ class MemorySink(Sink):
             # A store that lags like wandb-core's: a write counts as durable once this many more came after it.
             "store_lag": int(options.get("store_lag", 0)),
             "dir": os.path.abspath(options.get("dir") or memory_dir(run.run_id)),
+            "discard": bool(options.get("discard", False)),
         }
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -57,6 +62,7 @@ class MemorySink(Sink):
         with open(self._path, "wb" if fresh else "ab"):
             pass
         self._writes = 0
+        self._tally = {"records": 0, "values": 0, "trajectories": 0}
         return {}
 
     def write(self, records: Sequence[Record]) -> None:
@@ -66,10 +72,28 @@ class MemorySink(Sink):
             raise SinkError("memory sink told to fail every write")
         if self.settings["down_while"] and os.path.exists(self.settings["down_while"]):
             raise ConnectionError(f"memory sink down while {self.settings['down_while']} exists")
+        if self.settings["discard"]:
+            self._count(records)
+            self._writes += 1
+            return
         blob = encode_batch(Batch(seq=0, created=time.time(), records=list(records)))
         with open(self._path, "ab") as handle:
             handle.write(FRAME_HEADER.pack(len(blob)) + blob)
         self._writes += 1
+
+    def _count(self, records: Sequence[Record]) -> None:
+        tally = self._tally
+        tally["records"] += len(records)
+        for record in records:
+            if record.kind == "metrics":
+                tally["values"] += len(record.values)  # type: ignore[union-attr]
+            elif record.kind == "trajectories":
+                tally["trajectories"] += len(record.trajectories)  # type: ignore[union-attr]
+
+    def close(self, exit_code: int) -> None:
+        if self.settings["discard"]:
+            with open(os.path.join(self.settings["dir"], "tally.json"), "w", encoding="utf-8") as handle:
+                json.dump(self._tally, handle)
 
     def written(self) -> int | None:
         return self._writes if self.settings["store_lag"] else None
