@@ -59,7 +59,8 @@ class AsyncPipeline:
         self._cfg, self._limits, self._run_id = cfg, limits, run.run_id
         self._hub: Any = None
         self._started = time.time()
-        self._sampling = start_node_sampling(self.put, run.run_id, cfg.system_metrics_s, self._started, trainer_node)
+        self._sampling = start_node_sampling(self.put, run.run_id, cfg.system_metrics_s, self._started, trainer_node,
+                                             ready=lambda: self.wait_ready(0.0))
 
     def producer(self, name: str, key_prefix: str | None, axis: str | None = None) -> Producer:
         """A picklable handle for logging into this run from any Ray actor or task (see producer.py)."""
@@ -81,6 +82,14 @@ class AsyncPipeline:
 
     def last_step(self) -> Any:
         return self.buffer.last_step()
+
+    def wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not all(lane.answered for lane in self._lanes.values()):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def lanes(self) -> dict[str, LaneInfo]:
         """Each lane's actor as of its latest answer (pid 0 until it answered: ``flush()`` first)."""

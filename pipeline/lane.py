@@ -92,6 +92,8 @@ class Lane:
         self.report = LaneReport(name=name)
         self.sources: dict[str, int] = {}
         """How far each producer's batches got at this lane's actor, as of its latest answer."""
+        self.answered = False
+        """Its actor answered at least once (it is up, its tracker opened or failed to); read by other threads."""
 
     @classmethod
     def configured(cls, name: str, actor: Any, cfg: AsyncLogConfig, reload: Reload | None = None,
@@ -235,6 +237,7 @@ class Lane:
         self._pid, self._node_id = ack.pid, ack.node_id
         self.sources = ack.sources
         self.report.take(ack)
+        self.answered = True
 
     def _actor_lost(self, exc: Exception) -> None:
         if isinstance(exc, ActorDiedError):  # Ray will not restart it: the lane is dead for good
@@ -332,6 +335,7 @@ class Lane:
         return True
 
     def _die(self, why: str) -> None:
+        self.answered = True  # nothing to wait for
         self._dead = True
         self._probe = None
         self._calls.clear()

@@ -28,6 +28,9 @@ class Pipe(Protocol):
     def drop_late(self) -> None:
         """Count a record logged after ``close()``."""
 
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until every tracker is open (or failed to open); False if ``timeout`` passed first."""
+
     def lanes(self) -> dict[str, LaneInfo]:
         """Where each tracker's sink host runs."""
 

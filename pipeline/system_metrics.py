@@ -113,10 +113,13 @@ class SystemSampler:
     """
 
     def __init__(self, emit: Callable[[dict[str, float], int], None], node: str, interval_s: float,
-                 started: float, disk_path: str = ".") -> None:
+                 started: float, disk_path: str = ".", ready: Callable[[], bool] | None = None) -> None:
+        """``ready``: the first sample waits until it says True (the run's trackers are open: a sample
+        logged before would only wait for them)."""
         if not interval_s > 0:
             raise ConfigError(f"system metrics interval_s must be > 0, got {interval_s!r}")
         self._emit = emit
+        self._ready = ready
         self._prefix = f"system/{node}/"
         self._interval = float(interval_s)
         self._started = started
@@ -126,7 +129,9 @@ class SystemSampler:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._process = psutil.Process()
-        psutil.cpu_percent(interval=None)  # primes psutil's reference point (shared by its callers in this process)
+        # Our own reference point: psutil.cpu_percent(interval=None) keeps one per thread and returned 0.0 for the
+        # sampler thread's first call (its priming in the constructor's thread did not count).
+        self._cpu_before = psutil.cpu_times()
         self._counters: dict[str, tuple[float, tuple[int, int]]] = {}
         for group, read in (("disk", _disk_bytes), ("network", _net_bytes)):
             try:
@@ -172,6 +177,9 @@ class SystemSampler:
 
     # -- the thread ----------------------------------------------------------------------------
     def _run(self, stopping: threading.Event) -> None:
+        while self._ready is not None and not self._ready():
+            if stopping.wait(0.1):
+                return
         due = time.monotonic()
         while not stopping.is_set():
             self._emit_one()
@@ -191,7 +199,12 @@ class SystemSampler:
 
     # -- the readings ----------------------------------------------------------------------------
     def _cpu(self) -> dict[str, float]:
-        return {"cpu/percent": float(psutil.cpu_percent(interval=None))}
+        """Busy share of every core since the previous sample, 0-100 (psutil's system-wide convention)."""
+        now, before = psutil.cpu_times(), self._cpu_before
+        self._cpu_before = now
+        total = sum(now) - sum(before)
+        idle = (now.idle + getattr(now, "iowait", 0.0)) - (before.idle + getattr(before, "iowait", 0.0))
+        return {"cpu/percent": 100.0 * max(0.0, total - idle) / total if total > 0 else 0.0}  # 0.0: no tick yet
 
     def _load(self) -> dict[str, float]:
         return {"cpu/load_1m": float(os.getloadavg()[0])}
@@ -306,9 +319,9 @@ class NodeSampling:
 
 
 def start_node_sampling(put: Callable[[Any], None], run_id: str, interval_s: float, started: float,
-                        node_id: str | None) -> NodeSampling | None:
-    """Sample this node into the pipeline's buffer (``put``) every ``interval_s`` if no other process of the
-    run on this node does yet; None when off (0), or when another process has the node."""
+                        node_id: str | None, ready: Callable[[], bool] | None = None) -> NodeSampling | None:
+    """Sample this node into the pipeline's buffer (``put``) every ``interval_s`` (from when ``ready()``) if no
+    other process of the run on this node does yet; None when off (0), or when another process has the node."""
     from .captured import SYSTEM_METRICS, Captured
     from .values import BYTES_PER_ENTRY
 
@@ -322,4 +335,4 @@ def start_node_sampling(put: Callable[[Any], None], run_id: str, interval_s: flo
     def emit(values: dict[str, float], elapsed_s: int) -> None:
         put(Captured(elapsed_s, values, time.time(), None, SYSTEM_METRICS, len(values) * BYTES_PER_ENTRY))
 
-    return NodeSampling(SystemSampler(emit, node, interval_s, started).start(), claim)
+    return NodeSampling(SystemSampler(emit, node, interval_s, started, ready=ready).start(), claim)

@@ -92,6 +92,14 @@ class Tracking(LogCalls):
         shipped; cheap enough for a progress bar. Empty on the synchronous path."""
         return self._pipe.health
 
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        """Wait (up to ``timeout``) until every tracker has opened: on the asynchronous path the lane actors
+        start and open their trackers in the background (seconds each: Ray's worker, the SDK's import, the
+        tracker's run), and what is logged before that waits for them. A trainer that wants its first steps
+        on the dashboards at once calls this after its own warm-up, before the first step; the synchronous
+        path opened them in the constructor already. Returns False if one is still opening."""
+        return self._report is not None or self._pipe.wait_ready(timeout)
+
     def lanes(self) -> dict[str, LaneInfo]:
         """Where each tracker's sink host runs (name, pid, Ray node id) and what it holds unacknowledged.
         On the asynchronous path a lane's pid is known once its actor answered: ``flush()`` first."""

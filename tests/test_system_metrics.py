@@ -293,3 +293,22 @@ def test_gpu_keys_are_what_nvml_sees():
             assert 0.0 <= values.get(f"gpu/{i}/util_percent", 0.0) <= 100.0
             assert 0.0 <= values[f"gpu/{i}/memory_percent"] <= 100.0
             assert 0.0 < values.get(f"gpu/{i}/temperature_c", 50.0) < 130.0
+
+
+def test_cpu_percent_sees_a_busy_core_from_the_sampler_thread():
+    """The first sample taken on the sampler's own thread reflects the load since construction (psutil's
+    cpu_percent(interval=None) keeps its reference per thread, and said 0.0 there)."""
+    import threading
+    import time
+
+    from pipeline.system_metrics import SystemSampler
+
+    got = []
+    sampler = SystemSampler(lambda values, _: got.append(values), "n", 60.0, time.time())
+    deadline = time.perf_counter() + 1.0
+    while time.perf_counter() < deadline:  # one core busy for a second
+        pass
+    thread = threading.Thread(target=lambda: got.append(sampler.sample()))
+    thread.start()
+    thread.join()
+    assert got[0]["cpu/percent"] >= 100.0 / (2 * (psutil.cpu_count() or 1))  # at least half a core's share

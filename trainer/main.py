@@ -54,6 +54,15 @@ class FitResult:
 
 
 def fit(cfg: Config) -> FitResult:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.trainer.cpu_threads or max(1, (os.cpu_count() or 2) - 1))
+    try:
+        return _fit(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit(cfg: Config) -> FitResult:
     t, arr = cfg.trainer, cfg.actor_rollout_ref
     device = _device(t.device)
     torch.manual_seed(t.seed)
@@ -81,6 +90,14 @@ def fit(cfg: Config) -> FitResult:
             start_step = state["step"]
             log.info("resumed from %s at step %d", checkpoint, start_step)
         engine.sync_weights()
+        # The tracker actors opened during the warm-up (on 2 busy cores that takes 10-25 s: six Ray workers,
+        # each importing its SDK); steps logged before they are up would wait for them.
+        waited = time.perf_counter()
+        if not tracking.wait_ready(timeout=120.0):
+            log.warning("some trackers are still opening; their records wait for them")
+        waited = time.perf_counter() - waited
+        if waited >= 0.1:
+            log.info("waited %.1f s after the warm-up for the trackers to open", waited)
     except BaseException:
         tracking.finish(exit_code=1)
         raise
