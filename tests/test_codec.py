@@ -124,3 +124,27 @@ def test_too_many_records():
     wire = ["TLB", 1, 1, 0.0, [["metrics", i, 0.0, {}, None] for i in range(20)]]
     with pytest.raises(CodecError, match="records"):
         decode_batch(_raw(wire), DecodeLimits(max_records=10))
+
+
+def test_a_version_1_batch_still_decodes():
+    """Spools of earlier releases hold version 1 batches (no schema table, metrics as maps): they decode as before."""
+    wire = ["TLB", 1, 5, 2.0, [["metrics", 3, 1.5, {"loss": 0.5, "n": 2}, None]]]
+    (record,) = decode_batch(_raw(wire)).records
+    assert (record.step, record.values, record.axis) == (3, {"loss": 0.5, "n": 2}, None)
+    assert type(record.values["n"]) is int
+
+
+def test_keyed_metrics_keep_each_value_and_type():
+    """Metrics go by key table: ints come back as ints, an int past 2**53 (not exact in float64) keeps the map form,
+    records of one key set share one schema."""
+    records = [Metrics(step=s, time=0.0, values={"loss": s / 3, "tokens": 7 * s, "nan": math.nan}) for s in range(3)]
+    records.append(Metrics(step=3, time=0.0, values={"big": 2**60, "x": 1.0}))
+    blob = encode_batch(Batch(seq=1, created=0.0, records=records))
+    wire = msgpack.unpackb(zstandard.ZstdDecompressor().decompress(blob), raw=False)
+    assert [r[0] for r in wire[4]] == ["m", "m", "m", "metrics"] and len(wire[5]) == 1
+    back = decode_batch(blob).records
+    for got, sent in zip(back, records, strict=True):
+        assert list(got.values) == list(sent.values)
+        for key, value in sent.values.items():
+            assert type(got.values[key]) is type(value)
+            assert got.values[key] == value or (math.isnan(value) and math.isnan(got.values[key]))

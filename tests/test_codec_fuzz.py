@@ -287,6 +287,7 @@ def _every_kind() -> Batch:
         Text(name="t", text="text", **common),
         Image(name="i", png=PNG_SIGNATURE + b"\x00" * 8, **common),
         Artifact(path="/ckpt/a.pt", name="a", type="checkpoint", **common),
+        Metrics(values={"loss": 0.5, "big": 2**60}, **common),  # an int past 2**53: the map form
     ])
 
 
@@ -394,6 +395,12 @@ def _accepts(spec: Any, v: Any) -> bool:
         return type(v) is int and v >= 0
     if spec == "one":
         return type(v) is int and v == 1
+    if spec == "two":
+        return type(v) is int and v == 2
+    if spec == "zero":
+        return type(v) is int and v == 0
+    if spec == "axis":
+        return v is None or (type(v) is str and 0 < len(v) <= 256)
     if spec == "number":
         return _is_number(v)
     if spec == "str":
@@ -422,7 +429,9 @@ _COMMON_SPECS = [(("step",), "int"), (("time",), "number"), (("only",), "only"),
 _TRAJECTORY = ("trajectories", 0)
 _FIGURES = ("figures",)
 _SPECS: dict[int, list[tuple[tuple, Any]]] = {  # index of the record in _every_kind() -> (path in its fields, spec)
-    0: [((), "never"), ((0,), "never"), ((1,), "int"), ((2,), "number"), ((3,), ("dict", "number")),
+    0: [((), "never"), ((0,), "never"), ((1,), "int"), ((2,), "number"), ((3,), "zero"), ((4,), "never"),
+        ((5,), "only"), ((5, 0), "str"), ((6,), "axis")],  # keyed metrics: schema 0, its 16 bytes of numbers
+    8: [((), "never"), ((0,), "never"), ((1,), "int"), ((2,), "number"), ((3,), ("dict", "number")),
         ((3, "loss"), "number"), ((4,), "only"), ((4, 0), "str")],
     1: [(("key",), "str"), (("samples",), ("list", "row")), (("samples", 0), "row"), (("samples", 0, 0), "str"),
         (("samples", 0, 1), "str"), (("samples", 0, 2), "number")],
@@ -449,14 +458,18 @@ _CANDIDATES = [None, True, False, 0, 1, -1, 2**64 - 1, 1.5, math.nan, -math.inf,
 
 def _field_cases() -> Iterator[tuple[str, tuple, Any]]:
     """(kind, path in the batch's wire, spec) for every field; a metrics record is a list, the others [kind, {fields}]."""
-    for path, spec in [((), "never"), ((0,), "never"), ((1,), "one"), ((2,), "uint"), ((3,), "number"),
-                       ((4,), ("list", "never"))]:
+    for path, spec in [((), "never"), ((0,), "never"), ((1,), "two"), ((2,), "uint"), ((3,), "number"),
+                       ((4,), ("list", "never")), ((5,), "never")]:
         yield "header", path, spec
+    # The metrics schema table: [["loss", "n"], [1]] ("n" holds an int)
+    for path, spec in [((5, 0), "never"), ((5, 0, 0), "never"), ((5, 0, 0, 0), "str"), ((5, 0, 1), ("list", "one")),
+                       ((5, 0, 1, 0), "one")]:
+        yield "schemas", path, spec
     for index, specs in _SPECS.items():
         kind = _EVERY_KIND_WIRE[4][index][0]
-        if index == 0:
+        if index in (0, 8):  # metrics records are lists
             for path, spec in specs:
-                yield kind, (4, 0, *path), spec
+                yield kind, (4, index, *path), spec
             continue
         for path, spec in [((), "never"), ((0,), "never"), ((1,), "never")]:
             yield kind, (4, index, *path), spec
@@ -464,7 +477,7 @@ def _field_cases() -> Iterator[tuple[str, tuple, Any]]:
             yield kind, (4, index, 1, *path), spec
 
 
-@pytest.mark.parametrize("kind", ["header", *RECORD_TYPES])
+@pytest.mark.parametrize("kind", ["header", "schemas", "m", *RECORD_TYPES])
 def test_wrong_type_in_every_field(kind: str) -> None:
     """Each field of each record kind (and of the header), nested ones included, accepts exactly the types records.py
     promises: any other type (extension types included) is refused with CodecError."""

@@ -51,3 +51,21 @@ def test_pipeline_does_not_import_torch():
             "MetricCleaner().clean({'a': {'b': 1.0}, 'c': object()}); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_clean_dict_is_taken_as_it_is_and_anything_else_is_cleaned():
+    """verl's usual dict (flat, str keys, floats and int64 ints) is returned itself; numpy numbers, nested dicts,
+    a prefix or an int past int64 go through the cleaning."""
+    import numpy as np
+
+    from pipeline.values import MetricCleaner
+
+    cleaner = MetricCleaner()
+    plain = {"a": 1.0, "b": 2}
+    assert cleaner.clean(plain) is plain
+    for values, want in (({"a": np.float64(1.5)}, {"a": 1.5}), ({"a": {"b": 1.0}}, {"a/b": 1.0}),
+                         ({"a": 2**70}, {"a": float(2**70)}), ({"a": True}, {"a": 1})):
+        got = cleaner.clean(values)
+        assert got == want and got is not values
+        assert all(type(v) in (int, float) for v in got.values())
+    assert cleaner.clean(plain, "w/") == {"w/a": 1.0, "w/b": 2}
