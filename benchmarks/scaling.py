@@ -1,4 +1,5 @@
-"""Scaling of the async path: payload per step, number of trackers, steps per second until saturation.
+"""Scaling of the async path: payload per step, number of trackers, steps per second until saturation,
+producers (Ray actors logging into the run) on one node and on two.
 
     python -m benchmarks.scaling [--quick] [--out DIR] [--mlflow-uri URI]
 
@@ -7,7 +8,9 @@ payload and rate series keep one pipeline and drain it (``flush``) between point
 drops per point; the tracker series starts a pipeline per tracker count. For each point: the
 caller's time in the logging calls, the step-time ratio against the same loop without logging,
 how long the backlog took to drain afterwards, and what was dropped. "Saturated" marks the
-first point that drops records or whose step time grows >5% (the caller waits).
+first point that drops records or whose step time grows >5% (the caller waits). The producers series
+(scaling_producers.py) gives each producer's cost per step, the lag and what was dropped, 1..8 producers
+and then one point on a 2-node cluster with the lanes on the second node.
 Writes ``scaling.json`` and PNGs into ``--out``.
 """
 
@@ -21,13 +24,14 @@ import time
 from benchmarks import plots
 from benchmarks.harness import BenchEnv, Clock, common_args, fmt, machine, percentile, proc_kib, quiet_stdout, table, write_json
 from benchmarks.modes import TracklaneMode
+from benchmarks.scaling_producers import producer_series, two_nodes
 from benchmarks.workloads import trajectories, verl_scalars
 
 KiB, MiB = 2**10, 2**20
 TRACKER_ORDER = ["file", "tensorboard", "console", "swanlab", "wandb", "mlflow"]
 TRAJECTORY_BYTES = 4 * KiB  # payload is cut into trajectories of about this size
 LIMITS = {"max_trajectories": 1_000_000, "max_chars": 1_000_000}  # store the whole payload: it is what is measured
-ASYNC_LOG = {"health_metrics": False}  # then every record a lane counts as dropped is one the user logged
+ASYNC_LOG = {"health_metrics": False, "system_metrics_s": 0}  # every record a lane counts is one the user logged
 
 
 def payload(nbytes: int, step: int) -> list[dict]:
@@ -133,7 +137,7 @@ def main(argv: list[str]) -> int:
     sizes = [KiB, MiB, 16 * MiB] if quick else [KiB, 16 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB]
     rates = [10.0, 1000.0] if quick else [10.0, 30.0, 100.0, 300.0, 1000.0]
     counts = [1, 6] if quick else [1, 2, 3, 4, 5, 6]
-    rate_bytes, tracker_bytes = 64 * KiB, 256 * KiB
+    rate_bytes, tracker_bytes, producer_bytes = 64 * KiB, 256 * KiB, 64 * KiB
     result: dict = {"benchmark": "scaling", "quick": quick, "machine": machine(), "seconds_per_point": seconds}
     with BenchEnv(args.mlflow_uri, "scaling") as env, quiet_stdout():
         _progress(clock, "payload per step, file tracker, 10 steps/s")
@@ -144,6 +148,13 @@ def main(argv: list[str]) -> int:
         _progress(clock, f"number of trackers, {tracker_bytes // KiB} KiB a step, 20 steps/s")
         result["trackers"] = {"payload_bytes": tracker_bytes, "period_s": 0.05,
                               "points": tracker_series(env, counts, tracker_bytes, 0.05, seconds)}
+        producers = [1, 4] if quick else [1, 2, 4, 8]
+        _progress(clock, f"producers {producers} (Ray actors), {producer_bytes // KiB} KiB of trajectories a step each, "
+                         "10 steps/s, file tracker")
+        result["producers"] = {"payload_bytes": producer_bytes, "period_s": 0.1,
+                               "points": producer_series(env, producers, producer_bytes, 0.1, seconds, ASYNC_LOG, LIMITS)}
+        _progress(clock, "4 producers on two nodes, the lanes on the second")
+        result["producers"]["two_nodes"] = two_nodes(env, 4, producer_bytes, 0.1, seconds, ASYNC_LOG, LIMITS)
     result["plots"] = [str(p) for p in plot(result, args.out)]
     print_tables(result)
     result["wall_s"] = clock.elapsed()
@@ -177,6 +188,15 @@ def print_tables(result: dict) -> None:
     print(table(["trackers"] + common + ["lag p99 s", "finish s", "actors MiB"],
                 [[", ".join(p["names"])] + cells(p) + [fmt(p["lag_p99_s"], 2), fmt(p["finish_s"], 1),
                                                         fmt(p["actors_mib"], 0)] for p in result["trackers"]["points"]]))
+    print(f"\n== Producers (Ray actors, {_size(result['producers']['payload_bytes'])} of trajectories a step each, "
+          "10 steps/s, file tracker) ==")
+    rows = [*result["producers"]["points"], result["producers"]["two_nodes"]]
+    print(table(["producers", "nodes", "raw MB/s", "calls us p50/p99", "first call ms", "dropped", "lag p99 s", "finish s",
+                 "complete"],
+                [[p["producers"], p["nodes"], fmt(p["raw_mb_per_s"], 1), f"{fmt(p['call_us_p50'], 0)}/{fmt(p['call_us_p99'], 0)}",
+                  fmt(p["first_call_ms"], 1),
+                  f"{p['dropped']}/{p['logged']}", fmt(p["lag_p99_s"], 2), fmt(p["finish_s"], 1),
+                  "yes" if p["complete"] else "NO"] for p in rows]))
     for series, key, show in (("payload", "payload_bytes", _size), ("rate", "steps_per_s", lambda r: f"{r:g} steps/s")):
         first = next((p for p in result[series]["points"] if p["saturated"]), None)
         print(f"{series}: " + ("no saturation in the range measured" if first is None else
@@ -184,7 +204,7 @@ def print_tables(result: dict) -> None:
 
 
 def plot(result: dict, out) -> list:
-    pay, rate, trk = (result[k]["points"] for k in ("payload", "rate", "trackers"))
+    pay, rate, trk, prod = (result[k]["points"] for k in ("payload", "rate", "trackers", "producers"))
     return [
         plots.lines(out / "scaling_payload.png", "Caller time vs payload per step (file, 10 steps/s)",
                     [p["payload_bytes"] / KiB for p in pay],
@@ -199,6 +219,10 @@ def plot(result: dict, out) -> list:
                     {"calls p99 us": [p["call_us_p99"] for p in trk], "finish s": [p["finish_s"] for p in trk],
                      "lag p99 s": [p["lag_p99_s"] for p in trk], "actors MiB / 100": [p["actors_mib"] / 100 for p in trk]},
                     "trackers", "value"),
+        plots.lines(out / "scaling_producers.png", "Producers (Ray actors, 64 KiB a step each, 10 steps/s)",
+                    [p["producers"] for p in prod],
+                    {"calls p50 us": [p["call_us_p50"] for p in prod], "calls p99 us": [p["call_us_p99"] for p in prod],
+                     "lag p99 ms": [p["lag_p99_s"] * 1e3 for p in prod]}, "producers", "us / ms"),
     ]
 
 

@@ -85,6 +85,13 @@ def test_scaling_quick(tmp_path, mlflow_server_uri):
         for point in result[series]["points"]:
             for key in ("ratio", "call_us_p50", "call_us_p99", "dropped", "saturated"):
                 assert key in point, (series, key)
+    points = result["producers"]["points"]
+    assert [p["producers"] for p in points] == [1, 4]
+    for point in [*points, result["producers"]["two_nodes"]]:  # every producer's records logged and delivered
+        assert point["complete"] and point["dropped"] == 0 and point["logged"] == 2 * point["producers"] * point["steps"]
+    two = result["producers"]["two_nodes"]
+    assert two["nodes"] == 2 and len(two["lanes_on"]) == 1  # producers on both nodes, the lanes on one:
+    assert two["lanes_on"] != [two["driver_node"]]  # the second
     _assert_pngs(result)
 
 
