@@ -207,6 +207,10 @@ def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4)
             mode["delivered"] = {t: read_back(t, place) for t in trackers if t != "console"}
             mode["lag_ms"] = {t: {"p50": lane.lag_p50_s * 1e3, "p99": lane.lag_p99_s * 1e3}
                               for t, lane in report.lanes.items()} if name == "async" else {}
+            # what each lane actor spent (its whole process: Ray's threads and the SDK's included)
+            mode["lane_cpu_s_per_1000_records"] = {
+                t: 1e3 * lane.cpu_s / lane.records_written for t, lane in report.lanes.items() if lane.records_written
+            } if name == "async" else {}
         out["modes"][name] = mode
     for mode in out["modes"].values():
         if "step_ms_p50" in mode:
@@ -218,7 +222,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_args(parser, "overhead")
     parser.add_argument("--only", metavar="LABEL", help="run only the scenarios whose label contains this "
-                        "(e.g. gpu50ms/full/all), and skip the trainer step kind")
+                        "(e.g. gpu50ms/full/all), and skip the trainer step kind; 'trainer': only the trainer")
     parser.add_argument("--async-log", metavar="KEY=VALUE", action="append", default=[],
                         help="a trainer.async_log setting for tracklane's modes (repeatable), e.g. "
                              "flush_interval_s=0.1 or gil_switch_interval_s=0.0005")
@@ -228,7 +232,7 @@ def main(argv: list[str]) -> int:
     verl_reason = verl_unavailable()
     if verl_reason:
         print(f"verl mode skipped: {verl_reason}")
-    scenarios = [sc for sc in plan(args.quick) if args.only is None or args.only in sc.label]
+    scenarios = [sc for sc in plan(args.quick) if args.only != "trainer" and (args.only is None or args.only in sc.label)]
     result: dict = {"benchmark": "overhead", "quick": args.quick, "machine": machine(), "modes": MODES,
                     "async_log": async_log,
                     "verl": {"available": verl_reason is None, "reason": verl_reason},
@@ -241,7 +245,7 @@ def main(argv: list[str]) -> int:
             result["scenarios"].append(run_scenario(env, sc, verl_reason, calls, async_log))
             if calls:
                 result["call_cost"] = {"calls": calls, **result["scenarios"][-1]["call_cost"]}
-        if args.only is None:
+        if args.only in (None, "trainer"):
             print(f"[{clock.elapsed():6.0f} s] the real trainer", flush=True)
             # quick: two light trackers, so the smoke test stays short; full: all six
             result["trainer"] = (run_trainer(env, 6, ["tensorboard", "file"]) if args.quick

@@ -71,7 +71,8 @@ def print_report(result: dict) -> list[dict]:
           f"{result['max_trajectories']} a step by tracklane's default record_limits) and lag log()->tracker ==")
     print(table(["scenario", "mode", "tracker", "scalars", "trajectories", "generations", "lag ms p50/p99",
                  "actor MiB peak"], detail))
-    _print_call_cost(result["call_cost"])
+    if "call_cost" in result:  # left out by --only trainer
+        _print_call_cost(result["call_cost"])
     if "trainer" in result:  # left out by --only
         _print_trainer(result["trainer"])
     targets = evaluate_targets(result)
@@ -108,6 +109,10 @@ def _print_trainer(tr: dict) -> None:
                      "-" if m["complete"] is None else str(m["complete"]), stored or "-"])
     print(f"\n== The real trainer (trainer.main.fit, {tr['steps']} timed steps, trackers {', '.join(tr['trackers'])}) ==")
     print(table(["mode", "step ms", "ratio", "finish s", "complete", "scalars read back"], rows))
+    cpu = tr["modes"].get("async", {}).get("lane_cpu_s_per_1000_records", {})
+    if cpu:
+        print("async lanes, CPU seconds per 1,000 records (each actor's whole process): "
+              + ", ".join(f"{t} {fmt(v, 2)}" for t, v in cpu.items()))
 
 
 def evaluate_targets(result: dict) -> list[dict]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import reprlib
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import msgpack
@@ -200,15 +201,29 @@ def _is_figures(f: Any) -> bool:
         and isinstance(f["counts"], list) and all(type(n) is int for n in f["counts"]))
 
 
+_TRAJECTORY_FIELDS = frozenset(Trajectory.__slots__)
+_DICT = frozenset({dict})
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def _is_trajectory(t: Any) -> bool:
-    return (isinstance(t, dict) and set(t) == set(Trajectory.__slots__)
-            and isinstance(t["messages"], list)
-            and all(isinstance(m, dict) and all(_is_str(k) and _is_str(v) for k, v in m.items()) for m in t["messages"])
-            and isinstance(t["tool_calls"], list)
-            and all(isinstance(c, dict) and all(_is_str(k) and _is_plain(v) for k, v in c.items()) for c in t["tool_calls"])
-            and isinstance(t["rewards"], dict) and all(_is_str(k) and _is_number(v) for k, v in t["rewards"].items())
-            and isinstance(t["meta"], dict) and all(_is_str(k) and _is_plain(v) for k, v in t["meta"].items())
+    # Types checked in C (sets of maps of type over every message's keys and values at once): checking each
+    # message in Python was three quarters of decoding a batch of trajectories.
+    if not (type(t) is dict and t.keys() == _TRAJECTORY_FIELDS):
+        return False
+    messages, calls = t["messages"], t["tool_calls"]
+    return (type(messages) is list and set(map(type, messages)) <= _DICT
+            and set(map(type, chain.from_iterable(messages))) <= _STR
+            and set(map(type, chain.from_iterable(map(dict.values, messages)))) <= _STR
+            and type(calls) is list and set(map(type, calls)) <= _DICT
+            and set(map(type, chain.from_iterable(calls))) <= _STR
+            and set(map(type, chain.from_iterable(map(dict.values, calls)))) <= _PLAIN
+            and _str_map_of(t["rewards"], _NUMERIC) and _str_map_of(t["meta"], _PLAIN)
             and type(t["token_ids"]) is bytes and len(t["token_ids"]) % 4 == 0)
+
+
+def _str_map_of(value: Any, kinds: frozenset) -> bool:
+    return type(value) is dict and set(map(type, value)) <= _STR and set(map(type, value.values())) <= kinds
 
 
 _COMMON = {"step": lambda v: type(v) is int, "time": _is_number, "only": _is_only}
