@@ -184,10 +184,6 @@ def _is_str(value: Any) -> bool:
     return type(value) is str
 
 
-def _is_plain(value: Any) -> bool:
-    return value is None or type(value) in (str, int, float, bool)
-
-
 def _is_sample(row: Any) -> bool:
     return isinstance(row, list) and len(row) == 3 and _is_str(row[0]) and _is_str(row[1]) and _is_number(row[2])
 
