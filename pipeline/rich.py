@@ -137,8 +137,8 @@ class RichConverter:
                     for m in data.get("messages") or []]
         calls = [self._tool_call(_fields(c)) for c in data.get("tool_calls") or []]
         rewards = data.get("rewards", data.get("reward"))
-        rewards = {"score": _score(rewards)} if not isinstance(rewards, Mapping) else \
-            {str(k): _score(v) for k, v in rewards.items()}
+        rewards = {str(k): _score(v) for k, v in rewards.items()} if type(rewards) is dict or isinstance(rewards, Mapping) \
+            else {"score": _score(rewards)}
         meta = {str(k): _plain(v) for k, v in (data.get("meta") or {}).items()}
         return Trajectory(messages=messages, tool_calls=calls, rewards=rewards, meta=meta,
                           token_ids=_int32_bytes(data.get("token_ids")))
@@ -152,7 +152,7 @@ class RichConverter:
 
 
 def _fields(item: Any) -> Mapping[str, Any]:
-    if isinstance(item, Mapping):
+    if type(item) is dict or isinstance(item, Mapping):  # the exact type first: the ABC check costs ~1 us a call
         return item
     if isinstance(item, Trajectory):
         return {name: getattr(item, name) for name in Trajectory.__slots__}
@@ -168,6 +168,8 @@ def _as_text(value: Any) -> str:
 
 
 def _score(value: Any) -> float:
+    if type(value) is float:
+        return value
     try:
         return float(value.item() if hasattr(value, "item") else value)
     except (TypeError, ValueError):
