@@ -136,6 +136,8 @@ def evaluate_targets(result: dict) -> list[dict]:
             out.append({"name": f"{TARGET_SCENARIO}: {mode} step-time ratio (the contrast)", "value": fmt(m["ratio"], 3),
                         "target": ">= 1.5", "met": m["ratio"] >= 1.5,
                         "why": f"its trackers absorb this workload in {fmt(m['logging_us']['p50'] / 1e3, 1)} ms a step"})
+    if "call_cost" not in result:  # --only trainer
+        return out
     cc = result["call_cost"]["modes"]["async"]
     floor = cc["floor_warm_us"]
     out.append({"name": "async log() p50, ~2 ms between calls", "value": f"{fmt(cc['warm_us']['p50'], 1)} us",
