@@ -116,7 +116,6 @@ class RecordBuffer:
         return max(0.0, oldest + flush_interval_s - time.time())
 
 
-
 def _trainer_step(items: Any) -> Any:
     """The step of the newest item on the trainer's axis (system metrics and other axes count seconds or
     a producer's own steps), None if there is none."""

@@ -38,6 +38,8 @@ TIME: Final = 2
 KIND: Final = 4
 SIZE: Final = 5
 
+METRICS: Final = "metrics"
+"""``log(...)``: the payload is the dict's shallow copy."""
 METRICS_ON_AXIS: Final = "metrics_on_axis"
 """``log(..., axis=...)``: the payload is (values, axis)."""
 SYSTEM_METRICS: Final = "system_metrics"

@@ -29,7 +29,7 @@ from .errors import CodecError
 from .histogram import FIELDS as HISTOGRAM_FIELDS
 from .histogram import HistogramFigures
 from .metrics_wire import KIND as KEYED_METRICS
-from .metrics_wire import SchemaTable, metrics_from_wire, schemas_from_wire
+from .metrics_wire import SchemaTable, is_axis, metrics_from_wire, schemas_from_wire
 from .png import PNG_SIGNATURE
 from .records import RECORD_TYPES, Artifact, Batch, Generations, Histogram, Image, Metrics, Record, Text, Trajectories, Trajectory
 
@@ -138,13 +138,13 @@ def _record_from_wire(wire: Any, schemas: list) -> Record:
         _expect(len(wire) in (5, 6), "metrics record must have 5 or 6 fields")
         _, step, when, values, only = wire[:5]
         axis = wire[5] if len(wire) == 6 else None
-        _expect(axis is None or (type(axis) is str and 0 < len(axis) <= 256), "metrics axis must be a short string")
+        _expect(is_axis(axis), "metrics axis must be a short string")
         _expect(type(step) is int, "metrics step must be an int")
         _expect(type(when) in (int, float), "metrics time must be a number")
         _expect(isinstance(values, dict), "metrics values must be a map")
         # Types checked in C (set of map of type): the per-key loop with its messages cost as much as the
         # rest of decoding. A failure then names the first bad key, as before.
-        if not set(map(type, values)) <= _STR or not set(map(type, values.values())) <= _NUMERIC:
+        if not _str_map_of(values, _NUMERIC):
             for key, value in values.items():
                 _expect(type(key) is str, "metric names must be strings")
                 _expect(type(value) in _NUMERIC, f"metric {key!r} must be a number")

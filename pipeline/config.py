@@ -139,12 +139,12 @@ def async_log_config(section: Mapping[str, Any] | None, env: Mapping[str, str] |
     """Build the config from ``trainer.async_log`` (a plain mapping), refusing unknown keys; ``env`` may
     set what the section does not say (``TRACKLANE_SYSTEM_METRICS_S``)."""
     section = dict(section or {})
-    if "system_metrics_s" not in section and (env or {}).get(SYSTEM_METRICS_ENV):
+    seconds = (env or {}).get(SYSTEM_METRICS_ENV)
+    if "system_metrics_s" not in section and seconds:
         try:
-            section["system_metrics_s"] = float((env or {})[SYSTEM_METRICS_ENV])
+            section["system_metrics_s"] = float(seconds)
         except ValueError:
-            raise ConfigError(f"{SYSTEM_METRICS_ENV} must be a number of seconds, got "
-                              f"{(env or {})[SYSTEM_METRICS_ENV]!r}") from None
+            raise ConfigError(f"{SYSTEM_METRICS_ENV} must be a number of seconds, got {seconds!r}") from None
     unknown = sorted(set(section) - set(_FIELD_TYPES))
     if unknown:
         raise ConfigError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from .captured import METRICS_ON_AXIS, SYSTEM_METRICS, Captured
+from .captured import METRICS, METRICS_ON_AXIS, SYSTEM_METRICS, Captured
 from .records import Metrics, Record
 from .report import PipelineReport
 from .rich import RecordLimits, RichConverter
@@ -17,10 +17,10 @@ from .values import MetricCleaner, as_number
 
 log = logging.getLogger("tracklane")
 
-METRICS = "metrics"
 SYSTEM_AXIS = "system/elapsed_s"
 
 
+_METRIC_KINDS = frozenset({METRICS, METRICS_ON_AXIS, SYSTEM_METRICS})
 _NAME_INDEX = {"generations": 1, "trajectories": 1, "histogram": 0, "text": 0, "image": 0}
 """Where the key or name sits in each rich kind's payload (log_calls.py builds them)."""
 
@@ -43,15 +43,13 @@ class Converter:
             self._reject(kind, f"step {raw_step!r} is not an integer")
             return None
         only = None if backend is None else ([backend] if isinstance(backend, str) else [str(b) for b in backend])
-        if kind == METRICS:
-            values = self.metrics.clean(payload, self._prefix)
-            return Metrics(step=step, values=values, time=when, only=only, axis=self._axis) if values else None
-        if kind == SYSTEM_METRICS:
-            values = self.metrics.clean(payload)
-            return Metrics(step=step, values=values, time=when, only=only, axis=SYSTEM_AXIS) if values else None
-        if kind == METRICS_ON_AXIS:
-            data, axis = payload
-            values = self.metrics.clean(data, self._prefix)
+        if kind in _METRIC_KINDS:
+            data, prefix, axis = payload, self._prefix, self._axis
+            if kind == METRICS_ON_AXIS:
+                data, axis = payload
+            elif kind == SYSTEM_METRICS:  # a node's figures: keyed as they are, on seconds
+                prefix, axis = "", SYSTEM_AXIS
+            values = self.metrics.clean(data, prefix)
             return Metrics(step=step, values=values, time=when, only=only, axis=axis) if values else None
         index = _NAME_INDEX.get(kind)
         try:

@@ -13,8 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .captured import METRICS_ON_AXIS
-from .convert import METRICS
+from .captured import METRICS, METRICS_ON_AXIS
 from .values import BYTES_PER_ENTRY
 
 log = logging.getLogger("tracklane")

@@ -58,6 +58,11 @@ class SchemaTable:
 Schema = tuple[list[str], list[int]]
 
 
+def is_axis(value: Any) -> bool:
+    """A metrics record's axis on the wire: nil (the trainer's step) or a short string."""
+    return value is None or (type(value) is str and 0 < len(value) <= 256)
+
+
 def schemas_from_wire(wire: Any) -> list[Schema]:
     """The batch's schema table, checked: unique string keys, int positions in range and increasing."""
     if not isinstance(wire, list):
@@ -90,7 +95,7 @@ def metrics_from_wire(wire: list[Any], schemas: list[Schema]) -> Metrics:
         raise CodecError(f"malformed batch: metrics numbers must be {8 * len(keys)} bytes")
     if not (only is None or (isinstance(only, list) and all(type(b) is str for b in only))):
         raise CodecError("malformed batch: metrics 'only' must be nil or a list of backend names")
-    if not (axis is None or (type(axis) is str and 0 < len(axis) <= 256)):
+    if not is_axis(axis):
         raise CodecError("malformed batch: metrics axis must be a short string")
     values: list[Any] = list(struct.unpack(f"<{len(keys)}d", numbers))
     for i in ints:

@@ -166,7 +166,7 @@ class WandbSink(Sink):
 
     def _fresh(self, group: Sequence[Any]) -> bool:
         """False if the run's earlier files hold this row already (a batch sent again after a takeover)."""
-        position = self._positions.get(id(group[-1]), -1)
+        position = self._position(group)
         if position < 0 or (self._seq, position) > self._earlier.rows.get(self._source, (0, -1)):
             return True
         if not self._skipped:
@@ -174,6 +174,10 @@ class WandbSink(Sink):
                         "of this run stored them); skipping them", self._run.id)
         self._skipped += len(group)
         return False
+
+    def _position(self, group: Sequence[Any]) -> int:
+        """The batch position of the row's last record; -1 outside a lane's batch (the synchronous path)."""
+        return self._positions.get(id(group[-1]), -1)
 
     def _log(self, values: dict[str, Any], step: int, group: Sequence[Any]) -> None:
         """One history row: ``values`` at ``step`` of the group's axis, tagged with its last record's position."""
@@ -187,7 +191,7 @@ class WandbSink(Sink):
             self._open = opened
         row = dict(values)
         row[axis] = step
-        position = self._positions.get(id(group[-1]), -1)
+        position = self._position(group)
         if position >= 0:
             row[ROW_TAG] = f"{self._source}|{self._seq}|{position}"
         self._run.log(row, step=self._row)
