@@ -104,6 +104,9 @@ class Ack:
     """The last batch of each producer (``Tracking.producer``) the tracker was handed, by source id."""
     work: Work = field(default_factory=lambda: Work())
     """What the host has spent so far (this actor's life)."""
+    output: str = ""
+    """Lines the sink printed since the last answer to the trainer (the console's), for the trainer's own
+    stdout: a lane actor's stdout reaches the driver only through Ray's log forwarding, late and prefixed."""
 
     @property
     def durable_seq(self) -> int:
@@ -111,23 +114,24 @@ class Ack:
 
     def pack(self) -> bytes:
         return msgpack.packb([self.applied, self.gap, self.opened, self.error, self.counts.to_plain(), self.where,
-                              self.pid, self.node_id, self.held, self.durable, self.sources, self.work.to_plain()],
+                              self.pid, self.node_id, self.held, self.durable, self.sources, self.work.to_plain(),
+                              self.output],
                              use_bin_type=True)
 
     @classmethod
     def unpack(cls, blob: bytes) -> Ack:
         try:
-            applied, gap, opened, error, counts, where, pid, node_id, held, durable, sources, work = \
+            applied, gap, opened, error, counts, where, pid, node_id, held, durable, sources, work, output = \
                 msgpack.unpackb(blob, raw=False)
         except Exception as exc:  # msgpack raises several unrelated types for bad input
             raise CodecError(f"malformed acknowledgement: {exc}") from exc
         if type(applied) is not int or type(pid) is not int or (error is not None and type(error) is not str) \
-                or type(where) is not str or type(node_id) is not str \
+                or type(where) is not str or type(node_id) is not str or type(output) is not str \
                 or (durable is not None and type(durable) is not int):  # int() or str() of a hostile value would raise
-            raise CodecError("malformed acknowledgement: bad applied, durable, pid, error, where or node_id field")
+            raise CodecError("malformed acknowledgement: bad applied, durable, pid, error, where, node_id or output field")
         return cls(applied=applied, durable=durable, gap=bool(gap), held=bool(held), opened=bool(opened), error=error,
                    counts=SinkCounts.from_plain(counts), where=where, pid=pid, node_id=node_id, sources=_counts(sources),
-                   work=Work.from_plain(work))
+                   work=Work.from_plain(work), output=output)
 
 
 def _int(value: Any) -> int:

@@ -22,6 +22,10 @@ from .rich import RecordLimits
 from .shipper import Shipper, SpoolReloader
 from .spooling import open_spooling
 from .system_metrics import start_node_sampling
+from .terminal import TERMINAL
+
+
+_CONSOLE_DRAIN_S = 5.0
 
 
 class AsyncPipeline:
@@ -44,7 +48,7 @@ class AsyncPipeline:
                                   sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
                                   trainer_node=trainer_node)
             actor = actor_class.options(**options).remote(name, opening.pack())
-            lane = Lane.configured(name, actor, cfg, reload=reload)
+            lane = Lane.configured(name, actor, cfg, reload=reload, on_output=TERMINAL.write)
             if spooling is not None:
                 lane.preload(spooling.pending.get(name, ()))
             self._lanes[name] = lane
@@ -102,9 +106,11 @@ class AsyncPipeline:
         if self._sampling is not None:
             self._sampling.stop()
         try:
-            return self._shipper.close(exit_code, timeout)
+            report = self._shipper.close(exit_code, timeout)
         finally:
             sys.setswitchinterval(self._switch_interval)
+        TERMINAL.drain(_CONSOLE_DRAIN_S)  # the console's last lines before the run's summary
+        return report
 
 
 def _fresh_state_dir(cfg: AsyncLogConfig, run: RunSpec) -> str:

@@ -55,12 +55,15 @@ Reload = Callable[[int], Any]
 class Lane:
     def __init__(self, name: str, actor: Any, max_bytes: int, max_inflight: int, dead_after_s: float,
                  startup_timeout_s: float, reload: Reload | None = None, backoff_s: float = 0.5,
-                 max_backoff_s: float = 30.0, max_outage_s: float | None = None, source: str = "") -> None:
+                 max_backoff_s: float = 30.0, max_outage_s: float | None = None, source: str = "",
+                 on_output: Callable[[str], None] | None = None) -> None:
         """``source``: "" for the trainer's lane; a producer's source id for a producer's lane (its own
-        sequence numbers at the same actor)."""
+        sequence numbers at the same actor). ``on_output``: where the lines the tracker printed go (the
+        console's, in the order its answers arrive: batch order)."""
         self.name = name
         self.actor = actor
         self._source = source
+        self._on_output = on_output
         self._max_bytes = max_bytes
         self._max_inflight = max_inflight
         self._dead_after_s = dead_after_s
@@ -97,12 +100,12 @@ class Lane:
 
     @classmethod
     def configured(cls, name: str, actor: Any, cfg: AsyncLogConfig, reload: Reload | None = None,
-                   source: str = "") -> Lane:
+                   source: str = "", on_output: Callable[[str], None] | None = None) -> Lane:
         """A lane with the bounds, deadlines and backoff of ``trainer.async_log`` (rank 0's or a producer's)."""
         return cls(name, actor, cfg.lane_max_bytes, cfg.max_inflight_batches,
                    dead_after_s=max(30.0, cfg.startup_timeout_s / 2), startup_timeout_s=cfg.startup_timeout_s,
                    reload=reload, backoff_s=max(cfg.retry_backoff_s, 0.05), max_backoff_s=cfg.max_retry_backoff_s,
-                   max_outage_s=cfg.max_outage_s, source=source)
+                   max_outage_s=cfg.max_outage_s, source=source, on_output=on_output)
 
     # -- feeding -------------------------------------------------------------------------
     def has_room(self, nbytes: int) -> bool:
@@ -218,6 +221,8 @@ class Lane:
 
     def accept(self, ack: Ack) -> None:
         """Take an answer of the actor: trim what it applied, merge its figures into the report."""
+        if ack.output and self._on_output is not None:
+            self._on_output(ack.output)
         applied, durable = ack.applied, ack.durable_seq
         now = time.time()
         while self._window:

@@ -194,6 +194,8 @@ class TrainerConfig:
     log_async: bool = True
     async_log: dict[str, Any] = field(default_factory=dict)
     record_limits: dict[str, Any] = field(default_factory=dict)
+    console: dict[str, Any] = field(default_factory=dict)
+    """How the console tracker prints (pipeline/console_config.py): format verl (default) or compact."""
     total_steps: int = 100
     test_freq: int = 10
     """Validate every this many steps (and at the last); <= 0: never."""
@@ -257,11 +259,13 @@ def _check_pipeline_sections(trainer: TrainerConfig) -> None:
     """The pipeline's own validators, run now rather than when Tracking starts."""
     from pipeline.backends import backend_names
     from pipeline.config import async_log_config
+    from pipeline.console_config import console_config
     from pipeline.rich import record_limits
     from pipeline.backends import BACKENDS
 
     async_log_config(trainer.async_log)
     record_limits(trainer.record_limits)
+    console_config(trainer.console)
     for name in backend_names(trainer.logger):
         if name not in BACKENDS:
             raise ConfigError(f"trainer.logger: unknown backend {name!r}; valid backends are: {', '.join(BACKENDS)}")

@@ -1,9 +1,15 @@
-"""A one-line progress display on stderr: step, mean score, step time, the logging lag and the cost of log()."""
+"""A one-line progress display on stderr: step, mean score, step time, the logging lag and the cost of log().
+
+It goes through the process's terminal (pipeline/terminal.py), which the console tracker's lines share:
+on a terminal the line is redrawn in place below them, never torn by them.
+"""
 
 from __future__ import annotations
 
 import sys
 from typing import TextIO
+
+from pipeline.terminal import TERMINAL
 
 
 class Progress:
@@ -23,10 +29,8 @@ class Progress:
                 logging += f", {health['tracklane/dropped_records']} dropped"
         line = (f"step {step:>{width}}/{self.total} | score {score:.3f} | step {step_s:.2f} s | "
                 f"{logging}{' | ' + note if note else ''}")
-        self.stream.write(f"\r\033[K{line}" if self.live else f"{line}\n")
-        self.stream.flush()
+        TERMINAL.status(line, self.stream)
 
     def close(self) -> None:
         if self.live:
-            self.stream.write("\n")
-            self.stream.flush()
+            TERMINAL.end_status()

@@ -39,6 +39,7 @@ class LaneActor:
         os.makedirs(spec.state_dir, mode=0o700, exist_ok=True)  # on another node than the trainer's: made here
         self._state = LaneState.load(os.path.join(spec.state_dir, f"{lane}.state"))
         sink = backend_class(spec.backend)(spec.run, spec.settings)
+        sink.capture_output()  # printed by the trainer (Ack.output), not on this actor's stdout
         node_id = _node_id()
         self._host = SinkHost(lane, sink, spec.sink_retries, spec.retry_backoff_s, resume=self._state.resume,
                               counts=self._state.counts, node_id=node_id,
@@ -133,10 +134,12 @@ class LaneActor:
         self._state.save()
 
     def _answer(self, source: str, gap: bool = False, held: bool = False) -> bytes:
-        """The answer to ``source``'s lane; it also says how far every producer got (rank 0's finish waits on it)."""
+        """The answer to ``source``'s lane; it also says how far every producer got (rank 0's finish waits on it),
+        and brings the trainer what the sink printed (a producer's lane gets none: it is not the user's terminal)."""
         self._work.cpu_s = time.process_time()
         return self._host.ack(self._written.get(source, 0), durable=self._durable(source), gap=gap, held=held,
-                              sources={k: v for k, v in self._written.items() if k}, work=self._work).pack()
+                              sources={k: v for k, v in self._written.items() if k}, work=self._work,
+                              output="" if source else self._host.sink.take_output()).pack()
 
 
 def _node_note(node_id: str) -> str:

@@ -163,6 +163,15 @@ class Sink:
         """One line saying where this sink wrote, for the end-of-run summary."""
         return self.name
 
+    # -- output for the trainer's terminal: what a sink that prints overrides -----------------
+    def capture_output(self) -> None:
+        """Keep what this sink would print for ``take_output()`` instead (the lane actor sends it to the
+        trainer, whose stdout is the user's; the actor's own reaches it late, through Ray, prefixed)."""
+
+    def take_output(self) -> str:
+        """The text kept since the last call (whole lines), and forget it."""
+        return ""
+
 
 def exception_chain(exc: BaseException) -> list[BaseException]:
     """``exc`` and what it was raised from or during (SDKs wrap the network's errors in their own)."""

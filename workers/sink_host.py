@@ -186,9 +186,9 @@ class SinkHost:
         self._guard("rollback", self.sink.rollback, mark)
 
     def ack(self, applied: int, durable: int | None = None, gap: bool = False, held: bool = False,
-            sources: dict[str, int] | None = None, work: Work | None = None) -> Ack:
+            sources: dict[str, int] | None = None, work: Work | None = None, output: str = "") -> Ack:
         """This host's figures now, as the lane and the report read them."""
         return Ack(applied=applied, durable=None if durable == applied else durable, gap=gap, held=held,
                    sources=sources or {},
                    opened=self._opened, error=self.error, counts=self.counts, where=self.sink.where() + self._node_note,
-                   pid=os.getpid(), node_id=self._node_id, work=work or Work())
+                   pid=os.getpid(), node_id=self._node_id, work=work or Work(), output=output)
