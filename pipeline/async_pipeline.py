@@ -110,6 +110,9 @@ class AsyncPipeline:
         finally:
             sys.setswitchinterval(self._switch_interval)
         TERMINAL.drain(_CONSOLE_DRAIN_S)  # the console's last lines before the run's summary
+        console = report.lanes.get("console")
+        if console is not None and TERMINAL.dropped_chars:  # stdout did not keep up: said in the summary too
+            console.cuts["stdout_chars_dropped"] = TERMINAL.dropped_chars
         return report
 
 

@@ -26,6 +26,8 @@ BACKENDS: dict[str, str] = {
     "swanlab": "workers.swanlab_sink:SwanlabSink",
     "tensorboard": "workers.tensorboard_sink:TensorboardSink",
     "file": "workers.file_sink:FileSink",
+    "trackio": "workers.trackio_sink:TrackioSink",
+    "clearml": "workers.clearml_sink:ClearmlSink",
 }
 # Not in verl's list, but selectable by name: the test double (workers/memory_sink.py).
 EXTRA_SINKS: dict[str, str] = {"memory": "workers.memory_sink:MemorySink"}

@@ -47,7 +47,7 @@ def ray_session():
 def offline_trackers(tmp_path, monkeypatch):
     """Every tracker offline and writing under tmp_path; returns the folders used."""
     dirs = {name: tmp_path / name for name in ("wandb", "wandb-data", "wandb-cache", "wandb-config",
-                                                "swanlog", "swanlab-home", "tensorboard")}
+                                                "swanlog", "swanlab-home", "tensorboard", "trackio")}
     for folder in dirs.values():
         folder.mkdir()
     env = {
@@ -57,6 +57,7 @@ def offline_trackers(tmp_path, monkeypatch):
         "SWANLAB_SAVE_DIR": dirs["swanlab-home"], "TENSORBOARD_DIR": dirs["tensorboard"],
         "VERL_FILE_LOGGER_PATH": tmp_path / "metrics.jsonl",
         "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "TRACKIO_DIR": dirs["trackio"],
     }
     for key, value in env.items():
         monkeypatch.setenv(key, str(value))
