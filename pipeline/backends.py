@@ -17,6 +17,7 @@ from .records import RunSpec
 
 if TYPE_CHECKING:
     from workers.sink import Sink
+    from workers.sources.source import Source
 
 # backend name -> "module:Class"; a module is imported only when its backend is used.
 BACKENDS: dict[str, str] = {
@@ -31,12 +32,35 @@ BACKENDS: dict[str, str] = {
 }
 # Not in verl's list, but selectable by name: the test double (workers/memory_sink.py).
 EXTRA_SINKS: dict[str, str] = {"memory": "workers.memory_sink:MemorySink"}
+# source name -> "module:Class": what ``tracklane migrate --from`` reads, and what reads a migration's
+# targets back to compare them (workers/sources/source.py); a module is imported only when used.
+SOURCES: dict[str, str] = {
+    "mlflow": "workers.sources.mlflow_source:MlflowSource",
+    "tensorboard": "workers.sources.tensorboard_source:TensorboardSource",
+    "wandb": "workers.sources.wandb_source:WandbSource",
+    "file": "workers.sources.file_source:FileSource",
+    "trackio": "workers.sources.trackio_source:TrackioSource",
+    "spool": "workers.sources.spool_source:SpoolSource",
+}
 SINK_HOST = "workers.sink_host:SinkHost"
 """What owns a sink's life on both paths."""
 LANE_ACTOR = "workers.lane_actor:LaneActor"
 """The Ray actor class that drains one lane into its sink host."""
 
 _ALIASES = {"tracking": "wandb"}  # verl's deprecated name for wandb
+# verl's backends that are platform services, not shipped: naming one is a clear error saying what it needs.
+PLATFORM_BACKENDS: dict[str, str] = {
+    "vemlp_wandb": (
+        "the vemlp_wandb backend is Volcano Engine ML Platform's hosted wandb: verl logs in with "
+        "volcengine_ml_platform.init(ak=VOLC_ACCESS_KEY_ID, sk=VOLC_SECRET_ACCESS_KEY, region=MLP_TRACKING_REGION) "
+        "and needs the volcengine_ml_platform SDK (not on PyPI) and the platform's service; tracklane does not "
+        "ship it. Its API is wandb's: use `wandb` (online with WANDB_BASE_URL, or offline and `wandb sync` later)"),
+    "rl_insight": (
+        "the rl_insight backend sends each scalar as a Prometheus gauge to an RL-Insight server (rl-insight on "
+        "PyPI, a Ray hub actor plus Prometheus, Tempo and Grafana started with `rl-insight server start`; verl sends "
+        "only when VERL_RL_INSIGHT_ENABLE=1) and keeps no history of its own; tracklane does not ship it. For the "
+        "history use `tensorboard`, `mlflow` or `wandb`; for RL-Insight's live dashboards keep verl's own Tracking"),
+}
 
 
 def load(target: str) -> Any:
@@ -65,13 +89,24 @@ def backend_names(default_backend: str | list[str] | tuple[str, ...] | None) -> 
 def backend_class(name: str) -> type[Sink]:
     """The sink class registered for ``name`` (imports its module, not its SDK)."""
     target = BACKENDS.get(name) or EXTRA_SINKS.get(name)
+    if target is None and name in PLATFORM_BACKENDS:
+        raise ConfigError(PLATFORM_BACKENDS[name])
     if target is None:
         raise ConfigError(f"unknown backend {name!r}; valid backends are: {', '.join(BACKENDS)}")
     sink_class: type[Sink] = load(target)
     return sink_class
 
 
-def check_installed(cls: type[Sink]) -> None:
+def source_class(name: str) -> type[Source]:
+    """The migration source registered for ``name`` (imports its module, not its SDK)."""
+    target = SOURCES.get(name)
+    if target is None:
+        raise ConfigError(f"unknown source {name!r}; valid sources are: {', '.join(SOURCES)}")
+    cls: type[Source] = load(target)
+    return cls
+
+
+def check_installed(cls: type[Sink] | type[Source]) -> None:
     """Raise ``MissingExtraError`` naming the pip extra if the tracker SDK is absent."""
     if cls.sdk_module and importlib.util.find_spec(cls.sdk_module) is None:
         raise MissingExtraError(cls.name, cls.sdk_module, cls.extra or cls.name)

@@ -257,16 +257,17 @@ class Config:
 
 def _check_pipeline_sections(trainer: TrainerConfig) -> None:
     """The pipeline's own validators, run now rather than when Tracking starts."""
-    from pipeline.backends import backend_names
+    from pipeline.backends import BACKENDS, PLATFORM_BACKENDS, backend_names
     from pipeline.config import async_log_config
     from pipeline.console_config import console_config
     from pipeline.rich import record_limits
-    from pipeline.backends import BACKENDS
 
     async_log_config(trainer.async_log)
     record_limits(trainer.record_limits)
     console_config(trainer.console)
     for name in backend_names(trainer.logger):
+        if name in PLATFORM_BACKENDS:
+            raise ConfigError(f"trainer.logger: {PLATFORM_BACKENDS[name]}")
         if name not in BACKENDS:
             raise ConfigError(f"trainer.logger: unknown backend {name!r}; valid backends are: {', '.join(BACKENDS)}")
 
