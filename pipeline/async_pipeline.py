@@ -24,7 +24,6 @@ from .spooling import open_spooling
 from .system_metrics import start_node_sampling
 from .terminal import TERMINAL
 
-
 _CONSOLE_DRAIN_S = 5.0
 
 
