@@ -33,6 +33,8 @@ class LaneReport:
     cuts: dict[str, int] = field(default_factory=dict)
     """Values this tracker's own limits cut or left out, by what: ``params_truncated`` (MLflow param
     values cut to 6000 characters), ``histogram_nonfinite`` (NaN/Inf histogram values wandb cannot bin)."""
+    sampled_out: int = 0
+    """Samples and trajectories this tracker did not get, by its ``record_limits`` (evenly spaced ones kept)."""
     restarts: int = 0
     """Times the lane's actor died and was re-attached."""
     outage_s: float = 0.0
@@ -69,6 +71,8 @@ class LaneReport:
             text += ", not storable here: " + ", ".join(f"{n} {kind}" for kind, n in self.unsupported.items())
         if self.artifacts_missing:
             text += f", {self.artifacts_missing} artifact(s) skipped: file missing"
+        if self.sampled_out:
+            text += f", {self.sampled_out} samples left out by its record_limits"
         if self.cuts:
             text += ", cut by the tracker: " + ", ".join(f"{n} {what}" for what, n in self.cuts.items())
         if self.records_written:
@@ -99,7 +103,8 @@ class PipelineReport:
     truncated_strings: int = 0
     """Strings cut to ``record_limits.max_chars``."""
     sampled_out: int = 0
-    """Generations, trajectories or histogram values left out by ``record_limits``."""
+    """Generations, trajectories or histogram values left out of every tracker by ``record_limits`` (beyond the
+    most generous tracker's limits); what each tracker did not get: ``LaneReport.sampled_out``."""
     elapsed_s: float = 0.0
     timed_out: bool = False
     spool: SpoolReport | None = None

@@ -12,8 +12,8 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,24 +26,68 @@ from .records import Artifact, Generations, Histogram, Image, Record, Text, Traj
 log = logging.getLogger("tracklane")
 
 
+SAMPLED_PER_BACKEND = ("max_generations", "max_trajectories")
+"""The limits a backend may set for itself (``trainer.record_limits.backends.<name>``); the others are the run's."""
+DEFAULT_BACKEND_LIMITS: dict[str, dict[str, int | None]] = {"file": {"max_generations": None, "max_trajectories": None}}
+"""verl's file dumps (rollout_data_dir, validation_data_dir) keep every sample; the dashboards are sampled."""
+
+
 @dataclass(slots=True, kw_only=True)
 class RecordLimits:
     """Sampling and truncation of rich records (``trainer.record_limits``)."""
 
-    max_generations: int = 256
-    """Validation samples kept per step (verl's trainer.log_val_generations chooses how many it passes)."""
-    max_trajectories: int = 64
-    """Rollout trajectories kept per step."""
+    max_generations: int | None = 256
+    """Validation samples kept per step (verl's trainer.log_val_generations chooses how many it passes); None: all."""
+    max_trajectories: int | None = 64
+    """Rollout trajectories kept per step; None: all."""
     max_chars: int = 16_384
     """Longest string kept (message, input, output, tool result, text); longer ones are cut, counted."""
     max_histogram_values: int = 1_000_000
     """Values kept per histogram (evenly spaced beyond that)."""
+    backends: dict[str, dict[str, int | None]] = field(default_factory=lambda: {
+        name: dict(limits) for name, limits in DEFAULT_BACKEND_LIMITS.items()})
+    """Per backend, its own ``max_generations`` / ``max_trajectories`` (default: the file keeps every sample)."""
 
     def __post_init__(self) -> None:
         for name in ("max_generations", "max_trajectories", "max_chars", "max_histogram_values"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"trainer.record_limits.{name} must be an int >= 0, got {value!r}")
+            _check_limit(f"trainer.record_limits.{name}", getattr(self, name), none_ok=name in SAMPLED_PER_BACKEND)
+        if not isinstance(self.backends, Mapping):
+            raise ConfigError(f"trainer.record_limits.backends must be a map of backend -> limits, got {self.backends!r}")
+        for backend, limits in self.backends.items():
+            where = f"trainer.record_limits.backends.{backend}"
+            if not isinstance(limits, Mapping):
+                raise ConfigError(f"{where} must be a map of limits, got {limits!r}")
+            unknown = sorted(set(limits) - set(SAMPLED_PER_BACKEND))
+            if unknown:
+                raise ConfigError(f"unknown key(s) {where}.{', '.join(unknown)}; a backend may set: "
+                                  f"{', '.join(SAMPLED_PER_BACKEND)}")
+            for name, value in limits.items():
+                _check_limit(f"{where}.{name}", value, none_ok=True)
+
+    def samples_for(self, backend: str, field_name: str) -> int | None:
+        """``max_generations`` or ``max_trajectories`` for ``backend``: its own if it sets one, else the run's."""
+        own = self.backends.get(backend, {})
+        return own[field_name] if field_name in own else getattr(self, field_name)
+
+    def widest(self, backends: Sequence[str]) -> RecordLimits:
+        """These limits with the sample counts of the most generous of ``backends`` (what the batch must carry)."""
+        if not backends:
+            return self
+        wide = {name: _most(self.samples_for(b, name) for b in backends) for name in SAMPLED_PER_BACKEND}
+        return RecordLimits(max_chars=self.max_chars, max_histogram_values=self.max_histogram_values, backends={},
+                            **wide)
+
+
+def _most(limits: Iterable[int | None]) -> int | None:
+    values = list(limits)
+    return None if any(v is None for v in values) else max(values)  # type: ignore[type-var]
+
+
+def _check_limit(where: str, value: Any, none_ok: bool) -> None:
+    if value is None and none_ok:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{where} must be an int >= 0{' or null (every sample)' if none_ok else ''}, got {value!r}")
 
 
 def record_limits(section: Mapping[str, Any] | None) -> RecordLimits:
@@ -53,7 +97,25 @@ def record_limits(section: Mapping[str, Any] | None) -> RecordLimits:
     if unknown:
         raise ConfigError(f"unknown key(s) trainer.record_limits.{', trainer.record_limits.'.join(unknown)}; "
                           f"valid keys: {', '.join(known)}")
+    if "backends" in section:  # the user's overrides go over the defaults, backend by backend
+        given = section["backends"]
+        if not isinstance(given, Mapping):
+            raise ConfigError(f"trainer.record_limits.backends must be a map of backend -> limits, got {given!r}")
+        merged = {name: dict(limits) for name, limits in DEFAULT_BACKEND_LIMITS.items()}
+        for name, limits in given.items():  # a value that is no map is refused by RecordLimits itself
+            merged[str(name)] = {**merged.get(str(name), {}), **limits} if isinstance(limits, Mapping) else limits
+        section["backends"] = merged
     return RecordLimits(**section)
+
+
+def thin(items: Sequence[Any], limit: int | None) -> list[Any]:
+    """At most ``limit`` of ``items`` (None: all), evenly spaced so that a batch stays represented."""
+    items = list(items)
+    if limit is None or len(items) <= limit:
+        return items
+    if limit == 0:
+        return []
+    return [items[i] for i in np.linspace(0, len(items) - 1, limit).round().astype(int)]
 
 
 class RichConverter:
@@ -65,6 +127,8 @@ class RichConverter:
         """Strings cut to max_chars."""
         self.sampled_out = 0
         """Samples or trajectories left out by max_generations / max_trajectories."""
+        self.last_count = 0
+        """How many samples or trajectories the latest call was given (before thinning)."""
         self._warned: set[str] = set()
         self._builders: dict[str, Callable[[int, tuple, float, list[str] | None], Record]] = {
             Generations.kind: self.generations, Trajectories.kind: self.trajectories, Histogram.kind: self.histogram,
@@ -111,14 +175,11 @@ class RichConverter:
         return Artifact(step=step, path=path, name=str(name), type=str(kind), time=when, only=only)
 
     # -- helpers -------------------------------------------------------------------------
-    def _thin(self, items: Sequence[Any], limit: int) -> list[Any]:
-        items = list(items)
-        if len(items) <= limit:
-            return items
-        self.sampled_out += len(items) - limit
-        if limit == 0:
-            return []
-        return [items[i] for i in np.linspace(0, len(items) - 1, limit).round().astype(int)]
+    def _thin(self, items: Sequence[Any], limit: int | None) -> list[Any]:
+        self.last_count = len(items)
+        kept = thin(items, limit)
+        self.sampled_out += len(items) - len(kept)
+        return kept
 
     def _text(self, value: Any) -> str:
         text = value if type(value) is str else _as_text(value)

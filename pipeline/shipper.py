@@ -96,7 +96,7 @@ class Shipper:
         self.taken = 0  # items taken out of the buffer
         self._buffer = buffer
         self._lanes = lanes
-        self._converter = Converter(limits, key_prefix, axis)
+        self._converter = Converter(limits, key_prefix, axis, backends=list(lanes))
         self._spooling = spooling
         self._released = 0  # every lane acknowledged batches up to here
         self._evicted_lost = 0  # records the spool's bound deleted before the slowest lane had them
@@ -198,8 +198,7 @@ class Shipper:
     def _records(self, items: list[Captured]) -> list[Record]:
         records = []
         for item in items:
-            record = self._converter.record(item)
-            if record is not None:
+            for record in self._converter.records(item):
                 records.append(record)
                 if getattr(record, "axis", None) is None:  # the health figures go at the trainer's step
                     self._last_step = record.step

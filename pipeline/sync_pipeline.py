@@ -31,7 +31,7 @@ class SyncPipeline:
         self._hosts = {name: host_class(name, cls(run, settings), cfg.sink_retries, cfg.retry_backoff_s)
                        for name, (cls, settings) in backends.items()}
         self.health: dict[str, float | int] = {}  # nothing queues on this path: no lag, no queue
-        self._converter = Converter(limits)
+        self._converter = Converter(limits, backends=list(backends))
         self._late_drops = 0
         self._last_step: Any = None
         for host in self._hosts.values():
@@ -40,10 +40,10 @@ class SyncPipeline:
     def put(self, item: Captured) -> None:
         """Write one captured item into every tracker it is addressed to, in turn."""
         self._last_step = item[STEP]
-        record = self._converter.record(item)
-        if record is not None:
+        records = self._converter.records(item)
+        if records:
             for host in self._hosts.values():
-                host.write([record])
+                host.write(records)
 
     def drop_late(self) -> None:
         self._late_drops += 1

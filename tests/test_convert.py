@@ -80,3 +80,43 @@ def test_malformed_rich_input_is_rejected():
     assert converter.record(_item("trajectories", ([42], "k"))) is None
     assert converter.record(_item("image", ("x", b"not a png"))) is None
     assert converter.counted(PipelineReport()).rejected_records == 2
+
+
+def test_each_backend_gets_its_own_sample_limit():
+    """By default the file keeps every sample and the dashboards 256: one record each, addressed with `only`,
+    the dashboards' rows evenly spaced over all; each lane's report says what it did not get."""
+    from pipeline.report import LaneReport
+
+    converter = Converter(RecordLimits(), backends=["file", "wandb", "mlflow"])
+    samples = [[f"in{i}", f"out{i}", float(i)] for i in range(300)]
+    wide, narrow = converter.records(_item("generations", (samples, "val/generations")))
+    assert (wide.only, len(wide.samples)) == (["file"], 300)
+    assert (narrow.only, len(narrow.samples)) == (["wandb", "mlflow"], 256)
+    assert narrow.samples[0] == ["in0", "out0", 0.0] and narrow.samples[-1] == ["in299", "out299", 299.0]
+    [only_wandb] = converter.records(_item("generations", (samples, "val/generations"), backend="wandb"))
+    assert (only_wandb.only, len(only_wandb.samples)) == (["wandb"], 256)
+    [few] = converter.records(_item("generations", (samples[:10], "val/generations")))
+    assert few.only is None and len(few.samples) == 10  # under every limit: one record for all
+    report = converter.counted(PipelineReport(lanes={n: LaneReport(name=n) for n in ("file", "wandb", "mlflow")}))
+    assert {n: lane.sampled_out for n, lane in report.lanes.items()} == {"file": 0, "wandb": 88, "mlflow": 44}
+    assert report.sampled_out == 0  # the file got every sample
+
+
+def test_backend_limits_are_merged_over_the_defaults_and_checked():
+    """trainer.record_limits.backends overrides a backend's own sample limits (null: all); bad ones are refused."""
+    import pytest
+
+    from pipeline.errors import ConfigError
+    from pipeline.rich import record_limits
+
+    limits = record_limits({"max_trajectories": 16, "backends": {"wandb": {"max_trajectories": 4},
+                                                                  "file": {"max_generations": 10}}})
+    assert [limits.samples_for(n, "max_trajectories") for n in ("wandb", "file", "mlflow")] == [4, None, 16]
+    assert limits.samples_for("file", "max_generations") == 10
+    assert record_limits({}).samples_for("file", "max_trajectories") is None
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) trainer.record_limits.backends.wandb.max_chars"):
+        record_limits({"backends": {"wandb": {"max_chars": 5}}})
+    with pytest.raises(ConfigError, match="trainer.record_limits.backends.file.max_trajectories must be an int >= 0"):
+        record_limits({"backends": {"file": {"max_trajectories": -1}}})
+    with pytest.raises(ConfigError, match="trainer.record_limits.max_chars must be an int >= 0, got None"):
+        record_limits({"max_chars": None})

@@ -2,7 +2,7 @@
 
 Six backends at once (console, wandb offline, MLflow through a real server, SwanLab offline,
 TensorBoard, file): generations at two validations (unicode, an empty string, a 1 MB string cut
-to max_chars, a NaN score, an empty list), 200 trajectories thinned to max_trajectories, a
+to max_chars, a NaN score, an empty list), 200 trajectories thinned to max_trajectories (but in the file dump), a
 histogram, text, an image and an artifact.
 """
 
@@ -75,7 +75,9 @@ def test_rich_records_in_every_tracker(log_async, logged, offline_trackers, mlfl
     # TensorBoard cannot store files: its artifact is counted and reported, not lost silently.
     assert {name: lane.unsupported for name, lane in report.lanes.items() if lane.unsupported} == \
         {"tensorboard": {"artifact": 1}}
-    assert report.truncated_strings == 1 and report.sampled_out == 200 - 32
+    assert report.truncated_strings == 1 and report.sampled_out == 0  # the file dump keeps every trajectory
+    assert {name: lane.sampled_out for name, lane in report.lanes.items()} == {
+        name: 0 if name == "file" else 200 - 32 for name in BACKENDS}
 
     _check_wandb(offline_trackers["wandb"], tracking.run.run_id, logged)
     _check_swanlab(offline_trackers["swanlog"], tracking.run.run_id)
@@ -140,4 +142,4 @@ def _check_file(path) -> None:
     for step in (10, 20):
         rows = [json.loads(line) for line in open(f"{base}_generations/{step}.jsonl", encoding="utf-8")]
         assert [(r["input"], r["output"]) for r in rows] == _expected_rows(step)
-    assert len(open(f"{base}_rollouts/10.jsonl", encoding="utf-8").readlines()) == 32
+    assert len(open(f"{base}_rollouts/10.jsonl", encoding="utf-8").readlines()) == 200  # verl's dump: every one

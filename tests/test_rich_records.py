@@ -42,7 +42,8 @@ def _log_everything(tracking: Tracking, tmp_path) -> dict:
 
 @pytest.mark.parametrize("log_async", [False, True], ids=["sync", "async"])
 def test_rich_records_reach_file_console_and_memory(log_async, offline_trackers, tmp_path, capfd, request):
-    """Every kind arrives in the file dumps and the memory sink, truncation and sampling counted; console stays short."""
+    """Every kind arrives in the file dumps and the memory sink, truncation and sampling counted per tracker (the
+    file keeps every trajectory, as verl's rollout dumps do; the others 64); console stays short."""
     if log_async:
         request.getfixturevalue("ray_session")
     config = {"trainer": {"log_async": log_async, "async_log": {"flush_interval_s": 0.1},
@@ -51,7 +52,8 @@ def test_rich_records_reach_file_console_and_memory(log_async, offline_trackers,
     logged = _log_everything(tracking, tmp_path)
     report = tracking.finish(timeout=60)
     assert report.complete, report.summary()
-    assert report.truncated_strings == 1 and report.sampled_out == 200 - 64
+    assert report.truncated_strings == 1 and report.sampled_out == 0  # the file got every trajectory
+    assert {name: lane.sampled_out for name, lane in report.lanes.items()} == {"file": 0, "memory": 136, "console": 136}
 
     base = str(offline_trackers["file"])[: -len(".jsonl")]
     rows = [json.loads(line) for line in open(f"{base}_generations/10.jsonl", encoding="utf-8")]
@@ -59,7 +61,7 @@ def test_rich_records_reach_file_console_and_memory(log_async, offline_trackers,
         ("2+2=", "4", 10), ("héllo ✓ 世界", "", 10), ("long", "y" * 4000, 10)]
     assert rows[0]["score"] == 1.0 and math.isnan(rows[2]["score"])
     trajectories = [json.loads(line) for line in open(f"{base}_rollouts/10.jsonl", encoding="utf-8")]
-    assert len(trajectories) == 64 and trajectories[0]["token_ids"] == list(range(512))
+    assert len(trajectories) == 200 and trajectories[0]["token_ids"] == list(range(512))
     assert trajectories[-1]["meta"]["sample_index"] == 199 and trajectories[0]["tool_calls"][0]["name"] == "python"
     [histogram] = [json.loads(line) for line in open(f"{base}_media/histograms.jsonl", encoding="utf-8")]
     assert histogram["counts"] == np.histogram(logged["rewards"], bins=30)[0].tolist()
@@ -70,6 +72,8 @@ def test_rich_records_reach_file_console_and_memory(log_async, offline_trackers,
 
     kinds = [r.kind for r in memory_records(tracking.run_id) if r.kind != "metrics"]
     assert kinds == ["generations", "generations", "trajectories", "histogram", "text", "image", "artifact"]
+    [kept] = [r for r in memory_records(tracking.run_id) if r.kind == "trajectories"]
+    assert len(kept.trajectories) == 64 and kept.trajectories[-1].meta["sample_index"] == 199  # evenly spaced
 
     out = _wait_for(capfd, "artifact policy", 20 if log_async else 0)
     assert "step:10 - val/generations: 3 samples, mean score 0.5" in out
