@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 
 import msgpack
 import pytest
@@ -180,14 +181,38 @@ def test_mlflow_run_id_attaches_to_an_existing_run(sqlite_uri):
 def test_resolve_reads_env_once_into_plain_settings(tmp_path, monkeypatch):
     """resolve() defaults to verl's sqlite URI, makes relative sqlite paths absolute, stays msgpack-able."""
     run = RunSpec(project="p", experiment="e")
-    assert MlflowSink.resolve(run, {}, {}) == {"tracking_uri": "sqlite:////tmp/mlruns.db", "run_id": ""}
+    assert MlflowSink.resolve(run, {}, {}) == {"tracking_uri": "sqlite:////tmp/mlruns.db", "run_id": "",
+                                               "artifact_root": "file:///tmp/mlartifacts"}
     monkeypatch.chdir(tmp_path)
     settings = MlflowSink.resolve(run, {"MLFLOW_TRACKING_URI": "sqlite:///runs/m.db", "MLFLOW_RUN_ID": "r1"}, {})
-    assert settings == {"tracking_uri": f"sqlite:///{tmp_path}/runs/m.db", "run_id": "r1"}
+    assert settings == {"tracking_uri": f"sqlite:///{tmp_path}/runs/m.db", "run_id": "r1",
+                        "artifact_root": f"file://{tmp_path}/runs/mlartifacts"}
+    assert MlflowSink.resolve(run, {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000"}, {})["artifact_root"] == ""
     assert msgpack.unpackb(msgpack.packb(settings)) == settings
     assert absolute_tracking_uri("http://h:5000") == "http://h:5000"
     assert absolute_tracking_uri("mlruns") == os.path.join(str(tmp_path), "mlruns")
     assert "mlflow ui --backend-store-uri sqlite:///" in MlflowSink(run, settings).where()
+
+
+def test_sqlite_artifacts_land_beside_the_database_not_in_the_cwd(tmp_path, monkeypatch):
+    """With a sqlite store, a new experiment's artifacts go to <db folder>/mlartifacts/<experiment>, not ./mlruns."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.records import Text
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/runs/mlruns.db"
+    os.makedirs(tmp_path / "runs")
+    run = RunSpec(project="art proj", experiment="e", run_id="artloc1")
+    sink = MlflowSink(run, MlflowSink.resolve(run, {"MLFLOW_TRACKING_URI": uri}, {}))
+    sink.open(None)
+    sink.write([Text(step=3, name="notes", text="hello", time=time.time())])
+    sink.close(0)
+    experiment = MlflowClient(uri).get_experiment_by_name("art proj")
+    assert experiment.artifact_location == f"file://{tmp_path}/runs/mlartifacts/art_proj"
+    assert (tmp_path / "runs" / "mlartifacts" / "art_proj" / sink.run_id / "artifacts" / "text" / "notes" /
+            "step_00000003.txt").read_text() == "hello"
+    assert not (tmp_path / "mlruns").exists()
 
 
 @pytest.mark.parametrize("key, name", [

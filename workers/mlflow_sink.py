@@ -21,8 +21,10 @@ Rich records become run artifacts, one small file per record (``log_table`` is n
 
 In the path, ``<key>``/``<name>`` is sanitised like a metric name with "/" turned into "~" (one folder,
 as ``log_image`` does). JSON is strict UTF-8 JSON: NaN and +-Inf are written as ``null``. Where the
-artifacts land is MLflow's choice: the server's artifact store, or for a sqlite URI the experiment's
-artifact location (``./mlruns`` of the process that created the experiment, unless it was set).
+artifacts land: a server's artifact store; for a sqlite URI, an experiment this sink creates gets an explicit
+artifact location beside the database, ``<db folder>/mlartifacts/<experiment>`` (MLflow's own default is
+``./mlruns`` of whichever process created the experiment: the trainer's folder, outside tracklane_runs/);
+an experiment that exists keeps the location it has.
 A second record of one name at one step replaces the first file (images are kept, each has a uuid).
 """
 
@@ -36,6 +38,7 @@ import posixpath
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -43,7 +46,7 @@ from pipeline.errors import SinkError
 from pipeline.histogram import HistogramFigures
 from pipeline.params import flatten_params
 from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
-from workers.media import as_json
+from workers.media import as_json, safe_name
 from workers.sink import Sink, exception_chain, import_sdk
 
 log = logging.getLogger("tracklane")
@@ -77,6 +80,16 @@ def _is_path_safe(name: str) -> bool:
     return norm == name and norm != "." and not norm.startswith(("..", "/"))
 
 
+def sqlite_artifact_root(uri: str) -> str:
+    """``file://`` URI of ``mlartifacts`` beside a sqlite database file ("" for any other store)."""
+    if not uri.startswith("sqlite:///"):
+        return ""
+    path = uri[len("sqlite:///"):]
+    if not path.startswith("/"):
+        return ""  # in memory
+    return Path(os.path.dirname(path), "mlartifacts").as_uri()
+
+
 def absolute_tracking_uri(uri: str) -> str:
     """Make a relative sqlite path or a bare local directory absolute: the lane may run elsewhere."""
     if uri.startswith("sqlite:///"):
@@ -100,7 +113,8 @@ class MlflowSink(Sink):
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
         uri = env.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-        return {"tracking_uri": absolute_tracking_uri(uri), "run_id": env.get("MLFLOW_RUN_ID") or ""}
+        uri = absolute_tracking_uri(uri)
+        return {"tracking_uri": uri, "run_id": env.get("MLFLOW_RUN_ID") or "", "artifact_root": sqlite_artifact_root(uri)}
 
     @classmethod
     def is_outage(cls, exc: BaseException) -> bool:
@@ -166,8 +180,9 @@ class MlflowSink(Sink):
         experiment = self._client.get_experiment_by_name(name)
         if experiment is not None:
             return experiment.experiment_id
+        root = self.settings.get("artifact_root") or ""
         try:
-            return self._client.create_experiment(name)
+            return self._client.create_experiment(name, artifact_location=f"{root}/{safe_name(name)}" if root else None)
         except MlflowException:  # created by another process meanwhile
             experiment = self._client.get_experiment_by_name(name)
             if experiment is None:
