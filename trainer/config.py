@@ -194,8 +194,10 @@ class TrainerConfig:
     log_async: bool = True
     async_log: dict[str, Any] = field(default_factory=dict)
     record_limits: dict[str, Any] = field(default_factory=dict)
-    console: dict[str, Any] = field(default_factory=dict)
-    """How the console tracker prints (pipeline/console_config.py): format verl (default) or compact."""
+    console: dict[str, Any] = field(default_factory=lambda: {"format": "compact"})
+    """How the console tracker prints (pipeline/console_config.py). Tracking's default is verl's line of every
+    key; this trainer's is the compact form (headline keys aligned, the rest every 10 steps):
+    ``trainer.console.format=verl`` for verl's."""
     total_steps: int = 100
     test_freq: int = 10
     """Validate every this many steps (and at the last); <= 0: never."""

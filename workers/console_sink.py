@@ -13,6 +13,7 @@ on one line, each value in a fixed width so columns line up; the other keys foll
 
 from __future__ import annotations
 
+import posixpath
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
@@ -48,18 +49,21 @@ class ConsoleSink(Sink):
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         lines: list[str] = []
         for axis, step, values in merge_by_axis_step(records):
-            if self._format == "compact" and axis is None:
-                lines += self._compact(step, values)
-            else:
+            if self._format == "verl":
                 lines.append(_verl_line(f"{axis or 'step'}:{step}", values))
+            elif axis is None:
+                lines += self._compact(step, values)
+            else:  # another axis (system metrics, a producer's): every key, the shared prefix said once
+                lines.append(_compact_axis(axis, step, values))
         self._say(lines)
 
     def _compact(self, step: int, values: Mapping[str, Any]) -> list[str]:
-        line = " | ".join([f"step {step:>6}", *(f"{key} {_fixed(values[key])}" for key in self._ordered(values))])
+        shown = self._ordered(values)
+        lines = [" | ".join([f"step {step:>6}", *(f"{key} {_fixed(values[key])}" for key in shown)])] if shown else []
         rest = {key: value for key, value in values.items() if not self._shows(key)}
         if rest and self._every and step % self._every == 0:
-            return [line, _verl_line(f"  step:{step}", rest)]
-        return [line]
+            lines.append(_verl_line(f"  step:{step}", rest))
+        return lines
 
     def _ordered(self, values: Mapping[str, Any]) -> list[str]:
         """The chosen keys present in ``values``, in the order of the patterns (then the key's own order)."""
@@ -128,6 +132,13 @@ class ConsoleSink(Sink):
 
 def _verl_line(head: str, values: Mapping[str, Any]) -> str:
     return " - ".join([head, *(f"{key}:{value!r}" for key, value in values.items())])
+
+
+def _compact_axis(axis: str, step: int, values: Mapping[str, Any]) -> str:
+    prefix = posixpath.commonpath(list(values)) if len(values) > 1 and all("/" in k for k in values) else ""
+    cut = len(prefix) + 1 if prefix else 0
+    head = f"{axis} {step:>6}{' | ' + prefix + '/' if prefix else ''}"
+    return " | ".join([head, *(f"{key[cut:]} {_fixed(value).strip()}" for key, value in values.items())])
 
 
 def _fixed(value: Any) -> str:

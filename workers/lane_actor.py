@@ -37,6 +37,8 @@ class LaneActor:
     def __init__(self, lane: str, opening: bytes) -> None:
         spec = LaneOpening.unpack(opening)
         os.makedirs(spec.state_dir, mode=0o700, exist_ok=True)  # on another node than the trainer's: made here
+        if _in_ray_actor():  # the SDK's own chatter (banners, its warnings) into a file, not the trainer's terminal
+            _stdio_to(os.path.join(spec.state_dir, f"{lane}.out"))
         self._state = LaneState.load(os.path.join(spec.state_dir, f"{lane}.state"))
         sink = backend_class(spec.backend)(spec.run, spec.settings)
         sink.capture_output()  # printed by the trainer (Ack.output), not on this actor's stdout
@@ -140,6 +142,29 @@ class LaneActor:
         return self._host.ack(self._written.get(source, 0), durable=self._durable(source), gap=gap, held=held,
                               sources={k: v for k, v in self._written.items() if k}, work=self._work,
                               output="" if source else self._host.sink.take_output()).pack()
+
+
+def _in_ray_actor() -> bool:
+    try:
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+    except Exception:  # outside Ray
+        return False
+
+
+def _stdio_to(path: str) -> None:
+    """This process's stdout and stderr (file descriptors 1 and 2, so an SDK's subprocesses too) appended to
+    ``path``: Ray forwards an actor's output to the driver's terminal, late and prefixed ``(LaneActor pid=...)``,
+    among the console's lines. What a tracker did is in the lane's report; what its SDK said is here."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _node_note(node_id: str) -> str:
