@@ -62,6 +62,9 @@ def offline_trackers(tmp_path, monkeypatch):
     for key, value in env.items():
         monkeypatch.setenv(key, str(value))
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    for name in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "TRACKIO_BUCKET_ID", "TRACKIO_DATASET_ID",
+                 "TRACKIO_TRACE_SESSIONS_DIR", "TRACKIO_STORAGE_MODE"):  # trackio stays in its local store under tmp
+        monkeypatch.delenv(name, raising=False)
     dirs["file"] = tmp_path / "metrics.jsonl"
     dirs["mlflow_uri"] = env["MLFLOW_TRACKING_URI"]
     return dirs

@@ -1,7 +1,8 @@
 """Every scalar reaches every real tracker, equal, in sync and async mode: read back record by record.
 
-Six backends at once: console, wandb (offline run file), MLflow (a real server), SwanLab (offline
-store), TensorBoard (event files) and the file logger; 300 steps x ~100 verl-shaped keys.
+Every backend at once: console, wandb (offline run file), MLflow (a real server), SwanLab (offline
+store), TensorBoard (event files), the file logger and trackio (its local store); 300 steps x ~100
+verl-shaped keys.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from pipeline import Tracking
 from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 from pipeline.testing.readers.swanlab_reader import read_swanlab_run
 from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir
+from pipeline.testing.readers.trackio_reader import read_trackio_run
 from pipeline.testing.readers.wandb_reader import read_wandb_run
 from tests.conftest import log_verl_steps, same_value
 from workers.mlflow_sink import mlflow_key
 
-BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file"]
+BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio"]
 STEPS = 300
 SECRET = "sk-secret-value-123"
 
@@ -58,7 +60,7 @@ def _assert_equal(name, points, logged, rename=lambda k: k, cast=float):
 @pytest.mark.parametrize("mode_async, exit_code", [(False, 0), (True, 1)], ids=["sync", "async"])
 def test_every_scalar_arrives_in_every_tracker(mode_async, exit_code, offline_trackers, mlflow_server_uri,
                                                monkeypatch, capfd, request):
-    """All six trackers hold every logged scalar exactly once, equal to what was logged, and close with the exit code."""
+    """Every tracker holds every logged scalar exactly once, equal to what was logged, and close with the exit code."""
     if mode_async:
         request.getfixturevalue("ray_session")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server_uri)
@@ -82,6 +84,11 @@ def test_every_scalar_arrives_in_every_tracker(mode_async, exit_code, offline_tr
 
     tensorboard = read_tensorboard_dir(offline_trackers["tensorboard"])
     _assert_equal("tensorboard", tensorboard.points, logged, cast=lambda v: float(np.float32(v)))
+
+    trackio = read_trackio_run(offline_trackers["trackio"], run.project, run_id=run.run_id)
+    _assert_equal("trackio", trackio.points, logged)
+    assert trackio.status == f"exit_code={exit_code}"
+    assert trackio.config["trainer"]["wandb_api_key"] == "***REDACTED***"
 
     lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
     file_points = [(line["step"], k, v) for line in lines[1:] for k, v in line["data"].items()]

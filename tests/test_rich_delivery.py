@@ -1,7 +1,7 @@
 """Rich records reach every real tracker, sync and async, read back from each store.
 
-Six backends at once (console, wandb offline, MLflow through a real server, SwanLab offline,
-TensorBoard, file): generations at two validations (unicode, an empty string, a 1 MB string cut
+Every backend at once (console, wandb offline, MLflow through a real server, SwanLab offline,
+TensorBoard, file, trackio's local store): generations at two validations (unicode, an empty string, a 1 MB string cut
 to max_chars, a NaN score, an empty list), 200 trajectories thinned to max_trajectories (but in the file dump), a
 histogram, text, an image and an artifact.
 """
@@ -20,10 +20,11 @@ from PIL import Image as PILImage
 from pipeline import Tracking, ValidationGenerationsLogger
 from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_artifact_dir, read_mlflow_run, read_mlflow_steps
 from pipeline.testing.readers.swanlab_reader import read_swanlab_media
+from pipeline.testing.readers.trackio_reader import read_trackio_run
 from pipeline.testing.readers.tensorboard_reader import read_tensorboard_rich
 from pipeline.testing.readers.wandb_reader import read_wandb_media
 
-BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file"]
+BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio"]
 MAX_CHARS = 4000
 SAMPLES = {10: [("2+2=", "4", 1.0), ("héllo ✓ 世界", "", 0.0), ("long", "y" * 1_000_000, float("nan"))],
            20: [("3+3=", "6", 1.0)]}
@@ -84,6 +85,7 @@ def test_rich_records_in_every_tracker(log_async, logged, offline_trackers, mlfl
     _check_mlflow(mlflow_server_uri, project, logged)
     _check_tensorboard(offline_trackers["tensorboard"], logged)
     _check_file(offline_trackers["file"])
+    _check_trackio(offline_trackers["trackio"], project, tracking.run.run_id, logged)
 
 
 def _check_wandb(wandb_dir, run_id: str, logged: dict) -> None:
@@ -109,6 +111,23 @@ def _check_swanlab(logdir, run_id: str) -> None:
         assert [(row[1], row[2]) for row in tables[step][1]] == _expected_rows(step)
     assert media.texts("notes")[10] == "unicode ✓ text"
     assert 10 in media.images("samples/grid") and 10 in media.bars("critic/rewards")
+
+
+def _check_trackio(store, project: str, run_id: str, logged: dict) -> None:
+    run = read_trackio_run(store, project, run_id=run_id)
+    generations = run.traces["val/generations"]
+    assert sorted(generations) == [10, 20]  # a step with no samples logs nothing
+    for step in (10, 20):
+        assert [(t["messages"][0]["content"], t["messages"][1]["content"]) for t in generations[step]] == \
+            _expected_rows(step)
+    trajectories = run.traces["rollout/trajectories"][10]
+    assert len(trajectories) == 32 and trajectories[0]["messages"][0]["role"] == "user"
+    edges, counts = run.histograms("critic/rewards")[10]
+    assert sum(counts) == 1000 and len(edges) == 31
+    assert run.texts("notes")[10] == "unicode ✓ text"
+    assert (np.asarray(PILImage.open(run.images("samples/grid")[10])) == logged["pixels"]).all()
+    [artifact] = run.artifacts
+    assert [path.read_bytes() for path in artifact.files.values()] == [logged["artifact"].read_bytes()]
 
 
 def _check_mlflow(uri: str, project: str, logged: dict) -> None:
