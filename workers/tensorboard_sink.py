@@ -23,8 +23,11 @@ validation generations that way). In table cells ``|`` and ``\\`` are escaped an
 
 from __future__ import annotations
 
+import html
 import os
+import re
 import struct
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,6 +45,7 @@ MAX_QUEUED_EVENTS = 100  # events (steps) queued for the writer thread before ad
 TEXT_SUFFIX = "/text_summary"  # torch's SummaryWriter.add_text appends it to every text tag
 # PNG colour type (IHDR byte 25) -> Summary.Image colorspace: 1 grey, 2 grey+alpha, 3 RGB, 4 RGBA
 _PNG_COLORSPACE = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|>~])")
 
 
 class TensorboardSink(Sink):
@@ -80,7 +84,7 @@ class TensorboardSink(Sink):
         rows = ["| parameter | value |", "|---|---|"]
         rows += [f"| {_cell(key)} | {_cell(value)} |" for key, value in flatten_params(self.run.params).items()]
         summary = text_pb(PARAMS_TAG, "\n".join(rows))
-        self._writer.add_event(event_pb2.Event(step=0, summary=summary))
+        self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=summary))
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -168,8 +172,10 @@ class TensorboardSink(Sink):
 
 
 def _cell(value: Any) -> str:
-    """A value as one markdown table cell: pipes escaped, line breaks flattened."""
-    text = str(value).replace("\\", "\\\\").replace("|", "\\|")
+    """A value as one markdown table cell that TensorBoard shows as it was logged: HTML and every markdown
+    character escaped (its text plugin renders markdown: ``__init__`` came out bold, ``a*b*c`` italic,
+    ``&amp;`` as ``&``, seen through its own server), line breaks as ``<br>``."""
+    text = _MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(str(value), quote=False))
     return text.replace("\r\n", "<br>").replace("\r", "<br>").replace("\n", "<br>")
 
 

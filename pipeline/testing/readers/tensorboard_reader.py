@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,9 +75,10 @@ def parse_params_table(markdown: str) -> dict[str, str]:
 
 
 def parse_markdown_table(markdown: str) -> list[list[str]]:
-    """The rows (header left out) of a table the sink writes, each cell unescaped ("<br>" -> newline)."""
+    """The rows (header left out) of a table the sink writes, each cell unescaped (backslash escapes, "<br>"
+    -> newline, HTML entities)."""
     lines = markdown.split("\n")[2:]  # after the header and the |---| line; only "\n" ends a row
-    return [[cell.replace("<br>", "\n") for cell in _cells(line)] for line in lines]
+    return [[html.unescape(cell.replace("<br>", "\n")) for cell in _cells(line)] for line in lines]
 
 
 def _cells(line: str) -> list[str]:
