@@ -151,6 +151,18 @@ def test_resolve_defaults_to_verls_dir(tmp_path, monkeypatch):
     assert sink.where() == f"tensorboard: {tmp_path / 'tb'} (view: tensorboard --logdir {tmp_path / 'tb'})"
 
 
+def test_values_float32_cannot_hold_are_counted(tmp_path):
+    """1e300 and 1e-300 reach TensorBoard as float32 (inf and 0): each is counted as a cut; NaN, inf, 0 are not."""
+    run = RunSpec(project="p", experiment="e")
+    sink = TensorboardSink(run, {"logdir": str(tmp_path)})
+    sink.open(None)
+    sink.write([Metrics(step=1, values={"big": 1e300, "tiny": -1e-300, "ok": 1.5, "nan": math.nan, "inf": -math.inf,
+                                        "zero": 0.0, "int": 10**40}, time=1.0)])
+    sink.close(0)
+    assert sink.counts.cuts == {"float32_out_of_range": 3}
+    assert read_tensorboard_dir(tmp_path).scalars()[1]["big"] == math.inf
+
+
 def test_does_not_import_torch(tmp_path):
     """The sink writes event files with the tensorboard package alone, never importing torch."""
     script = (

@@ -45,6 +45,7 @@ MAX_QUEUED_EVENTS = 100  # events (steps) queued for the writer thread before ad
 TEXT_SUFFIX = "/text_summary"  # torch's SummaryWriter.add_text appends it to every text tag
 # PNG colour type (IHDR byte 25) -> Summary.Image colorspace: 1 grey, 2 grey+alpha, 3 RGB, 4 RGBA
 _PNG_COLORSPACE = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
+_FLOAT32_TINY, _FLOAT32_MAX = 1.401298464324817e-45, 3.4028234663852886e38  # smallest subnormal, largest finite
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|>~])")
 
 
@@ -90,9 +91,13 @@ class TensorboardSink(Sink):
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
         for step, group in records_by_step(records):
+            values = merged_values(group)
             summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=key, simple_value=value)
-                                                 for key, value in merged_values(group).items()])
+                                                 for key, value in values.items()])
             self._writer.add_event(event_pb2.Event(wall_time=group[0].time, step=step, summary=summary))
+            changed = sum(map(_beyond_float32, values.values()))
+            if changed:  # simple_value is a float32: 1e300 is shown as Infinity, 1e-300 as 0
+                self.counts.add(self.counts.cuts, "float32_out_of_range", changed)
         self._writer.flush()  # in the OS's hands before the batch is acknowledged
 
     def write_generations(self, records: Sequence[Generations]) -> None:
@@ -169,6 +174,13 @@ class TensorboardSink(Sink):
 
     def where(self) -> str:
         return f"tensorboard: {self.logdir} (view: tensorboard --logdir {self.logdir})"
+
+
+def _beyond_float32(value: float | int) -> bool:
+    """A finite, non-zero value float32 turns into infinity or zero."""
+    magnitude = abs(value)
+    return magnitude != 0 and magnitude != float("inf") and magnitude == magnitude \
+        and not _FLOAT32_TINY <= magnitude <= _FLOAT32_MAX
 
 
 def _cell(value: Any) -> str:
