@@ -187,3 +187,33 @@ def test_vllm_engine_refuses_clearly_without_vllm_or_cuda():
     model = GPT(load_config([]).actor_rollout_ref.model, task.tokenizer.vocab_size, 16)
     with pytest.raises(RolloutUnavailable, match="actor_rollout_ref.rollout.name=torch"):
         make_engine("vllm", model, task.tokenizer)
+
+
+EVERY_LOGGER = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio"]
+
+
+def test_the_main_job_with_every_logger_prints_in_order_and_unprefixed(tmp_path):
+    """`python -m trainer` with every backend on embedded defaults: it exits 0, every tracker's lane ends
+    complete, and its stdout holds the console's lines in step order with no Ray `(LaneActor pid=...)` prefix."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("WANDB_", "SWANLAB_", "MLFLOW_",
+                                                                                   "TRACKIO_", "TENSORBOARD_", "VERL_"))}
+    env.update(PYTHONPATH=str(repo), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TRACKLANE_SYSTEM_METRICS_S="0")
+    logger = "[" + ",".join(EVERY_LOGGER) + "]"
+    done = subprocess.run([sys.executable, "-m", "trainer", f"trainer.logger={logger}", "trainer.total_steps=12",
+                           "trainer.test_freq=6", "actor_rollout_ref.warmup.steps=5", "trainer.save_freq=0"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "pid=" not in done.stdout and "LaneActor" not in done.stdout + done.stderr
+    steps = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("step ")]
+    assert steps == list(range(0, 13)), done.stdout[-3000:]  # compact lines, one a step (0: validation), in order
+    for name in EVERY_LOGGER:
+        assert f"  {name}: acked through batch" in done.stderr and f"  {name}: " in done.stderr
+    lanes = [line for line in done.stderr.splitlines() if "acked through batch" in line]
+    assert len(lanes) == len(EVERY_LOGGER) and all("0 unacknowledged, 0 dropped, 0 failed" in line for line in lanes)
+    assert (tmp_path / "tracklane_runs" / "trackio").is_dir() and not (tmp_path / "mlruns").exists()
