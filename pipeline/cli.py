@@ -199,7 +199,10 @@ def undelivered(report: PipelineReport) -> dict[str, int]:
 
 
 def _wait_with_progress(pipe: Any, deadline: float, progress: bool, desc: str) -> None:
-    """Barrier after barrier (one second each) until no lane waits for anything, with a bar of records."""
+    """Barrier after barrier (one second each) until every lane's tracker was handed everything, with a bar of
+    records. A barrier that did not time out means that (its lanes settled); what a tracker still holds in memory
+    (wandb-core's newest block) is durable once close() ends the runs, so waiting for it here would only wait
+    out the deadline."""
     bar = None
     total = None
     while time.monotonic() < deadline:
@@ -211,10 +214,11 @@ def _wait_with_progress(pipe: Any, deadline: float, progress: bool, desc: str) -
                 from tqdm import tqdm
 
                 bar = tqdm(total=total, unit="record", desc=desc, file=sys.stderr)
+        settled = not report.timed_out
         if bar is not None:
-            bar.n = max(0, total - waiting)
+            bar.n = total if settled else max(0, total - waiting)
             bar.refresh()
-        if waiting == 0:
+        if waiting == 0 or settled:
             break
     if bar is not None:
         bar.close()

@@ -1,0 +1,1 @@
+"""Readers of other trackers' runs, for ``tracklane migrate``: one file per source tracker."""
