@@ -111,3 +111,21 @@ def _wait_for(capfd, text: str, seconds: float) -> str:
         if text in out or time.monotonic() >= deadline:
             return out
         time.sleep(0.5)
+
+
+def test_the_file_sink_copies_a_folder_artifact_whole(tmp_path):
+    """A folder artifact (a checkpoint directory) lands under _media/artifacts/<type>/<name>/<folder>/ file by file."""
+    from pipeline.records import Artifact, RunSpec
+    from workers.file_sink import FileSink
+
+    folder = tmp_path / "ckpt_step_5"
+    (folder / "shards").mkdir(parents=True)
+    (folder / "model.bin").write_bytes(b"weights")
+    (folder / "shards" / "0.bin").write_bytes(b"shard")
+    run = RunSpec(project="p", experiment="e")
+    sink = FileSink(run, FileSink.resolve(run, {"VERL_FILE_LOGGER_PATH": str(tmp_path / "out" / "m.jsonl")}, {}))
+    sink.open(None)
+    sink.write([Artifact(step=5, path=str(folder), name="policy", type="checkpoint", time=0.0)])
+    sink.close(0)
+    copy = tmp_path / "out" / "m_media" / "artifacts" / "checkpoint" / "policy" / "ckpt_step_5"
+    assert (copy / "model.bin").read_bytes() == b"weights" and (copy / "shards" / "0.bin").read_bytes() == b"shard"

@@ -183,3 +183,18 @@ def test_artifacts_are_recorded_with_their_content(sink, wandb_dir, tmp_path):
     assert {name: path.read_bytes() for name, path in tokenizer.files.items()} == {
         "vocab.json": b'{"a": 1}', "sub/merges.txt": b"a b\n"}
     assert sink.counts.artifacts_missing == 1
+
+
+def test_a_histogram_of_more_bins_than_wandb_takes_is_merged_and_counted(sink, wandb_dir):
+    """A 604-bin histogram (a migrated torch one) is stored as 302 bins of the same total, counted; not refused."""
+    from pipeline.histogram import HistogramFigures
+
+    edges = np.linspace(-1.0, 1.0, 605).tolist()
+    counts = list(range(604))
+    figures = HistogramFigures(count=sum(counts), min=-1.0, max=1.0, bin_edges=edges, counts=counts)
+    sink.write([Histogram(step=1, name="migrated/weights", values=b"", time=0.0, figures=figures)])
+    sink.close(0)
+    [(got_edges, got_counts)] = read_wandb_media(wandb_dir, "rich1").histograms("migrated/weights").values()
+    assert len(got_counts) == 302 and sum(got_counts) == sum(counts) and got_counts[0] == 0 + 1
+    assert math.isclose(got_edges[0], -1.0) and math.isclose(got_edges[-1], 1.0) and len(got_edges) == 303
+    assert sink.counts.cuts == {"histogram_bins_merged": 1}

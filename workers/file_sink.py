@@ -85,7 +85,11 @@ class FileSink(Sink):
         for record in records:
             folder = os.path.join(self.settings["media_dir"], "artifacts", safe_name(record.type), safe_name(record.name))
             os.makedirs(folder, exist_ok=True)
-            shutil.copy2(record.path, os.path.join(folder, os.path.basename(record.path)))
+            copy = os.path.join(folder, os.path.basename(os.path.normpath(record.path)))
+            if os.path.isdir(record.path):  # a checkpoint folder, a multi-file artifact: its files, under its name
+                shutil.copytree(record.path, copy, dirs_exist_ok=True)
+            else:
+                shutil.copy2(record.path, copy)
 
     def _append_lines(self, path: str, lines: list[dict[str, Any]]) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)

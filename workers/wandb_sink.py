@@ -50,6 +50,7 @@ from workers.wandb_store import ROW_TAG, LogTail, Stored, run_files, stored_so_f
 log = logging.getLogger("tracklane")
 
 TEXT_COLUMNS = ["step", "text"]
+WANDB_MAX_BINS = 512  # wandb.Histogram refuses more (wandb 0.31: "The maximum length of a histogram is 512")
 QUIET_S = 3.0
 """A run's earlier file is read once it has been still this long: the wandb-core of a killed actor lives on
 for a second or two (measured: under 2 s); it writes nothing more, but wait to be sure."""
@@ -231,9 +232,20 @@ class WandbSink(Sink):
                 if figures.nonfinite:  # wandb.Histogram needs finite values
                     self.counts.add(self.counts.cuts, "histogram_nonfinite", figures.nonfinite)
                 if figures.count:  # nothing finite: an empty histogram would only mislead
-                    values[record.name] = wandb.Histogram(np_histogram=(figures.counts, figures.bin_edges))
+                    values[record.name] = wandb.Histogram(np_histogram=self._at_most_512_bins(figures))
             if values:
                 self._log(values, step, group)
+
+    def _at_most_512_bins(self, figures: Any) -> tuple[list[int], list[float]]:
+        """(counts, edges), neighbouring bins summed when there are more than wandb takes (512: it raises
+        ValueError beyond, failing the batch; a migrated torch histogram has ~600), counted."""
+        counts, edges = list(figures.counts), list(figures.bin_edges)
+        if len(counts) <= WANDB_MAX_BINS:
+            return counts, edges
+        width = -(-len(counts) // WANDB_MAX_BINS)
+        self.counts.add(self.counts.cuts, "histogram_bins_merged", 1)
+        return [sum(counts[i:i + width]) for i in range(0, len(counts), width)], edges[::width] + (
+            [edges[-1]] if (len(edges) - 1) % width else [])
 
     def write_image(self, records: Sequence[Image]) -> None:
         wandb = import_sdk(type(self))
