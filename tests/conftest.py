@@ -47,7 +47,8 @@ def ray_session():
 def offline_trackers(tmp_path, monkeypatch):
     """Every tracker offline and writing under tmp_path; returns the folders used."""
     dirs = {name: tmp_path / name for name in ("wandb", "wandb-data", "wandb-cache", "wandb-config",
-                                                "swanlog", "swanlab-home", "tensorboard", "trackio")}
+                                                "swanlog", "swanlab-home", "tensorboard", "trackio",
+                                                "clearml-cache", "home")}
     for folder in dirs.values():
         folder.mkdir()
     env = {
@@ -58,12 +59,19 @@ def offline_trackers(tmp_path, monkeypatch):
         "VERL_FILE_LOGGER_PATH": tmp_path / "metrics.jsonl",
         "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
         "TRACKIO_DIR": dirs["trackio"],
+        # ClearML offline, its sessions in <tmp>/clearml-cache/offline/<task id>/, no config file read, and its
+        # $HOME/.clearml/.session.json under tmp (no variable moves that one).
+        "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": dirs["clearml-cache"],
+        "CLEARML_CONFIG_FILE": tmp_path / "clearml.conf", "HOME": dirs["home"],
     }
     for key, value in env.items():
         monkeypatch.setenv(key, str(value))
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     for name in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "TRACKIO_BUCKET_ID", "TRACKIO_DATASET_ID",
-                 "TRACKIO_TRACE_SESSIONS_DIR", "TRACKIO_STORAGE_MODE"):  # trackio stays in its local store under tmp
+                 "TRACKIO_TRACE_SESSIONS_DIR", "TRACKIO_STORAGE_MODE",  # trackio stays in its local store under tmp
+                 "CLEARML_API_HOST", "CLEARML_API_ACCESS_KEY", "CLEARML_API_SECRET_KEY", "CLEARML_AUTH_TOKEN",
+                 "CLEARML_TASK_ID", "CLEARML_PROC_MASTER_ID", "CLEARML_SET_ITERATION_OFFSET",
+                 "CLEARML_DEFERRED_TASK_INIT"):  # ClearML never thinks a server or an agent is there
         monkeypatch.delenv(name, raising=False)
     dirs["file"] = tmp_path / "metrics.jsonl"
     dirs["mlflow_uri"] = env["MLFLOW_TRACKING_URI"]

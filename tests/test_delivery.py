@@ -1,8 +1,8 @@
 """Every scalar reaches every real tracker, equal, in sync and async mode: read back record by record.
 
 Every backend at once: console, wandb (offline run file), MLflow (a real server), SwanLab (offline
-store), TensorBoard (event files), the file logger and trackio (its local store); 300 steps x ~100
-verl-shaped keys.
+store), TensorBoard (event files), the file logger, trackio (its local store) and ClearML (an offline
+session); 300 steps x ~100 verl-shaped keys.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from pipeline import Tracking
+from pipeline.testing.readers.clearml_reader import read_clearml_run
 from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 from pipeline.testing.readers.swanlab_reader import read_swanlab_run
 from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir
@@ -24,7 +25,7 @@ from pipeline.testing.readers.wandb_reader import read_wandb_run
 from tests.conftest import log_verl_steps, same_value
 from workers.mlflow_sink import mlflow_key
 
-BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio"]
+BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio", "clearml"]
 STEPS = 300
 SECRET = "sk-secret-value-123"
 
@@ -89,6 +90,13 @@ def test_every_scalar_arrives_in_every_tracker(mode_async, exit_code, offline_tr
     _assert_equal("trackio", trackio.points, logged)
     assert trackio.status == f"exit_code={exit_code}"
     assert trackio.config["trainer"]["wandb_api_key"] == "***REDACTED***"
+
+    # ClearML would chart NaN/Inf as 0.0 (its server keeps no non-finite number): the sink skips and counts them.
+    clearml = read_clearml_run(offline_trackers["clearml-cache"], run_id=run.run_id)
+    finite = {step: {k: v for k, v in values.items() if math.isfinite(v)} for step, values in logged.items()}
+    _assert_equal("clearml", clearml.points, finite)
+    assert report.lanes["clearml"].cuts == {"scalar_nonfinite": sum(map(len, logged.values())) - sum(map(len, finite.values()))}
+    assert clearml.exit_code == exit_code
 
     lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
     file_points = [(line["step"], k, v) for line in lines[1:] for k, v in line["data"].items()]

@@ -1,7 +1,7 @@
 """Rich records reach every real tracker, sync and async, read back from each store.
 
 Every backend at once (console, wandb offline, MLflow through a real server, SwanLab offline,
-TensorBoard, file, trackio's local store): generations at two validations (unicode, an empty string, a 1 MB string cut
+TensorBoard, file, trackio's local store, ClearML offline): generations at two validations (unicode, an empty string, a 1 MB string cut
 to max_chars, a NaN score, an empty list), 200 trajectories thinned to max_trajectories (but in the file dump), a
 histogram, text, an image and an artifact.
 """
@@ -18,13 +18,14 @@ import pytest
 from PIL import Image as PILImage
 
 from pipeline import Tracking, ValidationGenerationsLogger
+from pipeline.testing.readers.clearml_reader import read_clearml_run
 from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_artifact_dir, read_mlflow_run, read_mlflow_steps
 from pipeline.testing.readers.swanlab_reader import read_swanlab_media
 from pipeline.testing.readers.trackio_reader import read_trackio_run
 from pipeline.testing.readers.tensorboard_reader import read_tensorboard_rich
 from pipeline.testing.readers.wandb_reader import read_wandb_media
 
-BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio"]
+BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio", "clearml"]
 MAX_CHARS = 4000
 SAMPLES = {10: [("2+2=", "4", 1.0), ("héllo ✓ 世界", "", 0.0), ("long", "y" * 1_000_000, float("nan"))],
            20: [("3+3=", "6", 1.0)]}
@@ -86,6 +87,7 @@ def test_rich_records_in_every_tracker(log_async, logged, offline_trackers, mlfl
     _check_tensorboard(offline_trackers["tensorboard"], logged)
     _check_file(offline_trackers["file"])
     _check_trackio(offline_trackers["trackio"], project, tracking.run.run_id, logged)
+    _check_clearml(offline_trackers["clearml-cache"], tracking.run.run_id, logged)
 
 
 def _check_wandb(wandb_dir, run_id: str, logged: dict) -> None:
@@ -128,6 +130,21 @@ def _check_trackio(store, project: str, run_id: str, logged: dict) -> None:
     assert (np.asarray(PILImage.open(run.images("samples/grid")[10])) == logged["pixels"]).all()
     [artifact] = run.artifacts
     assert [path.read_bytes() for path in artifact.files.values()] == [logged["artifact"].read_bytes()]
+
+
+def _check_clearml(cache, run_id: str, logged: dict) -> None:
+    run = read_clearml_run(cache, run_id=run_id)
+    tables = run.tables("val", "generations")
+    assert sorted(tables) == [10, 20]
+    for step in (10, 20):
+        assert [(row[1], row[2]) for row in tables[step][1]] == _expected_rows(step)
+    assert len(run.tables("rollout", "trajectories")[10][1]) == 32
+    assert sum(run.bars("critic", "rewards")[10][1]) == 1000
+    assert [s.content for s in run.samples_of("notes", "notes")[10]] == ["unicode ✓ text".encode()]
+    [png] = [s.content for s in run.samples_of("samples", "grid")[10]]
+    assert (np.asarray(PILImage.open(io.BytesIO(png))) == logged["pixels"]).all()
+    [artifact] = run.artifacts.values()
+    assert list(artifact.files().values()) == [logged["artifact"].read_bytes()]
 
 
 def _check_mlflow(uri: str, project: str, logged: dict) -> None:

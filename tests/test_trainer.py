@@ -189,7 +189,7 @@ def test_vllm_engine_refuses_clearly_without_vllm_or_cuda():
         make_engine("vllm", model, task.tokenizer)
 
 
-EVERY_LOGGER = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio"]
+EVERY_LOGGER = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio", "clearml"]
 
 
 def test_the_main_job_with_every_logger_prints_in_order_and_unprefixed(tmp_path):
@@ -202,8 +202,9 @@ def test_the_main_job_with_every_logger_prints_in_order_and_unprefixed(tmp_path)
 
     repo = Path(__file__).resolve().parents[1]
     env = {key: value for key, value in os.environ.items() if not key.startswith(("WANDB_", "SWANLAB_", "MLFLOW_",
-                                                                                   "TRACKIO_", "TENSORBOARD_", "VERL_"))}
-    env.update(PYTHONPATH=str(repo), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TRACKLANE_SYSTEM_METRICS_S="0")
+                                                                                   "TRACKIO_", "TENSORBOARD_", "VERL_", "CLEARML_"))}
+    env.update(PYTHONPATH=str(repo), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TRACKLANE_SYSTEM_METRICS_S="0",
+               HOME=str(tmp_path / "home"))  # ClearML writes $HOME/.clearml/.session.json
     logger = "[" + ",".join(EVERY_LOGGER) + "]"
     done = subprocess.run([sys.executable, "-m", "trainer", f"trainer.logger={logger}", "trainer.total_steps=12",
                            "trainer.test_freq=6", "actor_rollout_ref.warmup.steps=5", "trainer.save_freq=0"],
@@ -217,3 +218,4 @@ def test_the_main_job_with_every_logger_prints_in_order_and_unprefixed(tmp_path)
     lanes = [line for line in done.stderr.splitlines() if "acked through batch" in line]
     assert len(lanes) == len(EVERY_LOGGER) and all("0 unacknowledged, 0 dropped, 0 failed" in line for line in lanes)
     assert (tmp_path / "tracklane_runs" / "trackio").is_dir() and not (tmp_path / "mlruns").exists()
+    assert list((tmp_path / "tracklane_runs" / "clearml" / "offline").glob("*/task.json"))  # ClearML's offline session

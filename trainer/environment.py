@@ -10,8 +10,8 @@ OUT = "tracklane_runs"
 
 
 def offline_environment(project: str, experiment: str, out: str = OUT) -> None:
-    """No server, no account, no network: wandb and SwanLab offline, MLflow on sqlite, trackio's local store; a
-    user's own settings win."""
+    """No server, no account, no network: wandb and SwanLab offline, MLflow on sqlite, trackio's local store,
+    ClearML offline; a user's own settings win."""
     out = os.path.abspath(out)
     defaults = {
         "WANDB_MODE": "offline", "WANDB_DIR": f"{out}/wandb", "WANDB_SILENT": "true",
@@ -20,6 +20,7 @@ def offline_environment(project: str, experiment: str, out: str = OUT) -> None:
         "TENSORBOARD_DIR": f"{out}/tensorboard/{project}/{experiment}",
         "VERL_FILE_LOGGER_PATH": f"{out}/{project}/{experiment}.jsonl",
         "TRACKIO_DIR": f"{out}/trackio",
+        "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": f"{out}/clearml",
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
