@@ -48,7 +48,7 @@ def offline_trackers(tmp_path, monkeypatch):
     """Every tracker offline and writing under tmp_path; returns the folders used."""
     dirs = {name: tmp_path / name for name in ("wandb", "wandb-data", "wandb-cache", "wandb-config",
                                                 "swanlog", "swanlab-home", "tensorboard", "trackio",
-                                                "clearml-cache", "home")}
+                                                "clearml-cache", "fake-home")}
     for folder in dirs.values():
         folder.mkdir()
     env = {
@@ -62,7 +62,7 @@ def offline_trackers(tmp_path, monkeypatch):
         # ClearML offline, its sessions in <tmp>/clearml-cache/offline/<task id>/, no config file read, and its
         # $HOME/.clearml/.session.json under tmp (no variable moves that one).
         "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": dirs["clearml-cache"],
-        "CLEARML_CONFIG_FILE": tmp_path / "clearml.conf", "HOME": dirs["home"],
+        "CLEARML_CONFIG_FILE": tmp_path / "clearml.conf", "HOME": dirs["fake-home"],
     }
     for key, value in env.items():
         monkeypatch.setenv(key, str(value))

@@ -183,8 +183,9 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-def import_sdk(cls: type[Sink], module: str | None = None) -> Any:
-    """Import the tracker SDK inside a sink, translating ImportError to ``MissingExtraError``."""
+def import_sdk(cls: Any, module: str | None = None) -> Any:
+    """Import the tracker SDK inside a sink (or a migrate source: the same ``name``, ``sdk_module`` and ``extra``),
+    translating ImportError to ``MissingExtraError``."""
     module = module or cls.sdk_module
     assert module is not None, f"{cls.__name__} names no SDK module"
     try:

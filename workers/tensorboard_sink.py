@@ -191,6 +191,27 @@ def _cell(value: Any) -> str:
     return text.replace("\r\n", "<br>").replace("\r", "<br>").replace("\n", "<br>")
 
 
+def parse_params_table(markdown: str) -> dict[str, str]:
+    """The ``| parameter | value |`` table ``_write_params`` writes -> {flattened key: value as text} (its inverse;
+    ``tracklane migrate --from tensorboard`` reads a tracklane run's params with it)."""
+    rows = [_cells(line) for line in markdown.split("\n")[2:]]  # after the header and the |---| line
+    return {cells[0]: cells[1] for cells in rows if len(cells) == 2}
+
+
+def _cells(line: str) -> list[str]:
+    """A row split on unescaped pipes, ``_cell``'s escapes undone ("\\x" -> "x", "<br>" -> line break, entities)."""
+    cells, cell, chars = [], [], iter(line)
+    for char in chars:
+        if char == "\\":
+            cell.append(next(chars, ""))
+        elif char == "|":
+            cells.append("".join(cell))
+            cell = []
+        else:
+            cell.append(char)
+    return [html.unescape(text[1:-1].replace("<br>", "\n")) for text in cells[1:]]
+
+
 def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], empty: str) -> str:
     """A markdown table, one cell per value; ``empty`` in italics when there are no rows.
 

@@ -30,8 +30,9 @@ from typing import Any
 from pipeline.errors import ConfigError
 from pipeline.records import Artifact, Generations, Histogram, Image, Record, RunSpec, Text, Trajectories
 from workers.mlflow_sink import DEFAULT_TRACKING_URI, absolute_tracking_uri, mlflow_key
+from workers.sink import import_sdk
 from workers.sources.shaping import Point, binned_histogram, in_step_order, metrics_records, png, score, trajectory
-from workers.sources.source import Source, SourceRun, import_sdk, option
+from workers.sources.source import Source, SourceRun, option
 
 DOUBLE_MAX = 1.7976931348623157e308
 """What MLflow stores for +-Inf."""

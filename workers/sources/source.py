@@ -21,7 +21,6 @@ warned about once per kind; nothing is left out silently.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import shutil
 import tempfile
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar
 
-from pipeline.errors import ConfigError, MissingExtraError
+from pipeline.errors import ConfigError
 from pipeline.records import Record, RunSpec
 
 log = logging.getLogger("tracklane")
@@ -145,12 +144,3 @@ def option(options: Mapping[str, Any], name: str, source: str) -> str:
         raise ConfigError(f"--from {source} needs --{name.replace('_', '-')}")
     return str(value)
 
-
-def import_sdk(cls: type[Source], module: str | None = None) -> Any:
-    """Import the tracker SDK inside a source, translating ImportError to ``MissingExtraError``."""
-    module = module or cls.sdk_module
-    assert module is not None, f"{cls.__name__} names no SDK module"
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise MissingExtraError(cls.name, module, cls.extra or cls.name) from exc

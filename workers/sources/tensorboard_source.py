@@ -30,8 +30,10 @@ from typing import Any
 
 from pipeline.errors import ConfigError
 from pipeline.records import Image, Record, RunSpec, Text
+from workers.sink import import_sdk
 from workers.sources.shaping import Point, binned_histogram, in_step_order, metrics_records, png
-from workers.sources.source import Source, SourceRun, import_sdk, option
+from workers.sources.source import Source, SourceRun, option
+from workers.tensorboard_sink import parse_params_table
 
 PARAMS_TAG = "hyperparameters"  # workers/tensorboard_sink.py writes the params there
 TEXT_SUFFIX = "/text_summary"
@@ -77,7 +79,7 @@ class TensorboardSource(Source):
             params.update(_hparams(acc))
             if PARAMS_TAG in acc.Tags()["tensors"]:
                 for event in acc.Tensors(PARAMS_TAG):
-                    params.update(_params_table(event.tensor_proto.string_val[0].decode("utf-8")))
+                    params.update(parse_params_table(event.tensor_proto.string_val[0].decode("utf-8")))
         path = Path(self.logdir)
         return SourceRun(project=path.parent.name or "tensorboard", experiment=path.name or "run", params=params,
                          where=f"tensorboard log directory {self.logdir}")
@@ -174,22 +176,3 @@ def _hparams(acc: Any) -> dict[str, Any]:
                 out[key] = getattr(value, kind) if kind in ("number_value", "string_value", "bool_value") else None
     return out
 
-
-def _params_table(markdown: str) -> dict[str, str]:
-    """The tracklane sink's ``| parameter | value |`` table -> {flattened key: value as text}."""
-    rows = [_cells(line) for line in markdown.split("\n")[2:]]
-    return {cells[0]: cells[1] for cells in rows if len(cells) == 2}
-
-
-def _cells(line: str) -> list[str]:
-    """A table row split on unescaped pipes, escapes undone and "<br>" back to line breaks."""
-    cells, cell, chars = [], [], iter(line)
-    for char in chars:
-        if char == "\\":
-            cell.append(next(chars, ""))
-        elif char == "|":
-            cells.append("".join(cell))
-            cell = []
-        else:
-            cell.append(char)
-    return [text[1:-1].replace("<br>", "\n") for text in cells[1:]]

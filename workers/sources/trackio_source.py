@@ -33,8 +33,9 @@ from typing import Any
 from pipeline.errors import ConfigError
 from pipeline.records import Artifact, Generations, Image, Metrics, Record, RunSpec, Text, Trajectories, Trajectory
 from pipeline.values import as_number
+from workers.sink import import_sdk
 from workers.sources.shaping import binned_histogram, in_step_order, png, score
-from workers.sources.source import Source, SourceRun, import_sdk, option
+from workers.sources.source import Source, SourceRun, option
 from workers.trackio_sink import RESERVED_KEYS, TRACKIO_RESERVED_CONFIG, artifact_name, point_trackio_at, trackio_dir
 
 SYSTEM_AXIS = "system/elapsed_s"  # pipeline/convert.py: the system metrics' axis

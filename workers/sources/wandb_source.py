@@ -41,8 +41,9 @@ from pipeline.errors import ConfigError
 from pipeline.records import Artifact, Generations, Image, Metrics, Record, RunSpec, Text, Trajectories, Trajectory
 from pipeline.values import as_number
 from workers.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, safe_name
+from workers.sink import import_sdk
 from workers.sources.shaping import binned_histogram, in_step_order, png, score
-from workers.sources.source import Source, SourceRun, import_sdk, option
+from workers.sources.source import Source, SourceRun, option
 from workers.wandb_store import iter_payloads, run_files
 
 STEP_AXIS = "tracklane/step"  # workers/wandb_sink.py: the trainer's step
