@@ -25,6 +25,9 @@ from benchmarks.readback import read_back
 from benchmarks.workloads import WORKLOADS, verl_scalars
 
 MAX_TRAJECTORIES = 64  # tracklane's default record_limits.max_trajectories: what its trackers store per step
+# The same in every tracker, the file too (whose own default is every trajectory, as verl's dumps): each mode
+# is then measured storing the same records, as in the figures before per-backend limits.
+RECORD_LIMITS = {"max_trajectories": MAX_TRAJECTORIES, "backends": {"file": {"max_trajectories": MAX_TRAJECTORIES}}}
 TRAINER_NO_VERL = ("the trainer builds its own tracklane Tracking, so verl's Tracking cannot be swapped in "
                    "without changing the trainer")
 
@@ -97,7 +100,7 @@ def _one_run(env: BenchEnv, sc: Scenario, name: str, workload, steps: int, first
     place = env.place(f"{sc.kind}-{sc.workload}-{name}")
     trackers = list(sc.trackers)
     with quiet_stdout():
-        mode = make_mode(name, trackers, place, async_log, record_limits={"max_trajectories": MAX_TRAJECTORIES})
+        mode = make_mode(name, trackers, place, async_log, record_limits=RECORD_LIMITS)
         kept = workload.trajectories if name == "verl" else MAX_TRAJECTORIES
         times = gpu_steps(mode, sc.step_s, workload, steps, first_step, kept)
         costs = _measure_calls(mode, calls, first_step + steps + 3, times.logged) if calls and name != "none" else None
