@@ -57,8 +57,12 @@ def test_lanes_placed_on_a_second_node_deliver_every_record(offline_trackers, tm
     there (its node id), its "where" says it is not the trainer's node, and TensorBoard and the file hold every
     point exactly once."""
     steps = 200
+    # Ray >= 2.60 turns token auth on for a new local cluster by setting RAY_AUTH_MODE=token in the process
+    # that started it (this suite's shared session), with the token under that moment's HOME. The child's own
+    # cluster must not inherit that mode without the token: its GCS would abort at start.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
     done = subprocess.run([sys.executable, "-m", "tests.two_node_run", str(tmp_path), str(steps)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=540, env={**os.environ})
+                          capture_output=True, text=True, timeout=540, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["complete"], result["summary"]
