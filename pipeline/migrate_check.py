@@ -126,7 +126,7 @@ def _check_rich(check: TargetCheck, held: Holdings, back: Holdings, cls: type[So
         else:
             kept[(kind, name)] = held.rich[(kind, name)]
     for stored, members in _groups(kept, lambda pair: (cls.stored_as(pair[0]), cls.stored_name(*pair))).items():
-        steps = [cls.stored_step(kind, step) for kind, name in members for step in held.rich[(kind, name)]]
+        steps = [step for member in members for step in held.rich[member]]
         _record(check, check.rich, members, _same_steps(steps, back.rich.get(stored, [])))
 
 

@@ -130,8 +130,8 @@ def test_mlflow_run_migrates_into_wandb_tensorboard_file_and_trackio(offline_tra
 
     assert_points(file_points(offline_trackers["file"]), expected)
     media_dir = Path(str(offline_trackers["file"])[: -len(".jsonl")] + "_media")
-    assert (media_dir / "artifacts/artifact/checkpoints/ckpt.txt").read_text() == "weights"
-    assert (media_dir / "artifacts/artifact/notes/readme.txt").read_text() == "hello from mlflow"
+    assert (media_dir / "artifacts/artifact/checkpoints/step_0/ckpt.txt").read_text() == "weights"
+    assert (media_dir / "artifacts/artifact/notes/step_0/readme.txt").read_text() == "hello from mlflow"
     assert (media_dir / "images/samples_grid/3.png").exists()
 
     trackio_back = read_trackio_run(offline_trackers["trackio"], "src-project", name="src-run")
@@ -171,6 +171,44 @@ def make_mlflow_experiment(uri: str, name: str, root: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     MlflowClient(uri).create_experiment(name, artifact_location=(root / name).as_uri())
+
+
+def test_two_versions_of_one_mlflow_artifact_name_migrate_with_both(offline_trackers, ray_session, tmp_path, capsys):
+    """A checkpoint folder logged by the MLflow sink under one name at steps 50 and 100 reaches the MLflow and
+    file targets as two versions, each with its own bytes, and the comparison finds both steps."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.records import Artifact, Metrics, RunSpec
+    from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_artifact_dir
+    from workers.mlflow_sink import MlflowSink
+
+    uri = f"sqlite:///{tmp_path / 'source.db'}"
+    MlflowClient(uri).create_experiment("ckpt-project", artifact_location=(tmp_path / "src-artifacts").as_uri())
+    run = RunSpec(project="ckpt-project", experiment="ckpt-run")
+    sink = MlflowSink(run, MlflowSink.resolve(run, {"MLFLOW_TRACKING_URI": uri}, {}))
+    sink.open(None)
+    for step in (50, 100):
+        folder = tmp_path / f"global_step_{step}"
+        folder.mkdir()
+        (folder / "model.pt").write_bytes(bytes([step]) * 8)
+        (folder / "optim.pt").write_bytes(bytes([step + 1]) * 4)
+        sink.write([Metrics(step=step, values={"loss": 1.0 / step}, time=1.7e9),
+                    Artifact(step=step, path=str(folder), name="checkpoint", type="checkpoint", time=1.7e9)])
+    sink.close(0)
+
+    make_mlflow_experiment(offline_trackers["mlflow_uri"], "ckpt-project", tmp_path / "mlartifacts")
+    code, table = migrate(capsys, "--from", "mlflow", "--run-id", sink.run_id, "--tracking-uri", uri,
+                          "--to", "mlflow,file")
+    assert code == 0, table
+    assert table_rows(table)["artifact"][1:] == ["checkpoint", "2", "50", "100", "ok", "ok"], table
+    expected = {f"step_{step}/{name}": data for step in (50, 100)
+                for name, data in (("model.pt", bytes([step]) * 8), ("optim.pt", bytes([step + 1]) * 4))}
+    (run_id,) = find_mlflow_run_ids(offline_trackers["mlflow_uri"], "ckpt-project", "ckpt-run")
+    stored = read_mlflow_artifact_dir(offline_trackers["mlflow_uri"], run_id, "checkpoint/checkpoint")
+    assert stored == {f"checkpoint/{path}": data for path, data in expected.items()}
+    media_dir = Path(str(offline_trackers["file"])[: -len(".jsonl")] + "_media")
+    folder = media_dir / "artifacts/checkpoint/checkpoint"
+    assert {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()} == expected
 
 
 def test_tensorboard_logdir_migrates_into_mlflow(offline_trackers, ray_session, tmp_path, capsys):
@@ -377,10 +415,10 @@ def test_wandb_offline_run_migrates_into_the_file_logger(offline_trackers, ray_s
     (histogram,) = [json.loads(line) for line in (media / "histograms.jsonl").read_text().splitlines()]
     assert (histogram["step"], histogram["counts"], histogram["bin_edges"]) == (6, [1, 3, 2], [0.0, 1.0, 2.0, 3.0])
     assert (media / "images/frame/6.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    (table_file,) = (media / "artifacts/wandb-table/table").iterdir()
+    (table_file,) = (media / "artifacts/wandb-table/table/step_6").iterdir()
     assert json.loads(table_file.read_text())["data"] == [[1, "x"], [2, "y"]]
-    assert (media / "artifacts/data/dataset").is_dir() and \
-        [p.read_text() for p in (media / "artifacts/data/dataset").iterdir()] == ["dataset"]
+    assert (media / "artifacts/data/dataset/step_0").is_dir() and \
+        [p.read_text() for p in (media / "artifacts/data/dataset/step_0").iterdir()] == ["dataset"]
 
 
 def test_the_entry_point_migrates_in_its_own_process(tmp_path):

@@ -20,6 +20,7 @@ from pipeline.records import (Artifact, Generations, Histogram, Image, Metrics, 
 from pipeline.testing.readers.mlflow_reader import (list_mlflow_artifacts, read_mlflow_artifact, read_mlflow_images,
                                          read_mlflow_run, read_mlflow_steps)
 from workers.mlflow_sink import MlflowSink
+from workers.sources.mlflow_source import MlflowSource
 
 LONG = "长" * 16_384  # as long as record_limits.max_chars lets a string be
 SAMPLES = [["q: 2+2?", "4", 1.0], ["", "", 0.0], ["naïve 🤖 \"quoted\" | pipe\nnew line", "ответ", math.nan],
@@ -178,7 +179,56 @@ def test_text_image_and_artifact(store, request, tmp_path):
     assert {key: sorted(steps) for key, steps in images.items()} == {"val~rgb": [1, 2], "gray map": [2]}
     for stored, expected in [(images["val~rgb"][1], rgb), (images["val~rgb"][2], rgba), (images["gray map"][2], gray)]:
         assert len(stored) == 1 and np.array_equal(np.asarray(PIL_Image.open(io.BytesIO(stored[0]))), expected)
-    assert read_mlflow_artifact(uri, run_id, "model/best/model.safetensors") == checkpoint.read_bytes()
-    assert json.loads(read_mlflow_artifact(uri, run_id, "checkpoint/step_3/config.json")) == {"a": 1}
-    assert list_mlflow_artifacts(uri, run_id, "model") == ["model/best/model.safetensors"]
+    assert read_mlflow_artifact(uri, run_id, "model/best/step_3/model.safetensors") == checkpoint.read_bytes()
+    assert json.loads(read_mlflow_artifact(uri, run_id, "checkpoint/step_3/step_3/config.json")) == {"a": 1}
+    assert list_mlflow_artifacts(uri, run_id, "model") == ["model/best/step_3/model.safetensors"]
     assert sink.counts.artifacts_missing == 1 and sink.counts.unsupported == {}
+
+
+def test_one_artifact_name_at_two_steps_keeps_both_versions(store, request, tmp_path):
+    """A file and a folder logged under one name at steps 50 and 100 are kept apart under step_<step>/, each with
+    its own bytes, and the MLflow source reads each file back at its step."""
+    sink = open_sink(store, f"versions_{request.node.callspec.id}")
+    for step in (50, 100):
+        logged = tmp_path / f"logged_{step}"
+        (logged / "global_step" / "actor").mkdir(parents=True)
+        (logged / "config.yaml").write_text(f"step: {step}")
+        (logged / "global_step" / "actor" / "model.pt").write_bytes(bytes([step]) * 8)
+        sink.write([Artifact(step=step, path=str(logged / "config.yaml"), name="config", type="config", time=1.7e9),
+                    Artifact(step=step, path=str(logged / "global_step"), name="checkpoint", type="checkpoint",
+                             time=1.7e9)])
+    sink.close(0)
+
+    uri, run_id = store[0], sink.run_id
+    assert list_mlflow_artifacts(uri, run_id) == [
+        "checkpoint/checkpoint/step_100/actor/model.pt", "checkpoint/checkpoint/step_50/actor/model.pt",
+        "config/config/step_100/config.yaml", "config/config/step_50/config.yaml"]
+    for step in (50, 100):
+        assert read_mlflow_artifact(uri, run_id, f"config/config/step_{step}/config.yaml") == f"step: {step}".encode()
+        assert read_mlflow_artifact(uri, run_id, f"checkpoint/checkpoint/step_{step}/actor/model.pt") == \
+            bytes([step]) * 8
+
+    with MlflowSource(uri, run_id) as source:
+        back = [(r.type, r.name, r.step, open(r.path, "rb").read()) for r in source.records() if r.kind == "artifact"]
+    assert sorted(back) == [("checkpoint", "checkpoint", 50, bytes([50]) * 8),
+                            ("checkpoint", "checkpoint", 100, bytes([100]) * 8),
+                            ("config", "config", 50, b"step: 50"), ("config", "config", 100, b"step: 100")]
+
+
+def test_the_mlflow_source_still_reads_artifacts_written_before_versions(store, request, tmp_path):
+    """<type>/<name>/<file> and <type>/<name>/<folder>/<file> (the layout without step folders) and a file outside
+    tracklane's layout read back at step 0."""
+    sink = open_sink(store, f"old_layout_{request.node.callspec.id}")
+    sink.close(0)
+    (tmp_path / "ckpt_dir").mkdir()
+    (tmp_path / "ckpt.bin").write_bytes(b"file")
+    (tmp_path / "ckpt_dir" / "model.bin").write_bytes(b"folder")
+    client = MlflowClient(store[0])
+    client.log_artifact(sink.run_id, str(tmp_path / "ckpt.bin"), artifact_path="checkpoint/policy")
+    client.log_artifacts(sink.run_id, str(tmp_path / "ckpt_dir"), artifact_path="checkpoint/policy/ckpt_dir")
+    client.log_artifact(sink.run_id, str(tmp_path / "ckpt.bin"), artifact_path="checkpoints")
+
+    with MlflowSource(store[0], sink.run_id) as source:
+        back = [(r.type, r.name, r.step, open(r.path, "rb").read()) for r in source.records() if r.kind == "artifact"]
+    assert sorted(back) == [("artifact", "checkpoints", 0, b"file"), ("checkpoint", "policy", 0, b"file"),
+                            ("checkpoint", "policy", 0, b"folder")]

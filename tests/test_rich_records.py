@@ -68,7 +68,8 @@ def test_rich_records_reach_file_console_and_memory(log_async, offline_trackers,
     assert open(f"{base}_media/text/notes/10.txt", encoding="utf-8").read() == "unicode ✓ text"
     png = open(f"{base}_media/images/samples_grid/10.png", "rb").read()
     assert (np.asarray(PILImage.open(io.BytesIO(png))) == logged["pixels"]).all()
-    assert open(f"{base}_media/artifacts/checkpoint/policy/ckpt.bin", "rb").read() == logged["artifact"].read_bytes()
+    assert open(f"{base}_media/artifacts/checkpoint/policy/step_10/ckpt.bin", "rb").read() == \
+        logged["artifact"].read_bytes()
 
     kinds = [r.kind for r in memory_records(tracking.run_id) if r.kind != "metrics"]
     assert kinds == ["generations", "generations", "trajectories", "histogram", "text", "image", "artifact"]
@@ -113,19 +114,71 @@ def _wait_for(capfd, text: str, seconds: float) -> str:
         time.sleep(0.5)
 
 
-def test_the_file_sink_copies_a_folder_artifact_whole(tmp_path):
-    """A folder artifact (a checkpoint directory) lands under _media/artifacts/<type>/<name>/<folder>/ file by file."""
-    from pipeline.records import Artifact, RunSpec
+def _file_sink(tmp_path):
+    from pipeline.records import RunSpec
     from workers.file_sink import FileSink
+
+    run = RunSpec(project="p", experiment="e")
+    sink = FileSink(run, FileSink.resolve(run, {"VERL_FILE_LOGGER_PATH": str(tmp_path / "out" / "m.jsonl")}, {}))
+    sink.open(None)
+    return sink
+
+
+def test_the_file_sink_copies_a_folder_artifact_whole(tmp_path):
+    """A folder artifact (a checkpoint directory) lands under _media/artifacts/<type>/<name>/step_<step>/<folder>/
+    file by file."""
+    from pipeline.records import Artifact
 
     folder = tmp_path / "ckpt_step_5"
     (folder / "shards").mkdir(parents=True)
     (folder / "model.bin").write_bytes(b"weights")
     (folder / "shards" / "0.bin").write_bytes(b"shard")
-    run = RunSpec(project="p", experiment="e")
-    sink = FileSink(run, FileSink.resolve(run, {"VERL_FILE_LOGGER_PATH": str(tmp_path / "out" / "m.jsonl")}, {}))
-    sink.open(None)
+    sink = _file_sink(tmp_path)
     sink.write([Artifact(step=5, path=str(folder), name="policy", type="checkpoint", time=0.0)])
     sink.close(0)
-    copy = tmp_path / "out" / "m_media" / "artifacts" / "checkpoint" / "policy" / "ckpt_step_5"
+    copy = tmp_path / "out" / "m_media" / "artifacts" / "checkpoint" / "policy" / "step_5" / "ckpt_step_5"
     assert (copy / "model.bin").read_bytes() == b"weights" and (copy / "shards" / "0.bin").read_bytes() == b"shard"
+
+
+def test_the_file_sink_keeps_each_step_of_one_artifact_name(tmp_path):
+    """One name logged at two steps, a file and a folder of the same names each time, keeps both versions, each
+    with its own bytes, and the file source reads each back at its step."""
+    from pipeline.records import Artifact
+    from workers.sources.file_source import FileSource
+
+    sink = _file_sink(tmp_path)
+    for step in (50, 100):
+        logged = tmp_path / f"logged_{step}"
+        (logged / "global_step" / "actor").mkdir(parents=True)
+        (logged / "config.yaml").write_text(f"step: {step}")
+        (logged / "global_step" / "actor" / "model.pt").write_bytes(bytes([step]) * 8)
+        sink.write([Artifact(step=step, path=str(logged / "config.yaml"), name="config", type="config", time=0.0),
+                    Artifact(step=step, path=str(logged / "global_step"), name="checkpoint", type="checkpoint",
+                             time=0.0)])
+    sink.close(0)
+    artifacts = tmp_path / "out" / "m_media" / "artifacts"
+    for step in (50, 100):
+        assert (artifacts / f"config/config/step_{step}/config.yaml").read_text() == f"step: {step}"
+        assert (artifacts / f"checkpoint/checkpoint/step_{step}/global_step/actor/model.pt").read_bytes() == \
+            bytes([step]) * 8
+
+    with FileSource(str(tmp_path / "out" / "m.jsonl")) as source:
+        back = [(r.type, r.name, r.step, open(r.path, "rb").read()) for r in source.records() if r.kind == "artifact"]
+    assert sorted(back) == [("checkpoint", "checkpoint", 50, bytes([50]) * 8),
+                            ("checkpoint", "checkpoint", 100, bytes([100]) * 8),
+                            ("config", "config", 50, b"step: 50"), ("config", "config", 100, b"step: 100")]
+
+
+def test_the_file_source_still_reads_artifacts_written_before_versions(tmp_path):
+    """<type>/<name>/<file> and <type>/<name>/<folder>/<file> (the layout without step folders) read back at
+    step 0."""
+    from workers.sources.file_source import FileSource
+
+    (tmp_path / "m.jsonl").write_text('{"step": 1, "data": {"x": 1.0}}\n')
+    old = tmp_path / "m_media" / "artifacts" / "checkpoint" / "policy"
+    (old / "ckpt_dir").mkdir(parents=True)
+    (old / "ckpt.bin").write_bytes(b"file")
+    (old / "ckpt_dir" / "model.bin").write_bytes(b"folder")
+    with FileSource(str(tmp_path / "m.jsonl")) as source:
+        back = [(r.type, r.name, r.step, open(r.path, "rb").read()) for r in source.records() if r.kind == "artifact"]
+    assert sorted(back) == [("checkpoint", "policy", 0, b"file"), ("checkpoint", "policy", 0, b"folder")]

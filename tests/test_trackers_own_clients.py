@@ -461,18 +461,19 @@ def test_mlflow_rest_serves_the_artifacts(logged, mlflow_server_uri):
     [png] = [path for path in images if path.endswith(".png")]  # MLflow's log_image: the PNG and a thumbnail
     assert re.fullmatch(rf"images/samples~grid\+step\+{RICH_STEP}\+timestamp\+\d+\+[0-9a-f-]+\.png", png)
     assert sorted(images) == sorted([png, png[:-len(".png")] + "+compressed.webp"])
+    checkpoint = f"checkpoint/policy/step_{RICH_STEP}/policy.ckpt"
     assert sorted(set(files) - set(images)) == sorted([
-        "checkpoint/policy/policy.ckpt", "generations/val~generations/step_00000010.json",
+        checkpoint, "generations/val~generations/step_00000010.json",
         "generations/val~generations/step_00000020.json", f"generations/val~markdown/step_{MARKDOWN_STEP:08d}.json",
         "histograms/critic~rewards/step_00000010.json", "text/notes/step_00000010.txt"])
 
     def download(path: str) -> bytes:
         return rest.raw("/get-artifact", path=path, run_uuid=run_id)
 
-    assert files["checkpoint/policy/policy.ckpt"] == logged.artifact.stat().st_size
-    assert download("checkpoint/policy/policy.ckpt") == logged.artifact.read_bytes()
+    assert files[checkpoint] == logged.artifact.stat().st_size
+    assert download(checkpoint) == logged.artifact.read_bytes()
     assert run["info"]["artifact_uri"] == f"mlflow-artifacts:/{experiment_id}/{run_id}/artifacts"  # proxied
-    proxied = f"/api/2.0/mlflow-artifacts/artifacts/{experiment_id}/{run_id}/artifacts/checkpoint/policy/policy.ckpt"
+    proxied = f"/api/2.0/mlflow-artifacts/artifacts/{experiment_id}/{run_id}/artifacts/{checkpoint}"
     assert rest.raw(proxied) == logged.artifact.read_bytes()
 
     for step, rows in [*GENERATIONS.items(), (MARKDOWN_STEP, MARKDOWN_ROWS)]:

@@ -2,7 +2,8 @@
 
 Rich records go beside it: validation generations and rollout trajectories as one
 ``{step}.jsonl`` per step (verl's ``validation_data_dir`` / ``rollout_data_dir`` dumps),
-histograms, text, images and artifacts under ``<name>_media/``.
+histograms, text, images and artifacts under ``<name>_media/``: an artifact is copied to
+``artifacts/<type>/<name>/step_<step>/<file or folder name>``, so each step's version of one name is kept.
 
 The first line is a header with the run's config (``"step": null, "data": {}`` so that
 readers of verl's format skip it). NaN and +-Inf are written as the JSON tokens
@@ -83,7 +84,8 @@ class FileSink(Sink):
 
     def write_artifact(self, records: Sequence[Artifact]) -> None:
         for record in records:
-            folder = os.path.join(self.settings["media_dir"], "artifacts", safe_name(record.type), safe_name(record.name))
+            folder = os.path.join(self.settings["media_dir"], "artifacts", safe_name(record.type), safe_name(record.name),
+                                  f"step_{record.step}")
             os.makedirs(folder, exist_ok=True)
             copy = os.path.join(folder, os.path.basename(os.path.normpath(record.path)))
             if os.path.isdir(record.path):  # a checkpoint folder, a multi-file artifact: its files, under its name

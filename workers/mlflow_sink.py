@@ -17,7 +17,7 @@ Rich records become run artifacts, one small file per record (``log_table`` is n
                   and metrics <name>/mean, /std (population), /min, /max, /count (finite values) at the step
     text          text/<name>/step_<step:08d>.txt
     image         client.log_image(key=<name>, step=step): images/<name>+step+<step>+... .png (+ a .webp thumbnail)
-    artifact      <type>/<name>/<file name> (a directory: its files)
+    artifact      <type>/<name>/step_<step>/<file name> (a directory: its files), each step a version of its own
 
 In the path, ``<key>``/``<name>`` is sanitised like a metric name with "/" turned into "~" (one folder,
 as ``log_image`` does). JSON is strict UTF-8 JSON: NaN and +-Inf are written as ``null``. Where the
@@ -273,7 +273,7 @@ class MlflowSink(Sink):
     def write_artifact(self, records: Sequence[Artifact]) -> None:
         with _translate(f"log artifacts to MLflow run {self.run_id}"):
             for record in records:
-                folder = f"{_path_part(record.type)}/{_path_part(record.name)}"
+                folder = f"{_path_part(record.type)}/{_path_part(record.name)}/step_{record.step}"
                 if os.path.isdir(record.path):
                     self._client.log_artifacts(self.run_id, record.path, artifact_path=folder)
                 else:

@@ -16,13 +16,15 @@ Rich records, where tracklane's file sink put them beside the file (``<base>`` i
     <base>_rollouts/<step>.jsonl      ``Trajectory.as_dict()`` + "step" per trajectory -> Trajectories
     <base>_media/histograms.jsonl     bins and summary per line   -> Histogram (the non-finite count as NaNs)
     <base>_media/text/<name>/<step>.txt, images/<name>/<step>.png   -> Text, Image (names as made file-safe)
-    <base>_media/artifacts/<type>/<name>/<file>                     -> Artifact
+    <base>_media/artifacts/<type>/<name>/step_<step>/<file>         -> Artifact at that step (a folder's files
+                                      each an Artifact; ``<type>/<name>/<file>``, written before versions: step 0)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -35,6 +37,7 @@ from workers.sources.source import Source, SourceRun, option
 GENERATIONS_KEY = "val/generations"  # the records' default keys: the file sink does not keep the key
 TRAJECTORIES_KEY = "rollout/trajectories"
 _STORED_AS = {kind: kind for kind in ("generations", "trajectories", "text", "histogram", "image", "artifact")}
+_VERSION = re.compile(r"step_(-?\d+)")  # an artifact version's folder, <type>/<name>/step_<step>/
 
 
 class FileSource(Source):
@@ -166,7 +169,9 @@ class FileSource(Source):
                     self.skip("artifact files outside <type>/<name>/")
                     continue
                 path = os.path.join(folder, file_name)
-                out.append(Artifact(step=0, path=path, name=parts[1], type=parts[0], time=os.path.getmtime(path)))
+                version = _VERSION.fullmatch(parts[2]) if len(parts) >= 3 else None
+                out.append(Artifact(step=int(version[1]) if version else 0, path=path, name=parts[1], type=parts[0],
+                                    time=os.path.getmtime(path)))
         return out
 
     # -- how the file sink stores what it is handed ----------------------------------------------
@@ -181,10 +186,6 @@ class FileSource(Source):
         if kind == "trajectories":
             return TRAJECTORIES_KEY
         return safe_name(name) if kind in ("text", "image", "artifact") else name
-
-    @classmethod
-    def stored_step(cls, kind: str, step: int) -> int:
-        return 0 if kind == "artifact" else step  # the artifact layout has no step
 
 
 def _step_files(folder: str) -> Iterator[tuple[int, str, list[dict[str, Any]]]]:

@@ -10,8 +10,9 @@ downloaded once into the source's scratch folder and read in tracklane's layout 
     text/<name>/step_<N>.txt           -> Text
     images/<key>+step+<N>+timestamp+<ms>+<uuid>.png -> Image (MLflow's own ``log_image`` layout, fluent or
                                           client; its ``+compressed.webp`` thumbnails are MLflow's, not data)
-    any other file                     -> Artifact: ``<type>/<name>/<file>`` as tracklane writes them, else
-                                          type "artifact" and name the first folder (or the file's name)
+    any other file                     -> Artifact: ``<type>/<name>/step_<N>/<file>`` as tracklane writes them
+                                          (``<type>/<name>/<file>``, written before versions: step 0), else type
+                                          "artifact" and name the first folder (or the file's name), step 0
 
 In folder names "~" stands for "/" (as ``log_image`` writes keys). MLflow keeps no time for an artifact: those
 records get the run's start time, except histograms (their summary metrics' time) and images (in the name).
@@ -41,6 +42,7 @@ _STEP_FILE = re.compile(r"(generations|trajectories|histograms|text)/([^/]+)/ste
 _IMAGE_FILE = re.compile(r"images/(.+)\+step\+(-?\d+)\+timestamp\+(\d+)\+[0-9a-f-]+\.png")
 _THUMBNAIL = re.compile(r"images/.+\+compressed\.webp")
 _IMAGE_KEY = re.compile(r"[^a-zA-Z0-9_\-./ ]")  # MlflowClient.log_image's rule for a key
+_VERSION = re.compile(r"step_(-?\d+)")  # an artifact version's folder, <type>/<name>/step_<N>/
 
 
 class MlflowSource(Source):
@@ -145,8 +147,11 @@ class MlflowSource(Source):
         if _THUMBNAIL.fullmatch(path):
             return None
         parts = path.split("/")
-        kind, name = (parts[0], parts[1]) if len(parts) >= 3 else ("artifact", parts[0])
-        return Artifact(step=0, path=local, name=name.replace("~", "/"), type=kind.replace("~", "/"), time=start)
+        if len(parts) < 3:
+            return Artifact(step=0, path=local, name=parts[0].replace("~", "/"), type="artifact", time=start)
+        version = _VERSION.fullmatch(parts[2]) if len(parts) >= 4 else None
+        return Artifact(step=int(version[1]) if version else 0, path=local, name=parts[1].replace("~", "/"),
+                        type=parts[0].replace("~", "/"), time=start)
 
     # -- how MLflow stores what the MLflow sink hands it ---------------------------------------
     @classmethod
@@ -168,10 +173,6 @@ class MlflowSource(Source):
         if kind == "image":
             return _IMAGE_KEY.sub("_", mlflow_key(name))
         return mlflow_key(name)
-
-    @classmethod
-    def stored_step(cls, kind: str, step: int) -> int:
-        return 0 if kind == "artifact" else step  # the artifact layout has no step
 
 
 def _step_record(kind: str, folder: str, step: int, content: str, start: float,

@@ -12,7 +12,7 @@ A source is a plain class, one per tracker, one file each, registered by name in
 The same classes read a migration's targets back: ``SourceClass.of_target(settings, run)`` opens what the
 target's sink wrote (``settings`` as its ``resolve()`` gave them, ``run`` the target run), so each source
 doubles as the verifier. How a tracker stores a key, a value or a rich record's name and step is its source's
-knowledge too (``stored_key``, ``stored_value``, ``stored_as``, ``stored_name``, ``stored_step``): the comparison
+knowledge too (``stored_key``, ``stored_value``, ``stored_as``, ``stored_name``): the comparison
 asks it.
 
 What a source cannot carry (a wandb HTML panel, a TensorBoard audio clip ...) is counted in ``skipped`` and
@@ -105,11 +105,6 @@ class Source:
     def stored_name(cls, kind: str, name: str) -> str:
         """The name a rich record (its ``name`` or ``key``) is read back with."""
         return name
-
-    @classmethod
-    def stored_step(cls, kind: str, step: int) -> int:
-        """The step a rich record is read back at (a tracker that keeps no step for a kind gives 0)."""
-        return step
 
     # -- helpers -----------------------------------------------------------------------------
     def skip(self, what: str, n: int = 1) -> None:
