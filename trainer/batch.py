@@ -18,23 +18,27 @@ class Batch:
     positions: torch.Tensor
     responses: torch.Tensor
     response_mask: torch.Tensor
+    """[N, R] 1.0 on the policy's tokens (what the losses see)."""
+    response_valid: torch.Tensor
+    """[N, R] True on every real response token, tool replies included."""
     prompt_width: int
 
     @classmethod
     def from_rollout(cls, rollout: Rollout) -> "Batch":
         key_valid = torch.cat([rollout.prompt_valid, torch.ones_like(rollout.responses, dtype=torch.bool)], 1)
+        valid = rollout.response_valid if rollout.response_valid is not None else rollout.response_mask.bool()
         return cls(input_ids=torch.cat([rollout.prompts, rollout.responses], 1), key_valid=key_valid,
                    positions=positions_of(key_valid), responses=rollout.responses,
-                   response_mask=rollout.response_mask, prompt_width=rollout.prompts.shape[1])
+                   response_mask=rollout.response_mask, response_valid=valid, prompt_width=rollout.prompts.shape[1])
 
     def rows(self, index: slice | torch.Tensor) -> "Batch":
         return Batch(input_ids=self.input_ids[index], key_valid=self.key_valid[index], positions=self.positions[index],
                      responses=self.responses[index], response_mask=self.response_mask[index],
-                     prompt_width=self.prompt_width)
+                     response_valid=self.response_valid[index], prompt_width=self.prompt_width)
 
     @property
     def num_tokens(self) -> int:
-        return int(self.key_valid[:, :self.prompt_width].sum() + self.response_mask.sum())
+        return int(self.key_valid[:, :self.prompt_width].sum() + self.response_valid.sum())
 
 
 def response_hidden(model: GPT, batch: Batch) -> torch.Tensor:

@@ -19,6 +19,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from pipeline import ConfigError
 
 ROLLOUT_ENGINES = ("torch", "vllm")
+TASK_NAMES = ("tool_addition", "addition")
 ADV_ESTIMATORS = ("grpo", "gae")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_LOGGERS = ["console", "tensorboard", "mlflow", "wandb", "swanlab", "file"]
@@ -31,30 +32,39 @@ def _check(condition: bool, key: str, message: str, value: Any) -> None:
 
 @dataclass(kw_only=True)
 class TaskConfig:
-    """The built-in verifiable task: addition, "7+8=" -> "15" (or "12+345=" -> "357" with more digits).
+    """The built-in verifiable task.
 
-    One-digit operands (the default) are what a 100-step run on two CPU cores visibly improves on;
-    with max_digits=2 or 3 the warm-up needs more steps and RL improves more slowly.
+    ``tool_addition`` (default, trainer/tool_task.py): "37+48=" answered directly or through a
+    calculator tool over several turns, rewards for correctness, tool use and format; one- and
+    two-digit operands. ``addition`` (trainer/task.py): "7+8=" -> "15" answered directly, one-digit
+    operands by default (what a 100-step run on two CPU cores visibly improves on).
     """
 
-    name: str = "addition"
+    name: str = "tool_addition"
     min_digits: int = 1
     """Fewest digits in an operand."""
-    max_digits: int = 1
-    """Most digits in an operand."""
+    max_digits: Optional[int] = None
+    """Most digits in an operand; default: the task's (tool_addition 2, addition 1)."""
     val_size: int = 128
     """Problems in the fixed validation set."""
 
     def __post_init__(self) -> None:
-        _check(self.name == "addition", "task.name", "must be 'addition'", self.name)
-        _check(1 <= self.min_digits <= self.max_digits <= 6, "task.min_digits/max_digits",
+        _check(self.name in TASK_NAMES, "task.name", f"must be one of {', '.join(TASK_NAMES)}", self.name)
+        _check(1 <= self.min_digits <= self.digits_up_to <= 6, "task.min_digits/max_digits",
                "must satisfy 1 <= min_digits <= max_digits <= 6", (self.min_digits, self.max_digits))
         _check(self.val_size > 0, "task.val_size", "must be > 0", self.val_size)
+
+    @property
+    def digits_up_to(self) -> int:
+        """max_digits, or the task's default."""
+        if self.max_digits is not None:
+            return self.max_digits
+        return max(self.min_digits, 2 if self.name == "tool_addition" else 1)
 
 
 @dataclass(kw_only=True)
 class DataConfig:
-    train_batch_size: int = 32
+    train_batch_size: int = 16
     """Prompts per step; each is sampled actor_rollout_ref.rollout.n times."""
 
     def __post_init__(self) -> None:
@@ -93,7 +103,7 @@ class OptimConfig:
 @dataclass(kw_only=True)
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_mini_batch_size: int = 16
+    ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (times rollout.n sequences); train_batch_size / this = updates per step."""
     ppo_epochs: int = 1
     clip_ratio: float = 0.2
@@ -114,14 +124,28 @@ class ActorConfig:
 
 
 @dataclass(kw_only=True)
+class MultiTurnConfig:
+    """verl's rollout.multi_turn: how many turns a sample may take when the task has a tool."""
+
+    max_assistant_turns: int = 3
+    """The policy's turns per sample; a call in the last one gets no reply and the sample has no answer."""
+
+    def __post_init__(self) -> None:
+        _check(self.max_assistant_turns > 0, "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
+               "must be > 0", self.max_assistant_turns)
+
+
+@dataclass(kw_only=True)
 class RolloutConfig:
     name: str = "torch"
     """Rollout engine: "torch" (batched sampling with a KV cache) or "vllm" (GPU only, optional)."""
     n: int = 8
     """Samples per prompt (the GRPO group)."""
     temperature: float = 1.0
-    response_length: int = 5
-    """Most tokens generated per response (the answer's digits and the end token)."""
+    response_length: Optional[int] = None
+    """Most tokens of a response, every turn and tool reply included; default: the task's (tool_addition 2 calls
+    and their replies and an answer: 28 with two-digit operands; addition 5)."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     val_temperature: float = 0.0
     """Temperature at validation; 0 is greedy (verl's val_kwargs.do_sample=false)."""
     gpu_memory_utilization: float = 0.3
@@ -134,20 +158,25 @@ class RolloutConfig:
         _check(self.temperature > 0, "actor_rollout_ref.rollout.temperature", "must be > 0", self.temperature)
         _check(self.val_temperature >= 0, "actor_rollout_ref.rollout.val_temperature", "must be >= 0",
                self.val_temperature)
-        _check(self.response_length > 0, "actor_rollout_ref.rollout.response_length", "must be > 0",
-               self.response_length)
+        _check(self.response_length is None or self.response_length > 0, "actor_rollout_ref.rollout.response_length",
+               "must be null or > 0", self.response_length)
 
 
 @dataclass(kw_only=True)
 class WarmupConfig:
     """Supervised warm-up before RL, as post-training starts from an SFT model."""
 
-    steps: int = 100
+    steps: int = 300
     batch_size: int = 64
     lr: float = 3e-3
+    tool_call_rate: float = 0.25
+    """Share of the warm-up's examples that answer through the tool (tool tasks only): the SFT policy knows how to
+    call it, RL finds out when it pays."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "actor_rollout_ref.warmup.steps", "must be >= 0", self.steps)
+        _check(0 <= self.tool_call_rate <= 1, "actor_rollout_ref.warmup.tool_call_rate", "must be in [0, 1]",
+               self.tool_call_rate)
         _check(self.batch_size > 0, "actor_rollout_ref.warmup.batch_size", "must be > 0", self.batch_size)
         _check(self.lr > 0, "actor_rollout_ref.warmup.lr", "must be > 0", self.lr)
 
@@ -189,7 +218,7 @@ class AlgorithmConfig:
 @dataclass(kw_only=True)
 class TrainerConfig:
     project_name: str = "tracklane"
-    experiment_name: str = "grpo_addition"
+    experiment_name: str = "grpo_tool_addition"
     logger: list[str] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
     log_async: bool = True
     async_log: dict[str, Any] = field(default_factory=dict)
@@ -206,6 +235,14 @@ class TrainerConfig:
     """Validation samples (input, output, score) logged at each validation."""
     log_rollouts: int = 4
     """Rollout trajectories logged each step."""
+    image_freq: int = 10
+    """Log the per-token KL heatmap (actor vs reference) every this many steps; <= 0: never."""
+    log_gradients: bool = True
+    """Per-layer gradient and weight histograms and gradient norms of the actor (and critic)."""
+    gradient_freq: int = 10
+    """Every this many steps, when log_gradients is on."""
+    text_freq: int = 10
+    """Log a Markdown prompt/response sample every this many steps; <= 0: never."""
     validation_data_dir: Optional[str] = None
     """Where the file tracker writes validation samples (default: beside its JSON-lines file)."""
     rollout_data_dir: Optional[str] = None

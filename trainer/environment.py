@@ -27,8 +27,30 @@ def offline_environment(project: str, experiment: str, out: str = OUT) -> None:
     os.makedirs(os.environ["WANDB_DIR"], exist_ok=True)
 
 
+# Where each kind the main job logs shows up in each tracker's own viewer.
+WHERE_TO_LOOK = {
+    "console": "Console: a compact line a step (the headline figures), every key each 10th step",
+    "tensorboard": "TensorBoard: Scalars, Histograms (gradients, weights, scores), Images (actor/kl_heatmap), "
+                   "Text (rollout/samples, rollout/trajectories, val/generations, the params); no artifacts",
+    "wandb": "wandb (after `wandb sync`): Charts (scalars, histograms, actor/kl_heatmap), Tables (rollout/trajectories, "
+             "rollout/samples, val/generations), Artifacts (checkpoint:v0, v1..., config)",
+    "mlflow": "MLflow UI: Metrics (scalars, histogram summaries), Artifacts (images/, text/, trajectories/, "
+              "generations/, histograms/, checkpoint/, config/)",
+    "swanlab": "SwanLab: Charts (scalars, histograms as bars, images, text, tables), Files (checkpoint, config)",
+    "file": "the JSON-lines file; beside it _rollouts/, _generations/ and _media/ (images, text, histograms.jsonl, "
+            "artifacts)",
+    "trackio": "trackio: Metrics, Histograms, Images, Markdown, Traces (messages, tool calls), Artifacts",
+    "clearml": "ClearML (import the offline session): Scalars, Plots (histograms, tables), Debug Samples (images, "
+               "text), Artifacts",
+}
+
+
 def where_summary(report: PipelineReport) -> str:
-    """One line per tracker: where it wrote and the command that shows it (the sinks' own words)."""
+    """Two lines per tracker: where it wrote and the command that shows it (the sinks' own words), then where to
+    look there for each kind."""
     lines = ["Where each tracker wrote:"]
-    lines += [f"  {lane.where or lane.name}" for lane in report.lanes.values()]
+    for lane in report.lanes.values():
+        lines.append(f"  {lane.where or lane.name}")
+        if lane.name in WHERE_TO_LOOK:
+            lines.append(f"    {WHERE_TO_LOOK[lane.name]}")
     return "\n".join(lines)

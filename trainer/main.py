@@ -1,9 +1,10 @@
-"""``python -m trainer``: GRPO (or PPO) on the built-in addition task, logged through ``pipeline.Tracking``.
+"""``python -m trainer``: GRPO (or PPO) on a built-in tool-use task, logged through ``pipeline.Tracking``.
 
 Reads top to bottom like verl's ``RayPPOTrainer.fit`` on rank 0: config, models (a supervised
-warm-up, or a checkpoint), then each step rollout -> reward -> old and reference log-probs
-(-> values) -> advantages -> update -> log about 90 verl metric keys, a score histogram and a
-few rollout trajectories; validation every ``trainer.test_freq`` steps.
+warm-up, or a checkpoint), then each step multi-turn rollout (the policy may call a calculator) ->
+reward by component -> old and reference log-probs (-> values) -> advantages -> update -> log about
+100 verl metric keys, a score histogram and a few rollout trajectories; validation every
+``trainer.test_freq`` steps.
 
     python -m trainer [--print-config] [key=value ...]
     python -m trainer trainer.logger=[console,tensorboard] trainer.total_steps=200 actor_rollout_ref.rollout.n=8
@@ -19,21 +20,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from pipeline import ConfigError, PipelineReport, Tracking, ValidationGenerationsLogger
+from pipeline.params import plain_config
 
 from . import algos
+from .agent_loop import Episode, run_episodes
 from .batch import Batch, log_probs, values
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, TrainerConfig, load_config, to_yaml
 from .environment import offline_environment, where_summary
+from .gradients import GradientProbe
+from .heatmap import batch_kl_heatmap
 from .metrics import data_metrics, seqlen_balance_metrics, throughput_metrics, timer, timing_metrics
 from .mismatch import mismatch_metrics
 from .model import GPT
 from .progress import Progress
+from .rewards import Scored, episode_metrics, reward_metrics, score_episodes, skewness
 from .rollout import RolloutUnavailable, make_engine
+from .sample_text import markdown_samples
 from .state import Models, set_lr
-from .task import AdditionTask, score
+from .task import Problem, Task
+from .tasks import make_task
 from .update import update_actor, update_critic
 from .validation import validate
 from .warmup import warm_up
@@ -66,9 +75,10 @@ def _fit(cfg: Config) -> FitResult:
     t, arr = cfg.trainer, cfg.actor_rollout_ref
     device = _device(t.device)
     torch.manual_seed(t.seed)
-    task = AdditionTask(cfg.task, t.seed)
+    task = make_task(cfg.task, t.seed)
     tok, n, temperature = task.tokenizer, arr.rollout.n, arr.rollout.temperature
-    max_prompt, max_response = task.max_prompt_length(), arr.rollout.response_length
+    max_prompt, max_response = task.max_prompt_length(), arr.rollout.response_length or task.max_response_length()
+    max_turns = arr.rollout.multi_turn.max_assistant_turns
     actor = GPT(arr.model, tok.vocab_size, max_prompt + max_response).to(device)
     engine = make_engine(arr.rollout.name, actor, tok, gpu_memory_utilization=arr.rollout.gpu_memory_utilization)
 
@@ -102,31 +112,37 @@ def _fit(cfg: Config) -> FitResult:
         tracking.finish(exit_code=1)
         raise
     rows_per_minibatch = arr.actor.ppo_mini_batch_size * n
+    probes = {"actor": GradientProbe(models.actor, "actor")}
+    if models.critic is not None:
+        probes["critic"] = GradientProbe(models.critic, "critic")
+    if start_step == 0:
+        tracking.log_artifact(_write_config(cfg), name="config", type="config", step=0)
 
     val_logger = ValidationGenerationsLogger(t.project_name, t.experiment_name)
     progress = Progress(t.total_steps, t.progress)
     result = FitResult(first_step=start_step + 1)
     with tracking:  # an exception finishes the tracker runs as failed
         if start_step == 0 and t.val_before_train and t.test_freq > 0:
-            val_metrics, rows = validate(engine, task, arr.rollout, t.log_val_generations)
+            val_metrics, rows = validate(engine, task, arr.rollout, max_response, t.log_val_generations, device)
             tracking.log(val_metrics, step=0)
             val_logger.log(t.logger, rows, 0)
         for step in range(start_step + 1, t.total_steps + 1):
             metrics: dict[str, float] = {}
             timings: dict[str, float] = {}
             step_started = time.perf_counter()
+            gradients_due = t.log_gradients and _due(step, t.gradient_freq, t.total_steps)
             with timer("step", timings):
                 problems = task.sample(cfg.data.train_batch_size)
                 with timer("gen", timings):
-                    rollout = engine.generate([task.prompt_ids(p) for p in problems], n, max_response, temperature)
+                    episodes = run_episodes(engine, task, problems, n, max_response, temperature, max_turns, device)
+                rollout = episodes.rollout
                 batch = Batch.from_rollout(rollout)
                 mask = batch.response_mask
 
                 with timer("reward", timings):
-                    texts = [tok.decode(row) for row in rollout.responses.tolist()]
-                    answers = [p.answer for p in problems for _ in range(n)]
-                    scores = torch.tensor([score(x, a) for x, a in zip(texts, answers)], device=device)
-                    token_rewards = _at_last_token(scores, mask)  # the outcome reward sits on the last token
+                    scored = score_episodes(task, [p for p in problems for _ in range(n)], episodes.episodes, device)
+                    scores = scored.scores
+                    token_rewards = _at_last_token(scores, mask)  # the outcome reward sits on the policy's last token
 
                 with torch.no_grad():
                     with timer("old_log_prob", timings):
@@ -149,31 +165,49 @@ def _fit(cfg: Config) -> FitResult:
                     with timer("update_critic", timings):
                         set_lr(models.critic_optim, cfg.critic.optim, step)
                         metrics.update(update_critic(models.critic, models.critic_optim, batch, old_values, returns,
-                                                     cfg.critic, arr.actor.grad_clip, rows_per_minibatch))
+                                                     cfg.critic, arr.actor.grad_clip, rows_per_minibatch,
+                                                     probes["critic"] if gradients_due else None))
                 with timer("update_actor", timings):
                     set_lr(models.actor_optim, arr.actor.optim, step)
                     metrics.update(update_actor(models.actor, models.actor_optim, batch, old_logp, ref_logp,
-                                                advantages, arr.actor, temperature, rows_per_minibatch))
+                                                advantages, arr.actor, temperature, rows_per_minibatch,
+                                                probes["actor"] if gradients_due else None))
                 with timer("update_weights", timings):
                     engine.sync_weights()
 
                 rows = []
                 if _due(step, t.test_freq, t.total_steps):
                     with timer("testing", timings):
-                        val_metrics, rows = validate(engine, task, arr.rollout, t.log_val_generations)
+                        val_metrics, rows = validate(engine, task, arr.rollout, max_response, t.log_val_generations, device)
                     metrics.update(val_metrics)
                     result.val_acc[step] = val_metrics[f"val-core/{task.name}/acc/mean@1"]
+                saved = None
                 if _due(step, t.save_freq, t.total_steps):
                     with timer("save_checkpoint", timings):
-                        save_checkpoint(t.default_local_dir, step,
-                                        {**models.state_dict(task), "tracking_run_id": tracking.run_id})
+                        saved = save_checkpoint(t.default_local_dir, step,
+                                                {**models.state_dict(task), "tracking_run_id": tracking.run_id})
+                histograms: dict[str, np.ndarray] = {}
+                if gradients_due:
+                    timings["gradient_capture"] = 0.0
+                    for probe in probes.values():  # the gradients were taken in the updates; the weights now
+                        layers, norms, spent = probe.figures()
+                        histograms.update(layers)
+                        metrics.update(norms)
+                        timings["gradient_capture"] += spent
+                heatmap = None
+                if _due(step, t.image_freq, t.total_steps):
+                    with timer("kl_heatmap", timings):
+                        heatmap, metrics["actor/kl_heatmap/max"] = batch_kl_heatmap(old_logp, ref_logp, mask,
+                                                                                    batch.response_valid)
 
             # -- log on rank 0, as verl does --
             metrics["actor/entropy_old"] = float(algos.masked_mean(entropy, mask))
             metrics.update(data_metrics(batch, scores, token_rewards, advantages, returns,
                                         old_values if models.critic is not None else None, max_prompt, max_response))
             metrics.update(mismatch_metrics(rollout.logprobs, old_logp, mask))
-            metrics.update(_score_shape(scores, n))
+            metrics.update(_score_shape(scored, n))
+            metrics.update(reward_metrics(scored))
+            metrics.update(episode_metrics(episodes.episodes))
             metrics.update(seqlen_balance_metrics(batch, t.n_gpus_per_node))
             metrics.update(timing_metrics(timings, batch))
             metrics.update(throughput_metrics(timings, batch, device))
@@ -182,7 +216,17 @@ def _fit(cfg: Config) -> FitResult:
             tracking.log(metrics, step=step)
             log_us = (time.perf_counter() - before) * 1e6
             tracking.log_histogram("critic/score_dist", scores.cpu().numpy(), step)
-            tracking.log_trajectories(_trajectories(problems, texts, rollout, scores, advantages, n, t.log_rollouts), step)
+            for name, values_of_layer in histograms.items():
+                tracking.log_histogram(name, values_of_layer, step)
+            if heatmap is not None:
+                tracking.log_image("actor/kl_heatmap", heatmap, step)
+            if _due(step, t.text_freq, t.total_steps):
+                tracking.log_text("rollout/samples", markdown_samples(task, step, problems, episodes.episodes,
+                                                                      scored, n), step)
+            if saved is not None:  # versioned: one artifact name, a version per checkpoint
+                tracking.log_artifact(saved, name="checkpoint", type="checkpoint", step=step)
+            tracking.log_trajectories(_trajectories(task, problems, episodes.episodes, scored, advantages, mask, n,
+                                                    t.log_rollouts), step)
             if rows:
                 val_logger.log(t.logger, rows, step)
             result.scores[step] = float(scores.mean())
@@ -220,33 +264,62 @@ def _due(step: int, every: int, last: int) -> bool:
     return every > 0 and (step % every == 0 or step == last)
 
 
+def _write_config(cfg: Config) -> str:
+    """The resolved config as YAML beside the checkpoints (kept there: trackers copy it before finish), with
+    secret-looking values redacted as the trackers' params are."""
+    os.makedirs(cfg.trainer.default_local_dir, exist_ok=True)
+    path = os.path.join(cfg.trainer.default_local_dir, "config.yaml")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(OmegaConf.to_yaml(plain_config(cfg.to_dict())))
+    return path
+
+
 def _at_last_token(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The score on each row's last token the policy wrote (a tool's reply may sit between its turns)."""
     rewards = torch.zeros_like(mask)
-    last = (mask.sum(-1).long() - 1).clamp(min=0)
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = (positions * (mask > 0)).max(-1).values
     rewards[torch.arange(len(scores)), last] = scores
     return rewards
 
 
-def _score_shape(scores: torch.Tensor, n: int) -> dict[str, float]:
-    """Exact matches, and groups whose samples all scored alike (GRPO learns nothing from those)."""
-    groups = scores.view(-1, n)
-    return {"critic/score/exact_match": float((scores == 1.0).float().mean()),
+def _score_shape(scored: Scored, n: int) -> dict[str, float]:
+    """Exact answers, the score's skewness, and groups whose samples all scored alike (GRPO learns nothing
+    from those)."""
+    groups = scored.scores.view(-1, n)
+    return {"critic/score/exact_match": float(np.mean(scored.exact)),
+            "critic/score/skewness": skewness(scored.scores.double().cpu().numpy()),
             "critic/score/flat_group_ratio": float((groups.max(-1).values == groups.min(-1).values).float().mean())}
 
 
-def _trajectories(problems, texts, rollout, scores, advantages, n: int, count: int) -> list[dict]:
-    """``count`` rollouts, evenly spaced over the batch, as the pipeline's trajectory dicts."""
-    total = len(texts)
+def _trajectories(task: Task, problems: list[Problem], episodes: list[Episode], scored: Scored,
+                  advantages: torch.Tensor, mask: torch.Tensor, n: int, count: int) -> list[dict]:
+    """``count`` episodes, evenly spaced over the batch, as the pipeline's trajectory dicts: every message (user,
+    assistant, tool), every tool call with its arguments and result, the reward by component, per-turn tokens."""
+    total = len(episodes)
     picks = sorted({round(i * (total - 1) / max(count - 1, 1)) for i in range(count)}) if count else []
     out = []
     for i in picks:
-        ids = torch.cat([rollout.prompts[i][rollout.prompt_valid[i]], rollout.responses[i][rollout.response_mask[i].bool()]])
-        out.append({"messages": [{"role": "user", "content": problems[i // n].prompt},
-                                 {"role": "assistant", "content": texts[i]}],
-                    "rewards": {"score": float(scores[i])},
-                    "meta": {"sample_index": i // n, "rollout_index": i % n, "answer": problems[i // n].answer,
-                             "advantage": float(advantages[i].sum() / max(float(rollout.response_mask[i].sum()), 1.0))},
-                    "token_ids": ids.cpu().numpy().astype(np.int32)})
+        episode, problem = episodes[i], problems[i // n]
+        messages = [{"role": "user", "content": problem.prompt}]
+        meta: dict = {"data_source": scored.sources[i], "sample_index": i // n, "rollout_index": i % n,
+                      "answer": problem.answer, "num_turns": len(episode.assistant_turns()), "ended": episode.ended,
+                      "advantage": float(advantages[i].sum() / max(float(mask[i].sum()), 1.0))}
+        calls = iter(episode.calls)
+        turn_number = 0
+        for turn in episode.turns:
+            if turn.role == "assistant":
+                turn_number += 1
+                messages.append({"role": "assistant", "content": task.tokenizer.decode(turn.ids)})
+                meta[f"turn_{turn_number}_assistant_tokens"] = len(turn.ids)
+            else:
+                messages.append({"role": "tool", "content": next(calls).result})
+                meta[f"turn_{turn_number}_tool_tokens"] = len(turn.ids)
+        rewards = {"score": float(scored.scores[i]), **{name: v[i] for name, v in scored.components.items()}}
+        out.append({"messages": messages, "rewards": rewards, "meta": meta,
+                    "tool_calls": [{"name": c.name, "arguments": c.arguments, "result": c.result,
+                                    "latency_s": c.latency_s} for c in episode.calls],
+                    "token_ids": np.array(episode.prompt_ids + episode.response_ids(), dtype=np.int32)})
     return out
 
 

@@ -44,7 +44,7 @@ def data_metrics(batch: Batch, scores: torch.Tensor, token_rewards: torch.Tensor
         metrics.update(_stats("critic/values", values[mask]))
         residual = (returns - values)[mask]
         metrics["critic/vf_explained_var"] = float(1 - residual.var() / (returns[mask].var() + 1e-5))
-    response_len = batch.response_mask.sum(-1)
+    response_len = batch.response_valid.sum(-1)  # verl's response_length: tool replies included
     prompt_len = batch.key_valid[:, :batch.prompt_width].sum(-1)
     metrics.update(_stats("response_length", response_len))
     metrics["response_length/clip_ratio"] = float((response_len >= max_response).float().mean())
@@ -60,7 +60,7 @@ def data_metrics(batch: Batch, scores: torch.Tensor, token_rewards: torch.Tensor
 def seqlen_balance_metrics(batch: Batch, ranks: int) -> dict[str, float]:
     """verl's ``global_seqlen/*``: tokens per data-parallel rank when the batch is cut in order, against a
     length-balanced split (what verl's batch balancing achieves) over ``ranks`` ranks."""
-    lengths = (batch.key_valid[:, :batch.prompt_width].sum(-1) + batch.response_mask.sum(-1)).long().tolist()
+    lengths = (batch.key_valid[:, :batch.prompt_width].sum(-1) + batch.response_valid.sum(-1)).long().tolist()
     ranks = max(1, min(ranks, len(lengths)))
     size = len(lengths) // ranks
     in_order = [sum(lengths[i * size:(i + 1) * size]) for i in range(ranks)]
@@ -83,7 +83,7 @@ def _balanced_loads(lengths: list[int], ranks: int, size: int) -> list[int]:
 
 def timing_metrics(timings: dict[str, float], batch: Batch) -> dict[str, float]:
     """timing_s/<stage> and timing_per_token_ms/<stage>."""
-    tokens = {"response": int(batch.response_mask.sum()), "all": batch.num_tokens}
+    tokens = {"response": int(batch.response_valid.sum()), "all": batch.num_tokens}
     metrics = {f"timing_s/{name}": seconds for name, seconds in timings.items()}
     for name, which in PER_TOKEN_STAGES.items():
         if name in timings:

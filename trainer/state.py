@@ -10,7 +10,7 @@ import torch
 
 from .config import Config, OptimConfig
 from .model import GPT
-from .task import AdditionTask
+from .task import Task
 
 
 def _adamw(model: GPT, cfg: OptimConfig) -> torch.optim.AdamW:
@@ -34,7 +34,7 @@ class Models:
     critic_optim: torch.optim.Optimizer | None
 
     @classmethod
-    def build(cls, cfg: Config, task: AdditionTask, device: torch.device, warmed_up: GPT) -> "Models":
+    def build(cls, cfg: Config, task: Task, device: torch.device, warmed_up: GPT) -> "Models":
         """Reference and critic start from the warmed-up actor (the critic with a fresh value head)."""
         critic = None
         if cfg.algorithm.adv_estimator == "gae":
@@ -45,7 +45,7 @@ class Models:
         return cls(actor=warmed_up, ref=ref, critic=critic, actor_optim=_adamw(warmed_up, cfg.actor_rollout_ref.actor.optim),
                    critic_optim=_adamw(critic, cfg.critic.optim) if critic is not None else None)
 
-    def state_dict(self, task: AdditionTask) -> dict[str, Any]:
+    def state_dict(self, task: Task) -> dict[str, Any]:
         state = {"actor": self.actor.state_dict(), "ref": self.ref.state_dict(),
                  "actor_optim": self.actor_optim.state_dict(), "task_rng": task.rng.bit_generator.state,
                  "torch_rng": torch.get_rng_state()}
@@ -53,7 +53,7 @@ class Models:
             state.update(critic=self.critic.state_dict(), critic_optim=self.critic_optim.state_dict())
         return state
 
-    def load_state_dict(self, state: dict[str, Any], task: AdditionTask) -> None:
+    def load_state_dict(self, state: dict[str, Any], task: Task) -> None:
         self.actor.load_state_dict(state["actor"])
         self.ref.load_state_dict(state["ref"])
         self.actor_optim.load_state_dict(state["actor_optim"])

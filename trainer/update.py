@@ -9,13 +9,15 @@ import torch
 from . import algos
 from .batch import Batch, log_probs, values
 from .config import ActorConfig, CriticConfig
+from .gradients import GradientProbe
 from .model import GPT
 
 
 def update_actor(actor: GPT, optimizer: torch.optim.Optimizer, batch: Batch, old_logp: torch.Tensor,
                  ref_logp: torch.Tensor | None, advantages: torch.Tensor, cfg: ActorConfig, temperature: float,
-                 rows_per_minibatch: int) -> dict[str, float]:
-    """Clipped policy loss + KL loss to the reference - entropy bonus; grad clipping; AdamW."""
+                 rows_per_minibatch: int, probe: GradientProbe | None = None) -> dict[str, float]:
+    """Clipped policy loss + KL loss to the reference - entropy bonus; grad clipping; AdamW. A ``probe`` takes the
+    first mini-batch's gradients, before clipping."""
     sums: dict[str, list[float]] = defaultdict(list)
     actor.train()
     for _ in range(cfg.ppo_epochs):
@@ -31,6 +33,8 @@ def update_actor(actor: GPT, optimizer: torch.optim.Optimizer, batch: Batch, old
                 loss = loss + cfg.kl_loss_coef * terms["kl_loss"]
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if probe is not None and probe.wanted:
+                probe.capture()
             grad_norm = torch.nn.utils.clip_grad_norm_(actor.parameters(), cfg.grad_clip)
             optimizer.step()
             for name, value in terms.items():
@@ -45,8 +49,8 @@ def update_actor(actor: GPT, optimizer: torch.optim.Optimizer, batch: Batch, old
 
 def update_critic(critic: GPT, optimizer: torch.optim.Optimizer, batch: Batch, old_values: torch.Tensor,
                   returns: torch.Tensor, cfg: CriticConfig, grad_clip: float, rows_per_minibatch: int,
-                  ) -> dict[str, float]:
-    """Clipped value loss toward the GAE returns."""
+                  probe: GradientProbe | None = None) -> dict[str, float]:
+    """Clipped value loss toward the GAE returns (a ``probe`` takes the first mini-batch's gradients)."""
     sums: dict[str, list[float]] = defaultdict(list)
     critic.train()
     for start in range(0, batch.input_ids.shape[0], rows_per_minibatch):
@@ -56,6 +60,8 @@ def update_critic(critic: GPT, optimizer: torch.optim.Optimizer, batch: Batch, o
         loss, clipfrac = algos.value_loss(vpred, old_values[rows], returns[rows], mask, cfg.cliprange_value)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if probe is not None and probe.wanted:
+            probe.capture()
         grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), grad_clip)
         optimizer.step()
         sums["vf_loss"].append(float(loss.detach()))

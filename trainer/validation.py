@@ -1,30 +1,46 @@
-"""Validation on the task's fixed problem set: verl's ``val-core``/``val-aux`` metrics and sample rows."""
+"""Validation on the task's fixed problem set: verl's ``val-core``/``val-aux`` metrics per data source, and rows.
+
+Keys follow verl's ``val-core/{data_source}/acc/mean@1`` and ``val-aux/{data_source}/{var}/mean@1``
+(``var``: score, each reward component, num_turns, response_length); the whole set goes under the
+task's name as well (``val-core/tool_addition/acc/mean@1``).
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
+import numpy as np
+import torch
 
+from .agent_loop import Episode, run_episodes
 from .config import RolloutConfig
+from .rewards import score_episodes
 from .rollout import RolloutEngine
-from .task import AdditionTask, score
+from .task import Task
 
 
-def validate(engine: RolloutEngine, task: AdditionTask, cfg: RolloutConfig, samples: int
-             ) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
-    """One greedy (by default) answer per problem; returns the metrics and the first ``samples`` rows."""
+def validate(engine: RolloutEngine, task: Task, cfg: RolloutConfig, max_response: int, samples: int,
+             device: torch.device) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
+    """One greedy (by default) episode per problem; returns the metrics and the first ``samples`` rows."""
     problems = task.val_problems
-    rollout = engine.generate([task.prompt_ids(p) for p in problems], 1, cfg.response_length, cfg.val_temperature)
-    texts = [task.tokenizer.decode(row.tolist()) for row in rollout.responses]
-    scores = [score(text, p.answer) for text, p in zip(texts, problems)]
-    exact = [float(text == p.answer) for text, p in zip(texts, problems)]
-    name = task.name
-    metrics = {f"val-core/{name}/acc/mean@1": sum(exact) / len(exact),
-               f"val-aux/{name}/score/mean@1": sum(scores) / len(scores),
-               f"val-aux/{name}/response_length/mean@1": float(rollout.response_lengths.float().mean())}
-    by_digits: dict[int, list[float]] = defaultdict(list)
-    for p, hit in zip(problems, exact):
-        by_digits[p.digits].append(hit)
-    for digits, hits in sorted(by_digits.items()):
-        metrics[f"val-aux/{name}_{digits}digit/acc/mean@1"] = sum(hits) / len(hits)
-    rows = [(p.prompt, text, s) for p, text, s in zip(problems[:samples], texts, scores)]
-    return metrics, rows
+    out = run_episodes(engine, task, problems, 1, max_response, cfg.val_temperature,
+                       cfg.multi_turn.max_assistant_turns, device)
+    scored = score_episodes(task, problems, out.episodes, device)
+    figures = {"acc": np.array(scored.exact, dtype=np.float64), "score": scored.scores.cpu().numpy(),
+               **{name: np.array(values) for name, values in scored.components.items()},
+               "num_turns": np.array([len(e.assistant_turns()) for e in out.episodes], dtype=np.float64),
+               "response_length": out.rollout.response_lengths.float().cpu().numpy()}
+    groups = {task.name: np.arange(len(problems))}
+    for source in sorted(set(scored.sources)):
+        groups[source] = np.array([i for i, s in enumerate(scored.sources) if s == source])
+    metrics = {}
+    for group, rows in groups.items():
+        for var, values in figures.items():
+            family = "val-core" if var == "acc" else "val-aux"
+            metrics[f"{family}/{group}/{var}/mean@1"] = float(values[rows].mean())
+    rows_out = [(p.prompt, transcript(task, e), float(s))
+                for p, e, s in zip(problems[:samples], out.episodes, scored.scores.tolist())]
+    return metrics, rows_out
+
+
+def transcript(task: Task, episode: Episode) -> str:
+    """The response as one text: each turn and tool reply in order (``<call>37+48</call><tool>85</tool>85``)."""
+    return "".join(task.tokenizer.decode(turn.ids) for turn in episode.turns)

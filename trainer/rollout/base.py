@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,10 +24,13 @@ class Rollout:
     responses: torch.Tensor
     """[N, R] sampled ids, padded after the end token."""
     response_mask: torch.Tensor
-    """[N, R] 1.0 on response tokens up to and including the end token."""
+    """[N, R] 1.0 on the tokens the policy generated (up to and including each turn's stop token); 0 on padding
+    and on what a tool put into the response (verl's response_mask: the loss sees the policy's tokens only)."""
     logprobs: torch.Tensor
-    """[N, R] log-probabilities of the sampled tokens under the engine (0 on padding)."""
+    """[N, R] log-probabilities of the sampled tokens under the engine (0 on padding and tool tokens)."""
     n: int
+    response_valid: torch.Tensor | None = None
+    """[N, R] True on every real response token, the tools' included; None: the same as response_mask."""
 
     @property
     def prompt_lengths(self) -> torch.Tensor:
@@ -34,12 +38,17 @@ class Rollout:
 
     @property
     def response_lengths(self) -> torch.Tensor:
-        return self.response_mask.sum(-1)
+        """Real response tokens a row holds, the tools' included (verl's response_length)."""
+        valid = self.response_valid if self.response_valid is not None else self.response_mask
+        return valid.sum(-1)
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float) -> Rollout:
-        """Sample ``n`` responses for each prompt; temperature 0 is greedy."""
+    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int | Sequence[int], temperature: float,
+                 stop_ids: Sequence[int] = ()) -> Rollout:
+        """Sample ``n`` responses for each prompt, at most ``max_new_tokens`` tokens (one limit, or one per prompt);
+        temperature 0 is greedy. A response ends at the end token or at any of ``stop_ids`` (a tool call's closing
+        token), which it keeps."""
 
     def sync_weights(self) -> None:
         """Make the engine sample from the policy's current weights."""
@@ -54,8 +63,19 @@ def left_pad(sequences: list[list[int]], pad: int, device: torch.device | str = 
     return ids.to(device), (ids != pad).to(device)
 
 
-def response_mask(responses: torch.Tensor, eos: int) -> torch.Tensor:
-    """1.0 on tokens up to and including the first end token (all of them when there is none)."""
-    is_eos = (responses == eos).long()
-    before_or_at = (is_eos.cumsum(-1) - is_eos) == 0
+def per_prompt(max_new_tokens: int | Sequence[int], prompts: int) -> list[int]:
+    """The token limit of each prompt."""
+    limits = [max_new_tokens] * prompts if isinstance(max_new_tokens, int) else [int(m) for m in max_new_tokens]
+    if len(limits) != prompts or min(limits, default=1) < 1:
+        raise ValueError(f"max_new_tokens must be >= 1 for each of the {prompts} prompts, got {max_new_tokens!r}")
+    return limits
+
+
+def response_mask(responses: torch.Tensor, stop_ids: Sequence[int], limits: torch.Tensor | None = None) -> torch.Tensor:
+    """1.0 on tokens up to and including the first stop token (all of them when there is none), within each
+    row's limit."""
+    is_stop = torch.isin(responses, torch.tensor(list(stop_ids), device=responses.device)).long()
+    before_or_at = (is_stop.cumsum(-1) - is_stop) == 0
+    if limits is not None:
+        before_or_at &= torch.arange(responses.shape[1], device=responses.device) < limits[:, None]
     return before_or_at.float()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..model import GPT, KVCache, attention_mask, positions_of
-from .base import Rollout, left_pad, response_mask
+from .base import Rollout, left_pad, per_prompt, response_mask
 
 
 class TorchRollout:
@@ -16,11 +18,15 @@ class TorchRollout:
         """Nothing to do: this engine samples from the training model's own parameters."""
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float) -> Rollout:
+    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int | Sequence[int], temperature: float,
+                 stop_ids: Sequence[int] = ()) -> Rollout:
         tok, model = self.tokenizer, self.model
         device = next(model.parameters()).device
+        stops = torch.tensor([tok.EOS, *stop_ids], device=device)
         ids, valid = left_pad([p for p in prompts for _ in range(n)], tok.PAD, device)
         batch, width = ids.shape
+        limits = torch.tensor([m for m in per_prompt(max_new_tokens, len(prompts)) for _ in range(n)], device=device)
+        max_new_tokens = int(limits.max())
         was_training = model.training
         model.eval()
         cache = KVCache(model, batch, width + max_new_tokens)
@@ -35,18 +41,18 @@ class TorchRollout:
             token = token.masked_fill(done, tok.PAD)
             tokens.append(token)
             logprobs.append(logp.masked_fill(done, 0.0))
-            done |= token == tok.EOS
+            done |= torch.isin(token, stops) | (t + 1 >= limits)
             if done.all() or t == max_new_tokens - 1:
                 break
             mask = attention_mask(key_valid[:, :width + t + 1], width + t, 1)
             hidden = model(token[:, None], next_pos, mask, cache)
-            next_pos = next_pos + 1
+            next_pos = next_pos + (~done)[:, None]  # a finished row stays put: its position never passes the model's
         model.train(was_training)
         responses = torch.full((batch, max_new_tokens), tok.PAD, dtype=torch.long, device=device)
         responses[:, :len(tokens)] = torch.stack(tokens, 1)
         lp = torch.zeros(batch, max_new_tokens, device=device)
         lp[:, :len(tokens)] = torch.stack(logprobs, 1)
-        mask = response_mask(responses, tok.EOS)
+        mask = response_mask(responses, [tok.EOS, *stop_ids], limits)
         return Rollout(prompts=ids, prompt_valid=valid, responses=responses, response_mask=mask,
                        logprobs=lp * mask, n=n)
 

@@ -22,12 +22,13 @@ import importlib.util
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..model import GPT
-from .base import Rollout, RolloutUnavailable, left_pad, response_mask
+from .base import Rollout, RolloutUnavailable, left_pad, per_prompt, response_mask
 
 _TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
@@ -90,25 +91,27 @@ class VllmRollout:
         weights = [(n, t.detach().cpu()) for n, t in hf_gpt2_weights(self.model).items() if n != "lm_head.weight"]
         self.llm.collective_rpc("load_policy_weights", args=(weights,))
 
-    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float) -> Rollout:
+    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int | Sequence[int], temperature: float,
+                 stop_ids: Sequence[int] = ()) -> Rollout:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         tok = self.tokenizer
-        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
-                                stop_token_ids=[tok.EOS], detokenize=False)
+        limits = per_prompt(max_new_tokens, len(prompts))
+        params = [SamplingParams(n=n, temperature=temperature, max_tokens=limit, logprobs=0,
+                                 stop_token_ids=[tok.EOS, *stop_ids], detokenize=False) for limit in limits]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         device = next(self.model.parameters()).device
         ids, valid = left_pad([p for p in prompts for _ in range(n)], tok.PAD, device)
-        responses = torch.full((len(prompts) * n, max_new_tokens), tok.PAD, dtype=torch.long)
-        logprobs = torch.zeros(len(prompts) * n, max_new_tokens)
+        responses = torch.full((len(prompts) * n, max(limits)), tok.PAD, dtype=torch.long)
+        logprobs = torch.zeros(len(prompts) * n, max(limits))
         for i, output in enumerate(outputs):
             for j, sample in enumerate(output.outputs):
-                row, token_ids = i * n + j, list(sample.token_ids)[:max_new_tokens]
+                row, token_ids = i * n + j, list(sample.token_ids)[:limits[i]]
                 responses[row, :len(token_ids)] = torch.tensor(token_ids, dtype=torch.long)
                 for t, (token, entry) in enumerate(zip(token_ids, sample.logprobs or [])):
                     logprobs[row, t] = entry[token].logprob
         responses, logprobs = responses.to(device), logprobs.to(device)
-        mask = response_mask(responses, tok.EOS)
+        mask = response_mask(responses, [tok.EOS, *stop_ids], torch.tensor(limits, device=device).repeat_interleave(n))
         return Rollout(prompts=ids, prompt_valid=valid, responses=responses, response_mask=mask,
                        logprobs=logprobs * mask, n=n)
