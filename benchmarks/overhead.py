@@ -180,11 +180,18 @@ def _max_by_key(dicts) -> dict:
     return out
 
 
-def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4) -> dict:
-    """The real trainer (trainer.main.fit): no logging vs sync vs async.
+# The main job's extra logging (KL heatmap, gradient and weight histograms, Markdown samples), switched off for the
+# "async_lean" mode: async against it is what that logging costs a step.
+NO_EXTRAS = ["trainer.image_freq=0", "trainer.log_gradients=false", "trainer.text_freq=0"]
+
+
+def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4, sft_steps: int | None = None) -> dict:
+    """The real trainer (trainer.main.fit): no logging vs sync vs async, and async without the extra logging.
 
     Its first steps run torch's one-time set-up (seconds here): the first ``warmup`` are left out of the
-    figures. torch gets one thread, so the step time is less at the mercy of other load on 2 cores.
+    figures (``sft_steps``: the supervised warm-up's, default the job's). torch gets one thread, so the step time is
+    less at the mercy of other load on 2 cores. The extras
+    come every 10th step, so the mean step time shows their cost where the median would hide it.
     """
     import torch
 
@@ -193,18 +200,20 @@ def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4)
 
     torch.set_num_threads(1)
     out: dict = {"steps": steps, "trackers": trackers, "modes": {"verl": {"skipped": TRAINER_NO_VERL}}}
-    for name in ("none", "sync", "async"):
+    for name in ("none", "sync", "async", "async_lean"):
         place = env.place(f"trainer-{name}")
         logger = "[]" if name == "none" else "[" + ",".join(trackers) + "]"
-        cfg = load_config([f"trainer.logger={logger}", f"trainer.log_async={name == 'async'}",
+        cfg = load_config([f"trainer.logger={logger}", f"trainer.log_async={name.startswith('async')}",
                            f"trainer.total_steps={steps + warmup}", "trainer.progress=false", "trainer.save_freq=0",
                            f"trainer.default_local_dir={place.root / 'ckpt'}", f"trainer.project_name={place.project}",
-                           f"trainer.experiment_name={place.experiment}", "actor_rollout_ref.warmup.steps=10"])
+                           f"trainer.experiment_name={place.experiment}", *(NO_EXTRAS if name == "async_lean" else []),
+                           *([f"actor_rollout_ref.warmup.steps={sft_steps}"] if sft_steps is not None else [])])
         with quiet_stdout():
             result = fit(cfg)
         step_s = [s for step, s in result.step_s.items() if step > warmup]
         report = result.report
-        mode = {"step_ms_p50": statistics.median(step_s) * 1e3, "steps": len(step_s),
+        mode = {"step_ms_p50": statistics.median(step_s) * 1e3, "step_ms_mean": statistics.fmean(step_s) * 1e3,
+                "steps": len(step_s),
                 "finish_s": report.elapsed_s if report else 0.0, "complete": report.complete if report else None}
         if name != "none":
             mode["delivered"] = {t: read_back(t, place) for t in trackers if t != "console"}
@@ -218,6 +227,7 @@ def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4)
     for mode in out["modes"].values():
         if "step_ms_p50" in mode:
             mode["ratio"] = mode["step_ms_p50"] / out["modes"]["none"]["step_ms_p50"]
+    out["extras_ratio_mean"] = out["modes"]["async"]["step_ms_mean"] / out["modes"]["async_lean"]["step_ms_mean"]
     return out
 
 
@@ -251,7 +261,7 @@ def main(argv: list[str]) -> int:
         if args.only in (None, "trainer"):
             print(f"[{clock.elapsed():6.0f} s] the real trainer", flush=True)
             # quick: two light trackers, so the smoke test stays short; full: all six
-            result["trainer"] = (run_trainer(env, 6, ["tensorboard", "file"]) if args.quick
+            result["trainer"] = (run_trainer(env, 6, ["tensorboard", "file"], sft_steps=10) if args.quick
                                  else run_trainer(env, 200, ALL_TRACKERS))
     result["targets"] = print_report(result)
     result["plots"] = [str(p) for p in plot_report(result, args.out)]

@@ -105,10 +105,13 @@ def _print_trainer(tr: dict) -> None:
             continue
         counts = m.get("delivered", {})
         stored = ", ".join(f"{t} {c['scalars'] if isinstance(c, dict) else 'ERR'}" for t, c in counts.items())
-        rows.append([mode, fmt(m["step_ms_p50"], 1), fmt(m.get("ratio"), 3), fmt(m["finish_s"], 2),
-                     "-" if m["complete"] is None else str(m["complete"]), stored or "-"])
+        rows.append([mode, fmt(m["step_ms_p50"], 1), fmt(m["step_ms_mean"], 1), fmt(m.get("ratio"), 3),
+                     fmt(m["finish_s"], 2), "-" if m["complete"] is None else str(m["complete"]), stored or "-"])
     print(f"\n== The real trainer (trainer.main.fit, {tr['steps']} timed steps, trackers {', '.join(tr['trackers'])}) ==")
-    print(table(["mode", "step ms", "ratio", "finish s", "complete", "scalars read back"], rows))
+    print(table(["mode", "step ms p50", "step ms mean", "ratio (p50)", "finish s", "complete", "scalars read back"],
+                rows))
+    print(f"extra logging (KL heatmap, gradient histograms, Markdown samples; async_lean has none): mean step "
+          f"time async / async_lean = {fmt(tr['extras_ratio_mean'], 3)}")
     cpu = tr["modes"].get("async", {}).get("lane_cpu_s_per_1000_records", {})
     if cpu:
         print("async lanes, CPU seconds per 1,000 records (each actor's whole process): "

@@ -53,7 +53,8 @@ def test_overhead_quick(tmp_path, mlflow_server_uri):
     costs = result["call_cost"]["modes"]
     for key in ("warm_us", "cold_us", "floor_warm_us", "floor_cold_us"):
         assert costs["async"][key]["n"] > 0
-    assert set(result["trainer"]["modes"]) == {"none", "sync", "async", "verl"}
+    assert set(result["trainer"]["modes"]) == {"none", "sync", "async", "async_lean", "verl"}
+    assert result["trainer"]["extras_ratio_mean"] > 0
     assert result["trainer"]["modes"]["verl"]["skipped"]
     assert {t["name"] for t in result["targets"]} >= {"async log() p50, ~2 ms between calls"}
     _assert_pngs(result)
