@@ -101,7 +101,7 @@ def _print_trainer(tr: dict) -> None:
     rows = []
     for mode, m in tr["modes"].items():
         if "skipped" in m:
-            rows.append([mode, "skipped: " + m["skipped"], "", "", "", ""])
+            rows.append([mode, "skipped: " + m["skipped"], "", "", "", "", ""])
             continue
         counts = m.get("delivered", {})
         stored = ", ".join(f"{t} {c['scalars'] if isinstance(c, dict) else 'ERR'}" for t, c in counts.items())
@@ -172,6 +172,8 @@ def _load(result: dict) -> str:
 
 def plot_report(result: dict, out: Path) -> list[Path]:
     scenarios = result["scenarios"]
+    if not scenarios:  # --only trainer: its table is the whole report
+        return []
     labels = [sc["label"] for sc in scenarios]
     logging = [m for m in result["modes"] if m != "none"]
 
