@@ -110,3 +110,19 @@ def same_value(a: float, b: float) -> bool:
     if a != a and b != b:
         return True
     return a == b
+
+
+def write_two_artifact_versions(sink, folder, time: float) -> None:
+    """A file (``config.yaml``) and a folder (``global_step/actor/model.pt``) written to ``sink`` under one name
+    each at steps 50 and 100, with contents that tell the steps apart; then the sink is closed."""
+    from pipeline.records import Artifact
+
+    for step in (50, 100):
+        logged = folder / f"logged_{step}"
+        (logged / "global_step" / "actor").mkdir(parents=True)
+        (logged / "config.yaml").write_text(f"step: {step}")
+        (logged / "global_step" / "actor" / "model.pt").write_bytes(bytes([step]) * 8)
+        sink.write([Artifact(step=step, path=str(logged / "config.yaml"), name="config", type="config", time=time),
+                    Artifact(step=step, path=str(logged / "global_step"), name="checkpoint", type="checkpoint",
+                             time=time)])
+    sink.close(0)

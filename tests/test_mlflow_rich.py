@@ -21,6 +21,7 @@ from pipeline.testing.readers.mlflow_reader import (list_mlflow_artifacts, read_
                                          read_mlflow_run, read_mlflow_steps)
 from workers.mlflow_sink import MlflowSink
 from workers.sources.mlflow_source import MlflowSource
+from tests.conftest import write_two_artifact_versions
 
 LONG = "长" * 16_384  # as long as record_limits.max_chars lets a string be
 SAMPLES = [["q: 2+2?", "4", 1.0], ["", "", 0.0], ["naïve 🤖 \"quoted\" | pipe\nnew line", "ответ", math.nan],
@@ -189,15 +190,7 @@ def test_one_artifact_name_at_two_steps_keeps_both_versions(store, request, tmp_
     """A file and a folder logged under one name at steps 50 and 100 are kept apart under step_<step>/, each with
     its own bytes, and the MLflow source reads each file back at its step."""
     sink = open_sink(store, f"versions_{request.node.callspec.id}")
-    for step in (50, 100):
-        logged = tmp_path / f"logged_{step}"
-        (logged / "global_step" / "actor").mkdir(parents=True)
-        (logged / "config.yaml").write_text(f"step: {step}")
-        (logged / "global_step" / "actor" / "model.pt").write_bytes(bytes([step]) * 8)
-        sink.write([Artifact(step=step, path=str(logged / "config.yaml"), name="config", type="config", time=1.7e9),
-                    Artifact(step=step, path=str(logged / "global_step"), name="checkpoint", type="checkpoint",
-                             time=1.7e9)])
-    sink.close(0)
+    write_two_artifact_versions(sink, tmp_path, time=1.7e9)
 
     uri, run_id = store[0], sink.run_id
     assert list_mlflow_artifacts(uri, run_id) == [

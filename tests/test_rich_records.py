@@ -13,6 +13,7 @@ from PIL import Image as PILImage
 
 from pipeline import Tracking, ValidationGenerationsLogger
 from pipeline.testing.memory import memory_records
+from tests.conftest import write_two_artifact_versions
 
 SAMPLES = [("2+2=", "4", 1.0), ("héllo ✓ 世界", "", 0.0), ("long", "y" * 1_000_000, float("nan"))]
 
@@ -143,19 +144,10 @@ def test_the_file_sink_copies_a_folder_artifact_whole(tmp_path):
 def test_the_file_sink_keeps_each_step_of_one_artifact_name(tmp_path):
     """One name logged at two steps, a file and a folder of the same names each time, keeps both versions, each
     with its own bytes, and the file source reads each back at its step."""
-    from pipeline.records import Artifact
     from workers.sources.file_source import FileSource
 
     sink = _file_sink(tmp_path)
-    for step in (50, 100):
-        logged = tmp_path / f"logged_{step}"
-        (logged / "global_step" / "actor").mkdir(parents=True)
-        (logged / "config.yaml").write_text(f"step: {step}")
-        (logged / "global_step" / "actor" / "model.pt").write_bytes(bytes([step]) * 8)
-        sink.write([Artifact(step=step, path=str(logged / "config.yaml"), name="config", type="config", time=0.0),
-                    Artifact(step=step, path=str(logged / "global_step"), name="checkpoint", type="checkpoint",
-                             time=0.0)])
-    sink.close(0)
+    write_two_artifact_versions(sink, tmp_path, time=0.0)
     artifacts = tmp_path / "out" / "m_media" / "artifacts"
     for step in (50, 100):
         assert (artifacts / f"config/config/step_{step}/config.yaml").read_text() == f"step: {step}"
