@@ -218,7 +218,7 @@ class AlgorithmConfig:
 @dataclass(kw_only=True)
 class TrainerConfig:
     project_name: str = "tracklane"
-    experiment_name: str = "grpo_tool_addition"
+    experiment_name: str = "${algorithm.adv_estimator}_${task.name}"
     logger: list[str] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
     log_async: bool = True
     async_log: dict[str, Any] = field(default_factory=dict)
