@@ -3,11 +3,13 @@
     python -m benchmarks.sweep [--quick] [--out DIR] [--mlflow-uri URI]
 
 Trackers: MLflow on a real server (the slowest here: one HTTP upload per artifact) and the file
-logger (fast), so one lane falls behind while the other keeps up. The producer logs scalars plus
-64 trajectories (~370 KB raw) a step at a fixed rate. A calibration run first measures how many
-bytes a second the slowest lane absorbs; "below" then produces at half that, "above" at twice.
-"Queue size" sets both bounds, ``queue_max_bytes`` (trainer side) and ``lane_max_bytes`` (per
-tracker). Writes ``sweep.json``, heatmaps and the recommended ``trainer.async_log`` values.
+logger (fast), so one lane falls behind while the other keeps up. ``--quick`` puts TensorBoard in
+MLflow's place: every cell opens its own lanes, and an MLflow lane takes seconds to open (its SDK's
+import alone ~4 s here). The producer logs scalars plus 64 trajectories (~370 KB raw) a step at a
+fixed rate. A calibration run first measures how many bytes a second the slowest lane absorbs;
+"below" then produces at half that, "above" at twice. "Queue size" sets both bounds,
+``queue_max_bytes`` (trainer side) and ``lane_max_bytes`` (per tracker). Writes ``sweep.json``,
+heatmaps and the recommended ``trainer.async_log`` values.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from benchmarks.harness import BenchEnv, Clock, common_args, fmt, machine, perce
 from benchmarks.modes import TracklaneMode
 from benchmarks.workloads import trajectories, trajectory_bytes, verl_scalars
 
-TRACKERS = ["mlflow", "file"]
+TRACKERS = ("mlflow", "file")
+QUICK_TRACKERS = ("tensorboard", "file")
 PER_STEP = 64
 MiB = 2**20
 LAG_LIMIT_S = 5.0  # the recommendation rule: lag p99 of the slowest lane under this, below the trackers' pace
@@ -35,11 +38,13 @@ class Grid:
     flush_s: tuple[float, ...]
     seconds: float
     """How long each cell produces."""
+    trackers: tuple[str, ...] = TRACKERS
+    """The first is the slow lane, the file logger the fast one."""
 
 
 def grid(quick: bool) -> Grid:
-    if quick:
-        return Grid(queue_mib=(1, 16), flush_s=(0.2,), seconds=2.0)
+    if quick:  # every axis and both loads, the fewest values: a cell is mostly its two lane actors starting
+        return Grid(queue_mib=(1, 16), flush_s=(0.2,), seconds=1.0, trackers=QUICK_TRACKERS)
     return Grid(queue_mib=(1, 4, 16, 64), flush_s=(0.1, 0.5, 2.0), seconds=8.0)
 
 
@@ -76,11 +81,11 @@ def _pipeline_bytes(mode: TracklaneMode) -> int:
     return buffered + sum(lane.unacked_bytes for lane in tracking.lanes().values())
 
 
-def calibrate(env: BenchEnv, steps: int) -> dict:
+def calibrate(env: BenchEnv, trackers: tuple[str, ...], steps: int) -> dict:
     """Steps a second the slowest lane absorbs: log ``steps`` flat out into roomy bounds, time until all are stored."""
     place = env.place("calibrate")
     with quiet_stdout():
-        mode = TracklaneMode(True, TRACKERS, place, async_log(256, 0.5, "drop_oldest"), {"max_trajectories": PER_STEP})
+        mode = TracklaneMode(True, list(trackers), place, async_log(256, 0.5, "drop_oldest"), {"max_trajectories": PER_STEP})
         started = time.perf_counter()
         for step in range(1, steps + 1):
             mode.log(verl_scalars(step), step=step)
@@ -102,11 +107,12 @@ def baseline(period_s: float, seconds: float) -> float:
     return statistics.median(run["step_s"])
 
 
-def cell(env: BenchEnv, queue_mib: float, flush_s: float, overflow: str, period_s: float, seconds: float,
-         base_s: float) -> dict:
+def cell(env: BenchEnv, trackers: tuple[str, ...], queue_mib: float, flush_s: float, overflow: str, period_s: float,
+         seconds: float, base_s: float) -> dict:
     place = env.place(f"q{queue_mib:g}-f{flush_s:g}-{overflow}")
     with quiet_stdout():
-        mode = TracklaneMode(True, TRACKERS, place, async_log(queue_mib, flush_s, overflow), {"max_trajectories": PER_STEP})
+        mode = TracklaneMode(True, list(trackers), place, async_log(queue_mib, flush_s, overflow),
+                             {"max_trajectories": PER_STEP})
         run = produce(mode.log, mode.log_trajectories, period_s, seconds, sample=lambda: _pipeline_bytes(mode))
         actors = {t: proc_kib(pid, "VmHWM") / 1024 for t, pid in mode.actor_pids().items()}
         started = time.perf_counter()
@@ -155,12 +161,12 @@ def main(argv: list[str]) -> int:
 
     defaults = {k: getattr(AsyncLogConfig(), k) for k in ("queue_max_bytes", "lane_max_bytes", "flush_interval_s",
                                                           "max_batch_bytes", "overflow")}
-    result: dict = {"benchmark": "sweep", "quick": args.quick, "machine": machine(), "trackers": TRACKERS,
+    result: dict = {"benchmark": "sweep", "quick": args.quick, "machine": machine(), "trackers": list(g.trackers),
                     "per_step_raw_bytes": _raw_step_bytes(), "grid": {"queue_mib": g.queue_mib, "flush_s": g.flush_s,
                                                                      "overflow": ["drop_oldest", "block"]}}
     with BenchEnv(args.mlflow_uri, "sweep") as env:
         print(f"[{clock.elapsed():5.0f} s] calibrating", flush=True)
-        cal = calibrate(env, 20 if args.quick else 60)
+        cal = calibrate(env, g.trackers, 10 if args.quick else 60)
         result["calibration"] = cal
         pace = cal["steps_per_s"]
         loads = {"below": 1 / (0.5 * pace), "above": 1 / (2.0 * pace)}
@@ -173,7 +179,8 @@ def main(argv: list[str]) -> int:
                 for q in g.queue_mib:
                     for f in g.flush_s:
                         print(f"[{clock.elapsed():5.0f} s] {load} q={q:g} MiB flush={f:g} s {overflow}", flush=True)
-                        cells.append({"load": load, **cell(env, q, f, overflow, period, g.seconds, bases[load])})
+                        cells.append({"load": load, **cell(env, g.trackers, q, f, overflow, period, g.seconds,
+                                                           bases[load])})
     result["cells"] = cells
     result["recommended"] = recommend(cells, defaults)
     result["plots"] = [str(p) for p in plot(cells, g, args.out)]

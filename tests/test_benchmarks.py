@@ -9,13 +9,31 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TRACKERS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file"]
 
 
-def _run(name: str, out: Path, mlflow_uri: str) -> dict:
-    env = {**os.environ, "TRACKLANE_TEST_MLFLOW_URI": mlflow_uri}
+@pytest.fixture(scope="module")
+def ray_join(ray_session) -> dict[str, str]:
+    """The environment for a benchmark to join the test session's Ray instead of starting its own (~4 s each here).
+
+    Ray's token authentication reads the token from $HOME, which a test may have moved since this Ray started,
+    so the session's own token goes along; with no token to give, each benchmark starts its own Ray as before."""
+    env = {"RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return env
+    try:
+        from ray._raylet import AuthenticationTokenLoader  # the token this process authenticates with
+    except ImportError:
+        return {}
+    return {**env, "RAY_AUTH_TOKEN": AuthenticationTokenLoader.instance().get_raw_token()}
+
+
+def _run(name: str, out: Path, mlflow_uri: str, ray_join: dict[str, str]) -> dict:
+    env = {**os.environ, "TRACKLANE_TEST_MLFLOW_URI": mlflow_uri, **ray_join}
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--quick", "--out", str(out),
                            "--mlflow-uri", mlflow_uri], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -29,9 +47,9 @@ def _assert_pngs(result: dict) -> None:
         assert Path(path).read_bytes()[:8] == PNG_SIGNATURE, path
 
 
-def test_overhead_quick(tmp_path, mlflow_server_uri):
+def test_overhead_quick(tmp_path, mlflow_server_uri, ray_join):
     """Every mode, tracker and figure is present, what was logged was read back from every tracker, verl skipped with a reason when absent."""
-    result = _run("overhead", tmp_path, mlflow_server_uri)
+    result = _run("overhead", tmp_path, mlflow_server_uri, ray_join)
     verl_present = result["verl"]["available"]
     if importlib.util.find_spec("verl") is None:
         assert not verl_present and "pip install --no-deps verl" in result["verl"]["reason"]
@@ -60,9 +78,9 @@ def test_overhead_quick(tmp_path, mlflow_server_uri):
     _assert_pngs(result)
 
 
-def test_sweep_quick(tmp_path, mlflow_server_uri):
+def test_sweep_quick(tmp_path, mlflow_server_uri, ray_join):
     """Every grid cell has its figures, both loads and both overflow policies ran, and defaults are recommended."""
-    result = _run("sweep", tmp_path, mlflow_server_uri)
+    result = _run("sweep", tmp_path, mlflow_server_uri, ray_join)
     grid = result["grid"]
     cells = {(c["load"], c["overflow"], c["queue_mib"], c["flush_s"]) for c in result["cells"]}
     for q in grid["queue_mib"]:
@@ -76,9 +94,9 @@ def test_sweep_quick(tmp_path, mlflow_server_uri):
     _assert_pngs(result)
 
 
-def test_scaling_quick(tmp_path, mlflow_server_uri):
+def test_scaling_quick(tmp_path, mlflow_server_uri, ray_join):
     """Payload, rate and tracker-count series each have their points and figures."""
-    result = _run("scaling", tmp_path, mlflow_server_uri)
+    result = _run("scaling", tmp_path, mlflow_server_uri, ray_join)
     assert [p["payload_bytes"] for p in result["payload"]["points"]][0] == 1024
     assert result["payload"]["points"][-1]["payload_bytes"] == 16 * 2**20
     assert [p["trackers"] for p in result["trackers"]["points"]] == [1, 6]
@@ -96,10 +114,10 @@ def test_scaling_quick(tmp_path, mlflow_server_uri):
     _assert_pngs(result)
 
 
-def test_capacity_quick(tmp_path, mlflow_server_uri):
+def test_capacity_quick(tmp_path, mlflow_server_uri, ray_join):
     """Every tracker has a bare and a lane figure for scalars (SwanLab has no bare trajectories), and every
     record the lanes were given was read back from the tracker's own store."""
-    result = _run("capacity", tmp_path, mlflow_server_uri)
+    result = _run("capacity", tmp_path, mlflow_server_uri, ray_join)
     rows = {(r["tracker"], r["workload"]): r for r in result["rows"]}
     assert set(rows) == {(t, w) for t in ("file", "tensorboard", "mlflow", "wandb", "swanlab")
                          for w in ("scalars", "trajectories")}

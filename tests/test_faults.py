@@ -41,9 +41,10 @@ def test_lane_actors_sigkilled_repeatedly_lose_and_duplicate_nothing(tmp_path, m
 
 
 def test_mlflow_down_then_back_loses_and_duplicates_nothing(tmp_path, mlflow_server_uri):
-    """MLflow unreachable for 8 s (its connections refused) then back: MLflow holds every point once, the file
-    lane too, and nothing was counted failed."""
-    result = faults.mlflow_outage(tmp_path, mlflow_server_uri, down_s=8.0, steps=500, keys=20)
+    """MLflow unreachable for 6 s (its connections refused; longer than the sink's own 3.5 s of retries, so the lane
+    holds the batches and retries them) then back: MLflow holds every point once, the file lane too, and nothing
+    was counted failed."""
+    result = faults.mlflow_outage(tmp_path, mlflow_server_uri, down_s=6.0, steps=300, keys=20)
     assert result["complete"], result["summary"]
     assert result["refused_connections"] > 0  # the outage happened
     _exactly_once(result)
@@ -51,8 +52,10 @@ def test_mlflow_down_then_back_loses_and_duplicates_nothing(tmp_path, mlflow_ser
 
 def test_a_tracker_far_slower_than_the_producer_stays_within_its_bounds(tmp_path):
     """A tracker ~10x too slow: the lane's memory and the spool's disk stay within their bounds, and every
-    logged step either arrived once or is counted dropped (by the disk bound) or left over."""
-    result = faults.slow_tracker(tmp_path, seconds=15.0)
+    logged step either arrived once or is counted dropped (by the disk bound) or left over (finish() gets 5 s, far
+    too little for the backlog: what its deadline leaves is counted). The spool's bound is reached after ~4 s of
+    logging here; 10 s leaves margin for a loaded machine."""
+    result = faults.slow_tracker(tmp_path, seconds=10.0, finish_timeout_s=5.0)
     assert result["duplicated"] == 0
     assert result["accounted"] == result["steps"], result
     assert result["dropped_records"] > 0 and result["evicted_records"] > 0  # the disk bound was reached
@@ -63,7 +66,7 @@ def test_a_tracker_far_slower_than_the_producer_stays_within_its_bounds(tmp_path
 def test_finish_with_a_hung_tracker_returns_by_its_deadline_and_replay_delivers_the_rest(tmp_path, mlflow_server_uri):
     """finish() with MLflow hanging returns by its deadline naming what is left and the replay command;
     `python -m pipeline replay` then delivers it: every point once, the run FINISHED."""
-    result = faults.hung_finish_then_replay(tmp_path, mlflow_server_uri, steps=200, keys=10, finish_timeout_s=20.0)
+    result = faults.hung_finish_then_replay(tmp_path, mlflow_server_uri, steps=200, keys=10, finish_timeout_s=8.0)
     assert result["finish_s"] <= result["finish_timeout_s"] + 6.0, result
     assert result["left_at_finish"] > 0 and "tracklane replay" in result["summary_at_finish"], result
     assert result["replay_rc"] == 0, result["replay_stderr_tail"]
