@@ -24,20 +24,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pipeline.errors import ConfigError
 from pipeline.records import Artifact, Generations, Image, Metrics, Record, RunSpec, Text, Trajectories
 from workers.media import safe_name
-from workers.sources.shaping import binned_histogram, in_step_order, number, png, score, trajectory
+from workers.sources.shaping import artifact_step, binned_histogram, in_step_order, number, png, score, trajectory
 from workers.sources.source import Source, SourceRun, option
 
 GENERATIONS_KEY = "val/generations"  # the records' default keys: the file sink does not keep the key
 TRAJECTORIES_KEY = "rollout/trajectories"
 _STORED_AS = {kind: kind for kind in ("generations", "trajectories", "text", "histogram", "image", "artifact")}
-_VERSION = re.compile(r"step_(-?\d+)")  # an artifact version's folder, <type>/<name>/step_<step>/
 
 
 class FileSource(Source):
@@ -169,9 +167,8 @@ class FileSource(Source):
                     self.skip("artifact files outside <type>/<name>/")
                     continue
                 path = os.path.join(folder, file_name)
-                version = _VERSION.fullmatch(parts[2]) if len(parts) >= 3 else None
-                out.append(Artifact(step=int(version[1]) if version else 0, path=path, name=parts[1], type=parts[0],
-                                    time=os.path.getmtime(path)))
+                out.append(Artifact(step=artifact_step(parts[2] if len(parts) >= 3 else None), path=path,
+                                    name=parts[1], type=parts[0], time=os.path.getmtime(path)))
         return out
 
     # -- how the file sink stores what it is handed ----------------------------------------------

@@ -32,7 +32,7 @@ from pipeline.errors import ConfigError
 from pipeline.records import Artifact, Generations, Histogram, Image, Record, RunSpec, Text, Trajectories
 from workers.mlflow_sink import DEFAULT_TRACKING_URI, absolute_tracking_uri, mlflow_key
 from workers.sink import import_sdk
-from workers.sources.shaping import Point, binned_histogram, in_step_order, metrics_records, png, score, trajectory
+from workers.sources.shaping import Point, artifact_step, binned_histogram, in_step_order, metrics_records, png, score, trajectory
 from workers.sources.source import Source, SourceRun, option
 
 DOUBLE_MAX = 1.7976931348623157e308
@@ -42,7 +42,6 @@ _STEP_FILE = re.compile(r"(generations|trajectories|histograms|text)/([^/]+)/ste
 _IMAGE_FILE = re.compile(r"images/(.+)\+step\+(-?\d+)\+timestamp\+(\d+)\+[0-9a-f-]+\.png")
 _THUMBNAIL = re.compile(r"images/.+\+compressed\.webp")
 _IMAGE_KEY = re.compile(r"[^a-zA-Z0-9_\-./ ]")  # MlflowClient.log_image's rule for a key
-_VERSION = re.compile(r"step_(-?\d+)")  # an artifact version's folder, <type>/<name>/step_<N>/
 
 
 class MlflowSource(Source):
@@ -149,9 +148,8 @@ class MlflowSource(Source):
         parts = path.split("/")
         if len(parts) < 3:
             return Artifact(step=0, path=local, name=parts[0].replace("~", "/"), type="artifact", time=start)
-        version = _VERSION.fullmatch(parts[2]) if len(parts) >= 4 else None
-        return Artifact(step=int(version[1]) if version else 0, path=local, name=parts[1].replace("~", "/"),
-                        type=parts[0].replace("~", "/"), time=start)
+        return Artifact(step=artifact_step(parts[2] if len(parts) >= 4 else None), path=local,
+                        name=parts[1].replace("~", "/"), type=parts[0].replace("~", "/"), time=start)
 
     # -- how MLflow stores what the MLflow sink hands it ---------------------------------------
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from pipeline.values import as_number
 Point = tuple[int, float, str, float | int]
 """(step, time in seconds, key, value)."""
 
+_VERSION_FOLDER = re.compile(r"step_(-?\d+)")
 _RICH_ORDER = {"metrics": 0}  # at one step, the scalars first, then the rich records in source order
 
 
@@ -105,3 +107,10 @@ def trajectory(data: Mapping[str, Any]) -> Trajectory:
 def score(value: Any) -> float:
     """A score or reward; JSON null (strict JSON's NaN) as NaN."""
     return math.nan if value is None else float(value)
+
+
+def artifact_step(folder: str | None) -> int:
+    """The step of an artifact version from the folder below ``<type>/<name>/`` (tracklane's sinks write
+    ``step_<N>/``); 0 for the layout written before versions, where no such folder is."""
+    version = _VERSION_FOLDER.fullmatch(folder) if folder is not None else None
+    return int(version[1]) if version else 0
