@@ -45,7 +45,7 @@ def score_episodes(task: Task, problems: list[Problem], episodes: list[Episode],
 def reward_metrics(scored: Scored) -> dict[str, float]:
     """reward/<component>/mean, reward/<source>/<component>/mean and reward/<source>/score/mean."""
     metrics = {f"reward/{name}/mean": float(np.mean(values)) for name, values in scored.components.items()}
-    rows = _rows_by_source(scored.sources)
+    rows = rows_by_source(scored.sources)
     for source, where in sorted(rows.items()):
         for name, values in scored.components.items():
             metrics[f"reward/{source}/{name}/mean"] = float(np.mean([values[i] for i in where]))
@@ -64,7 +64,8 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
             "tool_calls/success_rate": ran / calls.sum() if calls.sum() else 0.0}
 
 
-def _rows_by_source(sources: list[str]) -> dict[str, list[int]]:
+def rows_by_source(sources: list[str]) -> dict[str, list[int]]:
+    """Each data source's episode rows."""
     rows: dict[str, list[int]] = defaultdict(list)
     for i, source in enumerate(sources):
         rows[source].append(i)

@@ -12,7 +12,7 @@ import torch
 
 from .agent_loop import Episode, run_episodes
 from .config import RolloutConfig
-from .rewards import score_episodes
+from .rewards import rows_by_source, score_episodes
 from .rollout import RolloutEngine
 from .task import Task
 
@@ -28,9 +28,7 @@ def validate(engine: RolloutEngine, task: Task, cfg: RolloutConfig, max_response
                **{name: np.array(values) for name, values in scored.components.items()},
                "num_turns": np.array([len(e.assistant_turns()) for e in out.episodes], dtype=np.float64),
                "response_length": out.rollout.response_lengths.float().cpu().numpy()}
-    groups = {task.name: np.arange(len(problems))}
-    for source in sorted(set(scored.sources)):
-        groups[source] = np.array([i for i, s in enumerate(scored.sources) if s == source])
+    groups = {task.name: list(range(len(problems))), **dict(sorted(rows_by_source(scored.sources).items()))}
     metrics = {}
     for group, rows in groups.items():
         for var, values in figures.items():
