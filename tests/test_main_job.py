@@ -68,6 +68,17 @@ class Job:
     def text(self, step: int) -> str:
         return (self.media / "text" / "rollout_samples" / f"{step}.txt").read_text(encoding="utf-8")
 
+    def assert_rewards(self, points) -> None:
+        """A tracker's ``(step, key, value)`` points hold every reward key at every step, equal to the file's."""
+        reference = self.scalars()
+        rewards = {(s, k): v for s, k, v in points if k in REWARD_KEYS}
+        assert len(rewards) == STEPS * len(REWARD_KEYS) and all(_close(v, reference[s][k])
+                                                                for (s, k), v in rewards.items())
+
+    def assert_heatmaps(self, pngs: dict[int, bytes]) -> None:
+        """A tracker's heatmap PNGs by step: one at each media step, pixel for pixel the file's."""
+        assert sorted(pngs) == MEDIA_STEPS and all((_pixels(pngs[s]) == self.image(s)).all() for s in MEDIA_STEPS)
+
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Job:
@@ -158,8 +169,7 @@ def test_mlflow_holds_every_kind(job):
     scalars = read_mlflow_run(job.mlflow_uri, run_id).scalars()
     assert all(_close(scalars[s][k], reference[s][k]) for s in range(1, STEPS + 1) for k in REWARD_KEYS)
     assert all(f"{GRADIENTS}/count" in scalars[step] for step in MEDIA_STEPS)
-    images = read_mlflow_images(job.mlflow_uri, run_id)["actor~kl_heatmap"]
-    assert sorted(images) == MEDIA_STEPS and all((_pixels(images[s][0]) == job.image(s)).all() for s in MEDIA_STEPS)
+    job.assert_heatmaps({s: pngs[0] for s, pngs in read_mlflow_images(job.mlflow_uri, run_id)["actor~kl_heatmap"].items()})
     texts = read_mlflow_steps(job.mlflow_uri, run_id, "text/rollout~samples")
     assert {s: texts[s] for s in MEDIA_STEPS} == {s: job.text(s) for s in MEDIA_STEPS}
     trajectories = read_mlflow_steps(job.mlflow_uri, run_id, "trajectories/rollout~trajectories")
@@ -172,14 +182,10 @@ def test_mlflow_holds_every_kind(job):
 def test_wandb_holds_every_kind(job):
     """wandb's offline run: reward components, histograms, the heatmap images, the text table, the trajectories'
     table with tool calls, the checkpoint as one artifact name in two versions and the config."""
-    reference = job.scalars()
-    points = {(s, k): v for s, k, v in read_wandb_run(job.runs / "wandb").points if k in REWARD_KEYS}
-    assert len(points) == STEPS * len(REWARD_KEYS) and all(_close(v, reference[s][k]) for (s, k), v in points.items())
+    job.assert_rewards(read_wandb_run(job.runs / "wandb").points)
     media = read_wandb_media(job.runs / "wandb")
     assert sorted(media.histograms(GRADIENTS)) == MEDIA_STEPS
-    images = media.images("actor/kl_heatmap")
-    assert sorted(images) == MEDIA_STEPS and all((_pixels(images[s].read_bytes()) == job.image(s)).all()
-                                                 for s in MEDIA_STEPS)
+    job.assert_heatmaps({s: png.read_bytes() for s, png in media.images("actor/kl_heatmap").items()})
     assert {s: rows[0][1] for s, rows in media.table_rows("rollout/samples").items()} == \
         {s: job.text(s) for s in MEDIA_STEPS}
     tool_calls = media.table_columns("rollout/trajectories").index("tool_calls")
@@ -193,14 +199,10 @@ def test_wandb_holds_every_kind(job):
 def test_swanlab_holds_every_kind(job):
     """SwanLab's offline run: reward components, gradient bar charts, the heatmap images, the text, the
     trajectories' table with tool calls, and the checkpoint files."""
-    reference = job.scalars()
-    points = {(s, k): v for s, k, v in read_swanlab_run(job.runs / "swanlog").points if k in REWARD_KEYS}
-    assert len(points) == STEPS * len(REWARD_KEYS) and all(_close(v, reference[s][k]) for (s, k), v in points.items())
+    job.assert_rewards(read_swanlab_run(job.runs / "swanlog").points)
     media = read_swanlab_media(job.runs / "swanlog")
     assert sorted(media.bars(GRADIENTS)) == MEDIA_STEPS
-    images = media.images("actor/kl_heatmap")
-    assert sorted(images) == MEDIA_STEPS and all((_pixels(images[s].read_bytes()) == job.image(s)).all()
-                                                 for s in MEDIA_STEPS)
+    job.assert_heatmaps({s: png.read_bytes() for s, png in media.images("actor/kl_heatmap").items()})
     assert {s: media.texts("rollout/samples")[s] for s in MEDIA_STEPS} == {s: job.text(s) for s in MEDIA_STEPS}
     assert any("calculator" in json.dumps(rows) for _, rows in media.tables("rollout/trajectories").values())
     assert sum(saved.name.endswith("trainer_state.pt") for saved in media.saved) == len(CHECKPOINTS)
@@ -210,13 +212,9 @@ def test_trackio_holds_every_kind(job):
     """trackio's local store: reward components, histograms, the heatmap images, Markdown, traces with tool
     spans, and the checkpoint as versions of one artifact."""
     run = read_trackio_run(job.runs / "trackio", PROJECT)
-    reference = job.scalars()
-    points = {(s, k): v for s, k, v in run.points if k in REWARD_KEYS}
-    assert len(points) == STEPS * len(REWARD_KEYS) and all(_close(v, reference[s][k]) for (s, k), v in points.items())
+    job.assert_rewards(run.points)
     assert sorted(run.histograms(GRADIENTS)) == MEDIA_STEPS
-    images = run.images("actor/kl_heatmap")
-    assert sorted(images) == MEDIA_STEPS and all((_pixels(images[s].read_bytes()) == job.image(s)).all()
-                                                 for s in MEDIA_STEPS)
+    job.assert_heatmaps({s: png.read_bytes() for s, png in run.images("actor/kl_heatmap").items()})
     assert {s: run.texts("rollout/samples")[s] for s in MEDIA_STEPS} == {s: job.text(s) for s in MEDIA_STEPS}
     traces = [t for step in run.traces["rollout/trajectories"].values() for t in step]
     assert any("calculator" in json.dumps(t) and [m["role"] for m in t["messages"]][:3] == ["user", "assistant", "tool"]
@@ -229,13 +227,9 @@ def test_clearml_holds_every_kind(job):
     """ClearML's offline session: reward components, histogram plots, the heatmap and text debug samples, the
     trajectories' tables with tool calls, and both checkpoints as artifacts."""
     run = read_clearml_run(job.runs / "clearml")
-    reference = job.scalars()
-    points = {(s, k): v for s, k, v in run.points if k in REWARD_KEYS}
-    assert len(points) == STEPS * len(REWARD_KEYS) and all(_close(v, reference[s][k]) for (s, k), v in points.items())
+    job.assert_rewards(run.points)
     assert sorted(run.bars("actor", "gradients/h.0")) == MEDIA_STEPS
-    heatmaps = run.samples_of("actor", "kl_heatmap")
-    assert sorted(heatmaps) == MEDIA_STEPS and all((_pixels(heatmaps[s][0].content) == job.image(s)).all()
-                                                   for s in MEDIA_STEPS)
+    job.assert_heatmaps({s: samples[0].content for s, samples in run.samples_of("actor", "kl_heatmap").items()})
     assert {s: run.samples_of("rollout", "samples")[s][0].content.decode() for s in MEDIA_STEPS} == \
         {s: job.text(s) for s in MEDIA_STEPS}
     assert any("calculator" in json.dumps(rows) for _, rows in run.tables("rollout", "trajectories").values())
