@@ -26,10 +26,9 @@ class Batch:
     @classmethod
     def from_rollout(cls, rollout: Rollout) -> "Batch":
         key_valid = torch.cat([rollout.prompt_valid, torch.ones_like(rollout.responses, dtype=torch.bool)], 1)
-        valid = rollout.response_valid if rollout.response_valid is not None else rollout.response_mask.bool()
         return cls(input_ids=torch.cat([rollout.prompts, rollout.responses], 1), key_valid=key_valid,
                    positions=positions_of(key_valid), responses=rollout.responses,
-                   response_mask=rollout.response_mask, response_valid=valid, prompt_width=rollout.prompts.shape[1])
+                   response_mask=rollout.response_mask, response_valid=rollout.valid, prompt_width=rollout.prompts.shape[1])
 
     def rows(self, index: slice | torch.Tensor) -> "Batch":
         return Batch(input_ids=self.input_ids[index], key_valid=self.key_valid[index], positions=self.positions[index],

@@ -37,10 +37,14 @@ class Rollout:
         return self.prompt_valid.sum(-1)
 
     @property
+    def valid(self) -> torch.Tensor:
+        """[N, R] True on every real response token: ``response_valid``, or the policy's tokens when there is none."""
+        return self.response_valid if self.response_valid is not None else self.response_mask.bool()
+
+    @property
     def response_lengths(self) -> torch.Tensor:
         """Real response tokens a row holds, the tools' included (verl's response_length)."""
-        valid = self.response_valid if self.response_valid is not None else self.response_mask
-        return valid.sum(-1)
+        return self.valid.sum(-1)
 
 
 class RolloutEngine(Protocol):
