@@ -11,7 +11,7 @@ tracker settings forwarded from the trainer's environment).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from .errors import ConfigError
@@ -23,6 +23,16 @@ _OURS = ("max_restarts", "max_task_retries")  # the lane's ordering and restarts
 
 # Tracker SDK settings the actors must see even if Ray started before they were set.
 FORWARDED_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "SWANLAB_", "TENSORBOARD_", "VERL_")
+PROCESS_BOUND_ENV = (
+    "WANDB_SERVICE",  # the address of the wandb-core service of the process that ran wandb.init (service_token.py)
+    "WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_SWEEP_PARAM_PATH",  # the run a sweep agent gave the trainer itself
+    "CLEARML_PROC_MASTER_ID", "TRAINS_PROC_MASTER_ID",  # "<pid>:<task>" of the process that ran Task.init
+    "_MLFLOW_ACTIVE_MODEL_ID",  # the model mlflow.set_active_model made active in that process
+)
+"""What the trackers' SDKs write into their own process's environment about that process's sessions (found
+by reading where each SDK assigns ``os.environ``). A lane inherits them from the trainer when Ray started
+after the trainer used a tracker itself; its SDK would then talk to the trainer's services (a wandb lane to
+the trainer's wandb-core, lost when that ends). Never forwarded, and removed in every lane (``forget_process_bound``)."""
 
 
 def lane_actor_options(actor_options: Mapping[str, Any], max_restarts: int, env: Mapping[str, str],
@@ -63,4 +73,11 @@ def lane_actor_options(actor_options: Mapping[str, Any], max_restarts: int, env:
 
 def forwarded_env(env: Mapping[str, str]) -> dict[str, str]:
     # Secrets are not forwarded: Ray keeps runtime_env in its metadata; actors inherit them from Ray's own env.
-    return {k: v for k, v in env.items() if k.startswith(FORWARDED_ENV_PREFIXES) and not is_secret_key(k)}
+    return {k: v for k, v in env.items()
+            if k.startswith(FORWARDED_ENV_PREFIXES) and k not in PROCESS_BOUND_ENV and not is_secret_key(k)}
+
+
+def forget_process_bound(environ: MutableMapping[str, str]) -> list[str]:
+    """Remove the variables of another process's tracker sessions from this one's ``environ``; returns their names.
+    Ray's workers inherit the environment Ray started with, so a lane actor calls it before its SDK starts."""
+    return [name for name in PROCESS_BOUND_ENV if environ.pop(name, None) is not None]

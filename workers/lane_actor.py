@@ -28,6 +28,7 @@ from pipeline.codec import decode_batch
 from pipeline.errors import CodecError
 from pipeline.lane_state import LaneState
 from pipeline.opening import LaneOpening
+from pipeline.placement import forget_process_bound
 from workers.sink_host import SinkHost
 
 
@@ -36,6 +37,8 @@ class LaneActor:
 
     def __init__(self, lane: str, opening: bytes) -> None:
         spec = LaneOpening.unpack(opening)
+        if _in_ray_actor():  # its own process: the trainer's tracker sessions are not this lane's (placement.py)
+            forget_process_bound(os.environ)
         os.makedirs(spec.state_dir, mode=0o700, exist_ok=True)  # on another node than the trainer's: made here
         if _in_ray_actor():  # the SDK's own chatter (banners, its warnings) into a file, not the trainer's terminal
             _stdio_to(os.path.join(spec.state_dir, f"{lane}.out"))
