@@ -48,7 +48,9 @@ LANE_ACTOR = "workers.lane_actor:LaneActor"
 """The Ray actor class that drains one lane into its sink host."""
 
 _ALIASES = {"tracking": "wandb"}  # verl's deprecated name for wandb
-# verl's backends that are platform services, not shipped: naming one is a clear error saying what it needs.
+# verl's backends that are platform services tracklane does not ship. verl builds rl_insight as a no-op unless
+# VERL_RL_INSIGHT_ENABLE=1, and vemlp_wandb only where its SDK imports; where verl runs, tracklane runs too:
+# nothing goes there, one warning says what to use instead, and the report lists it (``skip_platform``).
 PLATFORM_BACKENDS: dict[str, str] = {
     "vemlp_wandb": (
         "the vemlp_wandb backend is Volcano Engine ML Platform's hosted wandb: verl logs in with "
@@ -61,6 +63,22 @@ PLATFORM_BACKENDS: dict[str, str] = {
         "only when VERL_RL_INSIGHT_ENABLE=1) and keeps no history of its own; tracklane does not ship it. For the "
         "history use `tensorboard`, `mlflow` or `wandb`; for RL-Insight's live dashboards keep verl's own Tracking"),
 }
+_PLATFORM_SDK = {"vemlp_wandb": "volcengine_ml_platform"}  # verl imports it when the backend is named: no SDK, no run
+
+
+def skip_platform(names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``names`` without verl's platform backends, and those skipped (name -> why). A platform backend verl could
+    not start either (its SDK missing) is a ConfigError saying what it needs, as verl's ImportError would be."""
+    kept, skipped = [], {}
+    for name in names:
+        if name not in PLATFORM_BACKENDS:
+            kept.append(name)
+            continue
+        sdk = _PLATFORM_SDK.get(name)
+        if sdk is not None and importlib.util.find_spec(sdk) is None:
+            raise ConfigError(PLATFORM_BACKENDS[name])
+        skipped[name] = f"not shipped by tracklane, nothing is logged there: {PLATFORM_BACKENDS[name]}"
+    return kept, skipped
 
 
 def load(target: str) -> Any:
@@ -89,7 +107,7 @@ def backend_names(default_backend: str | list[str] | tuple[str, ...] | None) -> 
 def backend_class(name: str) -> type[Sink]:
     """The sink class registered for ``name`` (imports its module, not its SDK)."""
     target = BACKENDS.get(name) or EXTRA_SINKS.get(name)
-    if target is None and name in PLATFORM_BACKENDS:
+    if target is None and name in PLATFORM_BACKENDS:  # skip_platform() takes these out first where verl would run
         raise ConfigError(PLATFORM_BACKENDS[name])
     if target is None:
         raise ConfigError(f"unknown backend {name!r}; valid backends are: {', '.join(BACKENDS)}")

@@ -4,7 +4,9 @@ Same constructor, ``log(data, step, backend=None)`` and ``finish(exit_code)``; p
 ``flush(timeout)``, a context manager, and finishing at interpreter exit.
 An uncaught exception leaves its traceback in every unfinished run (text record
 ``error/traceback`` at the last step logged) before the runs are finished as failed.
-``config["trainer"]["log_async"]`` picks the path: false (verl's default) calls the
+A ``Tracking`` dropped unfinished (verl's ``RayPPOTrainer.fit`` keeps it in a local and returns without
+``finish()``) finishes right there, as verl's own ``Tracking.__del__`` does; the interpreter-exit hook
+finishes the ones still alive. ``config["trainer"]["log_async"]`` picks the path: false (verl's default) calls the
 sinks in-process; true hands records to the asynchronous pipeline, and ``log()``
 only copies them into a bounded buffer.
 """
@@ -18,10 +20,14 @@ import os
 import re
 import secrets
 import sys
+import threading
 import traceback
+import weakref
+from types import MappingProxyType
 from typing import Any
 
-from .backends import BACKENDS, backend_names, resolve_backends
+from .backend_view import BackendView
+from .backends import BACKENDS, backend_names, resolve_backends, skip_platform
 from .config import async_log_config, trainer_section
 from .errors import ConfigError
 from .log_calls import LogCalls
@@ -56,7 +62,10 @@ class Tracking(LogCalls):
                            run_id=_checked_run_id(run_id) if run_id else secrets.token_hex(6), resume=resume)
         if self._cfg.spool and not self._cfg.spool_dir:
             self._cfg = dataclasses.replace(self._cfg, spool_dir=default_spool_dir(self.run, trainer, os.environ))
-        backends = resolve_backends(backend_names(default_backend), self.run, os.environ, trainer)
+        names, self._skipped_backends = skip_platform(backend_names(default_backend))
+        for name, why in self._skipped_backends.items():
+            log.warning("tracklane: backend %s %s", name, why)
+        backends = resolve_backends(names, self.run, os.environ, trainer)
         self.backends = list(backends)
         self._pipe = open_pipe(self.log_async, self._cfg, limits, self.run, backends, os.environ)
         # Bound once: log() is the hot path. It is fed plain tuples in Captured's field order (captured.py
@@ -72,6 +81,21 @@ class Tracking(LogCalls):
     def run_id(self) -> str:
         """The id every tracker knows this run by; pass it back with ``resume=True`` to continue the run."""
         return self.run.run_id
+
+    @property
+    def logger(self) -> MappingProxyType[str, BackendView]:
+        """verl's ``Tracking.logger``: backend name -> something to ``log(data, step)`` to that backend alone.
+        Read-only views (``BackendView``), not the trackers' own objects: those live in the sink hosts, in each
+        lane's Ray actor on the asynchronous path; a view logs through the pipeline like ``log(..., backend=name)``."""
+        return MappingProxyType({name: BackendView(self, name) for name in self.backends})
+
+    @property
+    def console_logger(self) -> BackendView:
+        """verl's ``Tracking.console_logger`` (its ``LocalLogger``): the console backend's view; like verl, only
+        when ``console`` is one of the backends (AttributeError otherwise)."""
+        if "console" not in self.backends:
+            raise AttributeError("'Tracking' object has no attribute 'console_logger' (no console backend)")
+        return BackendView(self, "console")
 
     def producer(self, name: str, key_prefix: str | None = None, axis: str | None = None) -> Any:
         """A picklable ``Producer`` that logs into this run from any Ray actor or task (``log_async: true``):
@@ -111,6 +135,7 @@ class Tracking(LogCalls):
             return self._report
         report = self._pipe.flush(timeout)
         report.dropped_records += self._rejected
+        report.skipped_backends = dict(self._skipped_backends)
         return report
 
     def finish(self, exit_code: int = 0, timeout: float | None = None) -> PipelineReport:
@@ -120,6 +145,7 @@ class Tracking(LogCalls):
         deadline = self._cfg.finish_timeout_s if timeout is None else timeout
         report = self._pipe.close(exit_code, deadline)
         report.dropped_records += self._rejected
+        report.skipped_backends = dict(self._skipped_backends)
         self._report = report
         _unfinished.pop(self, None)
         if report.complete:
@@ -152,6 +178,24 @@ class Tracking(LogCalls):
             self._warned_late = True
             log.warning("tracklane: log() after finish(); the record is dropped and counted")
 
+    def __del__(self) -> None:
+        """Dropped unfinished: finish like ``finish(exit_code=0)`` (verl's ``Tracking.__del__`` does, and verl's
+        ``RayPPOTrainer.fit`` relies on it), or as failed after an uncaught exception. On the asynchronous path
+        this drains within ``finish_timeout_s`` before the last reference is gone, so a Ray actor whose method
+        returns has delivered everything before its caller can tear it down."""
+        if getattr(self, "_report", True) is not None or "_pipe" not in self.__dict__:
+            return  # finished already, or the constructor failed before there was anything to finish
+        exit_code = 1 if _uncaught else 0
+        try:
+            if threading.current_thread().name.startswith("tracklane-"):
+                # Collected on one of the pipeline's own threads (a cycle that held it): finishing there would
+                # wait on that thread itself. A thread of its own finishes it; the interpreter waits for it.
+                threading.Thread(target=self.finish, args=(exit_code,), name="finish-dropped-tracking").start()
+            else:
+                self.finish(exit_code=exit_code)
+        except Exception:  # __del__ must not raise; what was not delivered is in the spool and the log
+            log.warning("tracklane: finishing dropped run %s failed", self.run.run_id, exc_info=True)
+
     def __enter__(self) -> Tracking:
         return self
 
@@ -167,8 +211,9 @@ def _checked_run_id(run_id: str) -> str:
 
 
 # -- finishing at interpreter exit ---------------------------------------------------------
-# Strong references on purpose: an unfinished Tracking must live until it is finished.
-_unfinished: dict[Tracking, None] = {}  # insertion-ordered: the newest is last
+# Weak references: a Tracking dropped by its owner finishes in __del__ (verl's semantics); the exit hook
+# finishes those still alive. Insertion-ordered: the newest is last.
+_unfinished: weakref.WeakKeyDictionary[Tracking, None] = weakref.WeakKeyDictionary()
 _uncaught = False
 _hooked = False
 

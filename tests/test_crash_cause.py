@@ -38,6 +38,15 @@ def finish_and_note(self, exit_code=0, timeout=None):  # what the runs were clos
 
 Tracking.finish = finish_and_note
 config = {{"trainer": {{"log_async": {log_async}, "async_log": {{"state_dir": sys.argv[1]}}}}}}
+
+def fit():  # verl's RayPPOTrainer.fit: a local Tracking, no finish()
+    tracking = Tracking("crash-proj", "crash-exp", default_backend=["file", "tensorboard"], config=config)
+    for step in range(1, {steps} + 1):
+        tracking.log({{"loss": 1.0 / step}}, step=step)
+    raise RuntimeError("{marker}")
+
+if {local}:
+    fit()
 tracking = Tracking("crash-proj", "crash-exp", default_backend=["file", "tensorboard"], config=config)
 for step in range(1, {steps} + 1):
     tracking.log({{"loss": 1.0 / step}}, step=step)
@@ -45,11 +54,13 @@ raise RuntimeError("{marker}")
 """
 
 
-@pytest.mark.parametrize("log_async", [True, False], ids=["async", "sync"])
-def test_uncaught_exception_leaves_traceback_in_every_tracker(tmp_path, log_async):
-    """An uncaught exception puts its traceback at the last step into every tracker, then the runs close as failed."""
+@pytest.mark.parametrize("log_async, local", [(True, False), (False, False), (False, True)],
+                         ids=["async", "sync", "sync-local"])
+def test_uncaught_exception_leaves_traceback_in_every_tracker(tmp_path, log_async, local):
+    """An uncaught exception puts its traceback at the last step into every tracker, then the runs close as failed,
+    also when the Tracking is a local of the function the exception left (verl's fit())."""
     script = tmp_path / "trainer.py"
-    script.write_text(textwrap.dedent(SCRIPT.format(log_async=log_async, steps=STEPS, marker=MARKER)))
+    script.write_text(textwrap.dedent(SCRIPT.format(log_async=log_async, steps=STEPS, marker=MARKER, local=local)))
     state_dir, finished = tmp_path / "state", tmp_path / "finished.json"
     state_dir.mkdir()
     file_path, tb_dir = tmp_path / "metrics.jsonl", tmp_path / "tensorboard"

@@ -40,12 +40,31 @@ def test_dapo_counts_that_are_not_a_map_of_numbers_are_a_counted_skip(offline_tr
     assert "DapoFilteredRewardTableLogger.log() could not take dict; skipped and counted" in caplog.text
 
 
-@pytest.mark.parametrize("name, needs", [("vemlp_wandb", "VOLC_ACCESS_KEY_ID"), ("rl_insight", "rl-insight server start")])
-def test_verls_platform_backends_say_what_they_need(name, needs, offline_trackers):
-    """Naming vemlp_wandb or rl_insight is a ConfigError saying what the platform needs and what to use instead."""
-    with pytest.raises(ConfigError, match=needs):
-        Tracking("p", "e", ["console", name], config={"trainer": {"log_async": False}})
+def test_rl_insight_runs_as_in_verl_with_one_warning_and_a_line_in_the_report(offline_trackers, caplog):
+    """rl_insight (a platform tracklane does not ship) does not stop the job: one warning, the rest delivered, reported."""
+    tracking = Tracking("p", "e", ["file", "rl_insight"], config={"trainer": {"log_async": False}})
+    tracking.log({"a": 1.0}, step=1)
+    report = tracking.finish()
+    warned = [r.getMessage() for r in caplog.records if "rl_insight" in r.getMessage()]
+    assert len(warned) == 1 and "nothing is logged there" in warned[0] and "rl-insight server start" in warned[0]
+    assert report.complete and list(report.lanes) == ["file"] and list(report.skipped_backends) == ["rl_insight"]
+    assert "rl_insight: skipped, not shipped by tracklane" in report.summary()
+    assert tracking.backends == ["file"]
     from trainer.config import load_config
 
-    with pytest.raises(ConfigError, match=f"trainer.logger: the {name} backend"):
-        load_config([f"trainer.logger=[console,{name}]"])
+    assert load_config(["trainer.logger=[console,rl_insight]"]).trainer.logger == ["console", "rl_insight"]
+
+
+def test_vemlp_wandb_fails_where_verl_fails_and_runs_where_verl_runs(offline_trackers, tmp_path, monkeypatch):
+    """Without volcengine_ml_platform (verl's ImportError) it is a ConfigError saying what it needs; with it, a skip."""
+    with pytest.raises(ConfigError, match="VOLC_ACCESS_KEY_ID"):
+        Tracking("p", "e", ["console", "vemlp_wandb"], config={"trainer": {"log_async": False}})
+    from trainer.config import load_config
+
+    with pytest.raises(ConfigError, match="trainer.logger: the vemlp_wandb backend"):
+        load_config(["trainer.logger=[console,vemlp_wandb]"])
+    (tmp_path / "sdk" / "volcengine_ml_platform").mkdir(parents=True)  # importable, as on Volcano Engine's machines
+    (tmp_path / "sdk" / "volcengine_ml_platform" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "sdk"))
+    report = Tracking("p", "e", ["file", "vemlp_wandb"], config={"trainer": {"log_async": False}}).finish()
+    assert report.complete and list(report.skipped_backends) == ["vemlp_wandb"]

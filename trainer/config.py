@@ -296,7 +296,7 @@ class Config:
 
 def _check_pipeline_sections(trainer: TrainerConfig) -> None:
     """The pipeline's own validators, run now rather than when Tracking starts."""
-    from pipeline.backends import BACKENDS, PLATFORM_BACKENDS, backend_names
+    from pipeline.backends import BACKENDS, backend_names, skip_platform
     from pipeline.config import async_log_config
     from pipeline.console_config import console_config
     from pipeline.rich import record_limits
@@ -304,9 +304,11 @@ def _check_pipeline_sections(trainer: TrainerConfig) -> None:
     async_log_config(trainer.async_log)
     record_limits(trainer.record_limits)
     console_config(trainer.console)
-    for name in backend_names(trainer.logger):
-        if name in PLATFORM_BACKENDS:
-            raise ConfigError(f"trainer.logger: {PLATFORM_BACKENDS[name]}")
+    try:
+        names, _ = skip_platform(backend_names(trainer.logger))  # Tracking warns about the skipped ones
+    except ConfigError as exc:
+        raise ConfigError(f"trainer.logger: {exc}") from exc
+    for name in names:
         if name not in BACKENDS:
             raise ConfigError(f"trainer.logger: unknown backend {name!r}; valid backends are: {', '.join(BACKENDS)}")
 
