@@ -1,7 +1,9 @@
 """File tracker: JSON lines ``{"step": ..., "data": {...}}``, the format of verl's file logger.
 
 Rich records go beside it: validation generations and rollout trajectories as one
-``{step}.jsonl`` per step (verl's ``validation_data_dir`` / ``rollout_data_dir`` dumps),
+``{step}.jsonl`` per step in ``<name>_generations/`` and ``<name>_rollouts/`` (the shape of verl's
+``validation_data_dir`` / ``rollout_data_dir`` dumps, but never in those folders: verl's trainer writes its own
+``{step}.jsonl`` there, and the two would mix or overwrite each other),
 histograms, text, images and artifacts under ``<name>_media/``: an artifact is copied to
 ``artifacts/<type>/<name>/step_<step>/<file or folder name>``, so each step's version of one name is kept.
 
@@ -34,10 +36,8 @@ class FileSink(Sink):
             root = os.path.expanduser(env.get("VERL_FILE_LOGGER_ROOT", "."))
             path = os.path.join(root, run.project, f"{run.experiment}.jsonl")
         base = os.path.splitext(os.path.abspath(path))[0]
-        # verl's trainer.validation_data_dir / rollout_data_dir: one {step}.jsonl per step.
-        return {"path": os.path.abspath(path),
-                "validation_dir": os.path.abspath(trainer.get("validation_data_dir") or f"{base}_generations"),
-                "rollout_dir": os.path.abspath(trainer.get("rollout_data_dir") or f"{base}_rollouts"),
+        # Folders of the file tracker's own, whatever trainer.validation_data_dir / rollout_data_dir say (docstring).
+        return {"path": os.path.abspath(path), "validation_dir": f"{base}_generations", "rollout_dir": f"{base}_rollouts",
                 "media_dir": f"{base}_media"}
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
