@@ -44,7 +44,10 @@ class FileSink(Sink):
         path = self.settings["path"]
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         # A fresh run truncates like verl; a restarted actor, or a resumed training run, appends.
-        self._handle = open(path, "a" if resume is not None or self.run.resume else "w", encoding="utf-8")
+        appending = resume is not None or self.run.resume
+        self._handle = open(path, "a" if appending else "w", encoding="utf-8")
+        if appending and not _ends_a_line(path):  # a kill tore the last line: ours start on a line of their own
+            self._handle.write("\n")
         if resume is None:
             header = {"step": None, "data": {}, "project": self.run.project, "experiment": self.run.experiment,
                       "run_id": self.run.run_id, "resumed": self.run.resume, "config": self.run.params}
@@ -146,3 +149,13 @@ def _histogram_line(record: Histogram) -> dict[str, Any]:
     figures = record.summary()
     return {"count": figures.count, "nonfinite": figures.nonfinite, "min": figures.min, "max": figures.max,
             "mean": figures.mean, "std": figures.std, "bin_edges": figures.bin_edges, "counts": figures.counts}
+
+
+def _ends_a_line(path: str) -> bool:
+    """Whether the file is empty or its last byte ends a line."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        if handle.tell() == 0:
+            return True
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) == b"\n"

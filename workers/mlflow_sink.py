@@ -26,6 +26,15 @@ artifact location beside the database, ``<db folder>/mlartifacts/<experiment>`` 
 ``./mlruns`` of whichever process created the experiment: the trainer's folder, outside tracklane_runs/);
 an experiment that exists keeps the location it has.
 A second record of one name at one step replaces the first file (images are kept, each has a uuid).
+
+A new sqlite database is never migrated where it will live. MLflow's first open of a missing file creates
+it there and runs its ~100 schema migrations on it (about 1 s here), one DDL statement at a time: a kill in
+between leaves a database that every later open refuses (mlflow 3.17, kills spread over the migration: 19
+of 24 left ``table _alembic_tmp_experiments already exists``, ``duplicate column name: ...`` and the like).
+So ``create_sqlite_store`` builds it under a temporary name in the same folder and links it into place
+once complete: a kill at any moment leaves no database or a complete one (``tests/test_store_creation.py``).
+The artifact folder beside it needs nothing of the kind: MLflow makes nothing there until a file is logged,
+and a run whose folder is missing lists no artifacts.
 """
 
 from __future__ import annotations
@@ -36,7 +45,9 @@ import logging
 import os
 import posixpath
 import re
+import socket
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,14 +91,18 @@ def _is_path_safe(name: str) -> bool:
     return norm == name and norm != "." and not norm.startswith(("..", "/"))
 
 
-def sqlite_artifact_root(uri: str) -> str:
-    """``file://`` URI of ``mlartifacts`` beside a sqlite database file ("" for any other store)."""
+def sqlite_file(uri: str) -> str:
+    """The database file of a ``sqlite:///`` URI with an absolute path ("" for any other store or in memory)."""
     if not uri.startswith("sqlite:///"):
         return ""
-    path = uri[len("sqlite:///"):]
-    if not path.startswith("/"):
-        return ""  # in memory
-    return Path(os.path.dirname(path), "mlartifacts").as_uri()
+    path = uri[len("sqlite:///"):].partition("?")[0]
+    return path if path.startswith("/") else ""
+
+
+def sqlite_artifact_root(uri: str) -> str:
+    """``file://`` URI of ``mlartifacts`` beside a sqlite database file ("" for any other store)."""
+    path = sqlite_file(uri)
+    return Path(os.path.dirname(path), "mlartifacts").as_uri() if path else ""
 
 
 def absolute_tracking_uri(uri: str) -> str:
@@ -100,6 +115,84 @@ def absolute_tracking_uri(uri: str) -> str:
     if not urlparse(uri).scheme:
         return os.path.abspath(uri)
     return uri
+
+
+CREATING_SUFFIX = ".creating"
+"""A database ``create_sqlite_store`` is building: ``.<db name>.<host>.<pid>.<random>.creating`` beside it."""
+
+
+def create_sqlite_store(path: str) -> bool:
+    """Create MLflow's sqlite database at ``path`` if there is none, so that a kill at any moment leaves none
+    or a complete one: created and migrated under a temporary name in the same folder, closed, then
+    hard-linked into place, which fails rather than replaces a database another lane or process made
+    meanwhile (theirs is complete too, and kept). True if this call put the database there."""
+    folder, name = os.path.split(path)
+    os.makedirs(folder, exist_ok=True)
+    remove_dead_temporaries(path)
+    if os.path.exists(path):
+        return False
+    temp = os.path.join(folder, f".{name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}{CREATING_SUFFIX}")
+    try:
+        _migrate(temp)
+        return _link_new(temp, path)
+    finally:
+        for leftover in (temp, temp + "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+
+
+def _migrate(path: str) -> None:
+    """What ``SqlAlchemyStore.__init__`` does to a new database (mlflow/store/tracking/sqlalchemy_store.py), then
+    every connection closed: the file is complete, with no journal beside it."""
+    from mlflow.store.db import utils
+
+    engine = utils.create_sqlalchemy_engine(f"sqlite:///{path}")
+    try:
+        utils._initialize_tables(engine)
+        utils._verify_schema(engine)
+    finally:
+        engine.dispose()
+
+
+def _link_new(temp: str, path: str) -> bool:
+    try:
+        os.link(temp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links on this filesystem: a rename, which could replace a database made this instant
+        if os.path.exists(path):
+            return False
+        os.rename(temp, path)
+        return True
+
+
+def remove_dead_temporaries(path: str) -> None:
+    """Remove what ``create_sqlite_store`` calls killed on this host left beside ``path`` (their process is gone)."""
+    folder, name = os.path.split(path)
+    prefix, host = f".{name}.", socket.gethostname()
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return
+    for entry in entries:
+        stem = entry.removesuffix("-journal")
+        if not (entry.startswith(prefix) and stem.endswith(CREATING_SUFFIX)):
+            continue
+        owner, _, pid = stem[len(prefix):-len(CREATING_SUFFIX)].rpartition(".")[0].rpartition(".")  # host.pid.random
+        if owner == host and pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):  # gone already, or another user's in a sticky /tmp
+                os.unlink(os.path.join(folder, entry))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process is there
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there, as another user's
+        pass
+    return True
 
 
 _BUSY_STATUSES = (429, 502, 503, 504)
@@ -147,6 +240,9 @@ class MlflowSink(Sink):
         from mlflow.tracking import MlflowClient
 
         with _translate(f"open an MLflow run at {self.tracking_uri}"):
+            database = sqlite_file(self.tracking_uri)
+            if database:  # never let MLflow migrate a new database in place (module docstring)
+                create_sqlite_store(database)
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
             # MLFLOW_RUN_ID (verl's way to attach), else for a resumed run the run tagged with its id
             attach = self.settings.get("run_id") or (self._tagged_run() if self.run.resume else "")
