@@ -287,6 +287,28 @@ def active_tracking(project_name: str | None = None, experiment_name: str | None
     return None
 
 
+def has_unfinished() -> bool:
+    """Whether a Tracking of this process is still unfinished (cheap: the weak registry's size)."""
+    return len(_unfinished) > 0
+
+
+def finish_left_by(exc: BaseException) -> None:
+    """Finish as failed the unfinished Trackings held in the locals of the frames a traceback passes through:
+    the runs an exception left behind (a Ray actor method that raised; Ray, not sys.excepthook, gets its
+    exception). The crash record is logged first, as for an uncaught exception; never raises."""
+    try:
+        tb = exc.__traceback__
+        trace = "".join(traceback.format_exception(type(exc), exc, tb))
+        while tb is not None:
+            for value in list(tb.tb_frame.f_locals.values()):
+                if type(value) is Tracking and value in _unfinished:
+                    value._log_crash(type(exc), trace)
+                    value.finish(exit_code=1)
+            tb = tb.tb_next
+    except Exception:
+        log.warning("tracklane: finishing the runs an exception left behind failed", exc_info=True)
+
+
 def _finish_all() -> None:
     for tracking in list(_unfinished):
         tracking.finish(exit_code=1 if _uncaught else 0)

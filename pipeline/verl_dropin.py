@@ -5,7 +5,8 @@ the SFT trainers), most of them inside a Ray actor (main_ppo's ``TaskRunner``). 
 tracklane's ``Tracking``, ``ValidationGenerationsLogger`` and ``DapoFilteredRewardTableLogger`` in
 ``verl.utils.tracking`` and in every verl module that imported them already; when verl is not imported
 yet, it does so the moment ``verl.utils.tracking`` is. For the actors of a verl job, name it as Ray's
-``worker_process_setup_hook`` on verl's command line, and Ray runs it in every worker before any actor code::
+``worker_process_setup_hook`` on verl's command line, and Ray runs it in every worker before any actor code
+(there it also makes the runs an actor method drops finish before the method counts as done: ray_methods.py)::
 
     python -m verl.trainer.main_ppo ... +trainer.log_async=true \\
         +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=pipeline.verl_dropin.install
@@ -19,6 +20,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from . import ray_methods
 from .dapo_reward_logger import DapoFilteredRewardTableLogger
 from .generations_logger import ValidationGenerationsLogger
 from .tracking import Tracking
@@ -33,12 +35,25 @@ REPLACEMENTS: dict[str, type] = {
 
 
 def install() -> None:
-    """Use tracklane's classes wherever verl names its own, in this process (idempotent)."""
+    """Use tracklane's classes wherever verl names its own, in this process (idempotent). In a Ray worker,
+    also finish the runs an actor method drops before Ray reports it done (``ray_methods``)."""
+    if "ray" in sys.modules:
+        ray_methods.install()
     module = sys.modules.get(VERL_TRACKING)
     if module is not None:
         _swap(module)
     elif not any(isinstance(finder, _SwapOnImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _SwapOnImport())
+
+
+def uninstall() -> None:
+    """Put verl's own classes back wherever ours were put (for tests that run both in one process)."""
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _SwapOnImport)]
+    for loaded in list(sys.modules.values()):
+        if getattr(loaded, "__name__", "") == VERL_TRACKING or getattr(loaded, "__name__", "").startswith("verl."):
+            for name, ours in REPLACEMENTS.items():
+                if name in _ORIGINALS and getattr(loaded, name, None) is ours:
+                    setattr(loaded, name, _ORIGINALS[name])
 
 
 def installed() -> bool:
@@ -49,8 +64,14 @@ def installed() -> bool:
     return getattr(module, "Tracking", None) is Tracking
 
 
+_ORIGINALS: dict[str, type] = {}  # verl's own classes, as first found
+
+
 def _swap(module: ModuleType) -> None:
     originals = {name: getattr(module, name, None) for name in REPLACEMENTS}
+    for name, original in originals.items():
+        if original is not None and original is not REPLACEMENTS[name]:
+            _ORIGINALS.setdefault(name, original)
     for name, ours in REPLACEMENTS.items():
         setattr(module, name, ours)
     # verl modules that bound a name at import (`from verl.utils.tracking import Tracking`) get ours too.

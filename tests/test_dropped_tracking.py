@@ -81,3 +81,43 @@ def test_verls_logger_and_console_logger_views_reach_their_backend_only(offline_
     assert lines == [{"step": 2, "data": {"only/file": 2.0}}]
     with pytest.raises(AttributeError, match="console_logger"):
         _ = Tracking("drop-proj", "no-console", ["file"], config={"trainer": {"log_async": False}}).console_logger
+
+
+def _method_dropping_a_run_in_a_cycle(fail: bool) -> None:
+    """verl's fit() as it really runs: its frame outlives the call in a reference cycle (an OmegaConf exception's
+    traceback, in verl), so the local Tracking is not freed when the call returns."""
+    import sys
+
+    logger = Tracking("drop-proj", "drop-exp", ["file", "mlflow"], config={"trainer": {"log_async": False}})
+    holder: dict = {"frame": sys._getframe()}  # the cycle: this frame -> holder -> this frame
+    holder["self"] = holder
+    for step in range(STEPS):
+        logger.log({"loss": 1.0 / (step + 1)}, step=step)
+    if fail:
+        raise RuntimeError("boom in the actor method")
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["returns", "raises"])
+def test_a_ray_actor_method_finishes_the_runs_it_dropped_before_it_counts_as_done(offline_trackers, fail):
+    """Ray's executor, wrapped: a run held only by a garbage cycle is finished once the method returns (FINISHED),
+    and a run left by a method that raised is finished as failed with the traceback in it (FAILED)."""
+    from pipeline.ray_methods import finishing_dropped_runs
+
+    gc.collect()
+    gc.disable()  # no collection may happen to finish it first
+    try:
+        method = _method_dropping_a_run_in_a_cycle
+        run = finishing_dropped_runs(lambda actor, *args: method(*args), method)
+        if fail:
+            with pytest.raises(RuntimeError, match="boom"):
+                run(object(), True)
+        else:
+            run(object(), False)
+        [run_id] = find_mlflow_run_ids(offline_trackers["mlflow_uri"], "drop-proj", "drop-exp")
+        back = read_mlflow_run(offline_trackers["mlflow_uri"], run_id)
+    finally:
+        gc.enable()
+    assert back.status == ("FAILED" if fail else "FINISHED")
+    assert sorted(step for step, key, _ in back.points if key == "loss") == list(range(STEPS))
+    text = offline_trackers["file"].parent / "metrics_media" / "text"
+    assert any(text.rglob("*.txt")) == fail  # the crash record (error/traceback) only when it raised
