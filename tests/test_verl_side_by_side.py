@@ -71,6 +71,10 @@ def run_in_process(stores: RunStores, args: list[str], dropin: bool, capfd, monk
 
     for key, value in stores.env().items():
         monkeypatch.setenv(key, value)
+    if "trackio" in sys.modules:  # trackio reads TRACKIO_DIR once, at import: an earlier test's import points elsewhere
+        from workers.trackio_sink import point_trackio_at
+
+        point_trackio_at(stores.trackio_dir)
     stores.prepare()
     capfd.readouterr()
     if dropin:
