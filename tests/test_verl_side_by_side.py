@@ -28,6 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 if importlib.util.find_spec("verl") is None or importlib.util.find_spec("transfer_queue") is None:
@@ -148,16 +149,23 @@ def _same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
 
 
-def assert_holds_every_point(tracker: str, verl: Stored, ours: Stored) -> None:
-    """Every (step, key) verl stored, with verl's value (time-measured keys: present); nothing twice; extras ours."""
+def assert_holds_every_point(tracker: str, verl: Stored, ours: Stored, logged: Stored) -> None:
+    """Every (step, key) verl stored, with verl's value (time-measured keys: present); nothing twice. What tracklane
+    holds beyond verl's store is its own ``tracklane/*`` or what verl logged and its store lost (``logged``: verl's
+    file logger, written unbuffered at each call; verl's wandb in a killed TaskRunner loses its tail when no garbage
+    collection finished verl's run first: README, "Use it from verl"), with the logged value."""
     missing = sorted(point for point in verl.points if point not in ours.points)
     assert not missing, f"{tracker}: {len(missing)} of verl's {len(verl.points)} points missing, e.g. {missing[:5]}"
     differ = [(point, verl.points[point], ours.points[point]) for point in verl.points
               if not _timed(point[1]) and not _same(verl.points[point], ours.points[point])]
     assert not differ, f"{tracker}: {len(differ)} values differ from verl's, e.g. {differ[:5]}"
-    extra = sorted({key for point, key in ((p, p[1]) for p in ours.points) if point not in verl.points})
-    assert all(any(fnmatch.fnmatch(key, pattern) for pattern in TRACKLANE_KEYS) for key in extra), \
-        f"{tracker}: keys verl does not store: {[k for k in extra if not k.startswith('tracklane/')][:10]}"
+    extra = [point for point in ours.points if point not in verl.points
+             and not any(fnmatch.fnmatch(point[1], pattern) for pattern in TRACKLANE_KEYS)]
+    unlogged = [point for point in extra if point not in logged.points]
+    assert not unlogged, f"{tracker}: points verl neither stored nor logged: {unlogged[:10]}"
+    changed = [point for point in extra if not _timed(point[1]) and not _same(logged.points[point], ours.points[point])
+               and not _same(float(np.float32(logged.points[point])), ours.points[point])]  # TensorBoard keeps float32
+    assert not changed, f"{tracker}: values differ from what verl logged: {changed[:5]}"
     twice = [point for point in ours.twice if point in verl.points]  # tracklane/* are samples: one a shipped batch
     assert not twice, f"{tracker}: {len(twice)} of verl's points stored twice, e.g. {twice[:5]}"
 
@@ -168,13 +176,15 @@ def assert_reference_is_whole(verl: Cell) -> None:
     assert steps == set(range(STEPS + 1)), steps
 
 
+FINISHED = {"mlflow": "FINISHED", "wandb": "exit_code=0", "swanlab": "FINISHED"}
+"""How each tracker that keeps a run's end says it ended cleanly."""
+
+
 def assert_ended_as_verl(tracker: str, verl: Stored, ours: Stored) -> None:
-    if tracker in ("mlflow", "wandb", "swanlab"):
-        assert ours.status == verl.status, f"{tracker}: verl's run ended {verl.status}, tracklane's {ours.status}"
-    if tracker == "mlflow":
-        assert ours.status == "FINISHED"
-    if tracker == "wandb":
-        assert ours.status == "exit_code=0"  # the exit record is there
+    """tracklane's run ended cleanly (wandb: its exit record), as verl's did where verl's was ended at all."""
+    if tracker in FINISHED:
+        assert ours.status == FINISHED[tracker], f"{tracker}: tracklane's run ended {ours.status}"
+        assert verl.status in (FINISHED[tracker], None, "RUNNING"), f"{tracker}: verl's run ended {verl.status}"
 
 
 def assert_same_wandb_tables(verl: Cell, ours: Cell, style: str) -> None:
@@ -212,9 +222,10 @@ def test_tracklane_stores_every_point_verls_tracking_stores(style, place, mode, 
     ours = Cell(shared, mlflow_uri, f"{style}-{place.replace('_', '-')}-{mode}")
     ours.run(place, style, MODES[mode], True, capfd, monkeypatch, ray_address)
     assert "Connection lost" not in ours.output
+    logged = verl.read("file")
     for tracker in TRACKERS:
         theirs, mine = verl.read(tracker), ours.read(tracker)
-        assert_holds_every_point(tracker, theirs, mine)
+        assert_holds_every_point(tracker, theirs, mine, logged)
         assert_ended_as_verl(tracker, theirs, mine)
     assert_same_wandb_tables(verl, ours, style)
 
