@@ -133,25 +133,25 @@ class Tracking(LogCalls):
         """Wait (up to ``timeout``) until every tracker acknowledged what was logged so far."""
         if self._report is not None:
             return self._report
-        report = self._pipe.flush(timeout)
-        report.dropped_records += self._rejected
-        report.skipped_backends = dict(self._skipped_backends)
-        return report
+        return self._with_own_figures(self._pipe.flush(timeout))
 
     def finish(self, exit_code: int = 0, timeout: float | None = None) -> PipelineReport:
         """Drain with a deadline, close every tracker (exit code / run status) and report. Idempotent."""
         if self._report is not None:
             return self._report
         deadline = self._cfg.finish_timeout_s if timeout is None else timeout
-        report = self._pipe.close(exit_code, deadline)
-        report.dropped_records += self._rejected
-        report.skipped_backends = dict(self._skipped_backends)
-        self._report = report
+        report = self._report = self._with_own_figures(self._pipe.close(exit_code, deadline))
         _unfinished.pop(self, None)
         if report.complete:
             log.info("%s", report.summary())
         else:
             log.warning("%s", report.summary())
+        return report
+
+    def _with_own_figures(self, report: PipelineReport) -> PipelineReport:
+        """The pipeline's report plus what only this facade knows: calls rejected here, backends skipped."""
+        report.dropped_records += self._rejected
+        report.skipped_backends = dict(self._skipped_backends)
         return report
 
     def _last_logged_step(self) -> int | None:

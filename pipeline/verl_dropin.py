@@ -49,38 +49,29 @@ def install() -> None:
 def uninstall() -> None:
     """Put verl's own classes back wherever ours were put (for tests that run both in one process)."""
     sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _SwapOnImport)]
-    for loaded in list(sys.modules.values()):
-        if getattr(loaded, "__name__", "") == VERL_TRACKING or getattr(loaded, "__name__", "").startswith("verl."):
-            for name, ours in REPLACEMENTS.items():
-                if name in _ORIGINALS and getattr(loaded, name, None) is ours:
-                    setattr(loaded, name, _ORIGINALS[name])
-
-
-def installed() -> bool:
-    """Whether verl's ``Tracking`` in this process is tracklane's (or will be, once verl is imported)."""
-    module = sys.modules.get(VERL_TRACKING)
-    if module is None:
-        return any(isinstance(finder, _SwapOnImport) for finder in sys.meta_path)
-    return getattr(module, "Tracking", None) is Tracking
+    _rebind({REPLACEMENTS[name]: original for name, original in _ORIGINALS.items()})
 
 
 _ORIGINALS: dict[str, type] = {}  # verl's own classes, as first found
 
 
 def _swap(module: ModuleType) -> None:
-    originals = {name: getattr(module, name, None) for name in REPLACEMENTS}
-    for name, original in originals.items():
-        if original is not None and original is not REPLACEMENTS[name]:
-            _ORIGINALS.setdefault(name, original)
     for name, ours in REPLACEMENTS.items():
-        setattr(module, name, ours)
-    # verl modules that bound a name at import (`from verl.utils.tracking import Tracking`) get ours too.
+        original = getattr(module, name, None)
+        if original is not None and original is not ours:
+            _ORIGINALS.setdefault(name, original)
+    # in verl.utils.tracking, and in each verl module that bound a name at import (`from ... import Tracking`)
+    _rebind({original: REPLACEMENTS[name] for name, original in _ORIGINALS.items()})
+
+
+def _rebind(replace: dict[type, type]) -> None:
+    """In every loaded verl module, each of the three names bound to a key of ``replace`` gets its value."""
     for loaded in list(sys.modules.values()):
-        if not getattr(loaded, "__name__", "").startswith("verl."):
-            continue
-        for name, original in originals.items():
-            if original is not None and original is not REPLACEMENTS[name] and getattr(loaded, name, None) is original:
-                setattr(loaded, name, REPLACEMENTS[name])
+        if getattr(loaded, "__name__", "").startswith("verl."):
+            for name in REPLACEMENTS:
+                new = replace.get(getattr(loaded, name, None))
+                if new is not None:
+                    setattr(loaded, name, new)
 
 
 class _SwapOnImport(importlib.abc.MetaPathFinder):

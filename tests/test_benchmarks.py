@@ -9,27 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TRACKERS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file"]
-
-
-@pytest.fixture(scope="module")
-def ray_join(ray_session) -> dict[str, str]:
-    """The environment for a benchmark to join the test session's Ray instead of starting its own (~4 s each here).
-
-    Ray's token authentication reads the token from $HOME, which a test may have moved since this Ray started,
-    so the session's own token goes along; with no token to give, each benchmark starts its own Ray as before."""
-    env = {"RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
-    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
-        return env
-    try:
-        from ray._raylet import AuthenticationTokenLoader  # the token this process authenticates with
-    except ImportError:
-        return {}
-    return {**env, "RAY_AUTH_TOKEN": AuthenticationTokenLoader.instance().get_raw_token()}
 
 
 def _run(name: str, out: Path, mlflow_uri: str, ray_join: dict[str, str]) -> dict:

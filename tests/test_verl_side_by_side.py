@@ -88,12 +88,12 @@ def run_in_process(stores: RunStores, args: list[str], dropin: bool, capfd, monk
     return capfd.readouterr().out
 
 
-def run_in_actor(stores: RunStores, args: list[str], dropin: bool, ray_address: dict[str, str]) -> str:
+def run_in_actor(stores: RunStores, args: list[str], dropin: bool, ray_join: dict[str, str]) -> str:
     """verl's run_ppo into a TaskRunner actor of the test session's Ray; its driver exits right after."""
     stores.prepare()
-    env = {**os.environ, **stores.env(), **ray_address, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "tests.verl_fit", "--address", ray_address["RAY_ADDRESS"],
-               *(["--dropin"] if dropin else []), "--", *args]
+    env = {**os.environ, **stores.env(), **ray_join, "PYTHONPATH": str(REPO)}
+    joined = ["--address", ray_join["RAY_ADDRESS"]] if "RAY_ADDRESS" in ray_join else []  # else run_ppo starts one
+    command = [sys.executable, "-m", "tests.verl_fit", *joined, *(["--dropin"] if dropin else []), "--", *args]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return actor_stdout(done.stdout + done.stderr)
@@ -111,17 +111,6 @@ def actor_stdout(driver_output: str) -> str:
     return out.read_text(errors="replace")
 
 
-@pytest.fixture(scope="module")
-def ray_address(ray_session) -> dict[str, str]:
-    """How a driver joins the test session's Ray (its address, and its auth token where Ray uses one)."""
-    env = {"RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
-    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
-        from ray._raylet import AuthenticationTokenLoader
-
-        env["RAY_AUTH_TOKEN"] = AuthenticationTokenLoader.instance().get_raw_token()
-    return env
-
-
 class Cell:
     """One run: where it writes, how it ran, and what each tracker holds of it."""
 
@@ -130,12 +119,12 @@ class Cell:
         self.stores = RunStores(shared["root"] / name, mlflow_uri, shared["trackio"])
         self.output = ""
 
-    def run(self, place: str, style: str, extra: list[str], dropin: bool, capfd, monkeypatch, ray_address) -> None:
+    def run(self, place: str, style: str, extra: list[str], dropin: bool, capfd, monkeypatch, ray_join) -> None:
         args = overrides(style, self.project) + extra
         if place == "in_process":
             self.output = run_in_process(self.stores, args, dropin, capfd, monkeypatch)
         else:
-            self.output = run_in_actor(self.stores, args, dropin, ray_address)
+            self.output = run_in_actor(self.stores, args, dropin, ray_join)
 
     def read(self, tracker: str) -> Stored:
         return self.stores.read(tracker, self.project, EXPERIMENT, self.output)
@@ -209,18 +198,18 @@ def assert_same_wandb_tables(verl: Cell, ours: Cell, style: str) -> None:
 @pytest.mark.parametrize("place", ["in_process", "actor"])
 @pytest.mark.parametrize("style", list(STYLES))
 def test_tracklane_stores_every_point_verls_tracking_stores(style, place, mode, shared, references, mlflow_server_uri,
-                                                           ray_session, ray_address, capfd, monkeypatch):
+                                                           ray_session, ray_join, capfd, monkeypatch):
     """verl's own trainer code, tracklane swapped in: each tracker holds every point verl's Tracking stored."""
     mlflow_uri = shared["sqlite"] if place == "in_process" else mlflow_server_uri
     key = (style, place)
     if key not in references:
         verl = Cell(shared, mlflow_uri, f"{style}-{place.replace('_', '-')}-verl")
-        verl.run(place, style, [], False, capfd, monkeypatch, ray_address)
+        verl.run(place, style, [], False, capfd, monkeypatch, ray_join)
         assert_reference_is_whole(verl)
         references[key] = verl
     verl = references[key]
     ours = Cell(shared, mlflow_uri, f"{style}-{place.replace('_', '-')}-{mode}")
-    ours.run(place, style, MODES[mode], True, capfd, monkeypatch, ray_address)
+    ours.run(place, style, MODES[mode], True, capfd, monkeypatch, ray_join)
     assert "Connection lost" not in ours.output
     logged = verl.read("file")
     for tracker in TRACKERS:

@@ -63,6 +63,8 @@ import ray
 import torch
 from omegaconf import DictConfig
 
+from pipeline.params import is_secret_key
+
 # ------------------------------------------------------------------------------------------------ config
 
 HARNESS_OVERRIDES = (
@@ -744,14 +746,13 @@ DROPIN_HOOK = "pipeline.verl_dropin.install"
 TRACKER_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "SWANLAB_", "TENSORBOARD_", "VERL_FILE_LOGGER_", "TRACKIO_",
                         "CLEARML_", "TRACKLANE_", "HF_HOME")
 """Not HOME: a Ray worker reads the cluster's auth token under $HOME/.ray and dies at start without it."""
-SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD")
 
 
 def tracker_env() -> dict[str, str]:
     """The trackers' settings of this process (folders, offline modes), never a credential: what the actor
     must see when it runs in a cluster whose workers were started with another environment."""
     return {name: value for name, value in os.environ.items()
-            if name.startswith(TRACKER_ENV_PREFIXES) and not any(word in name for word in SECRET_WORDS)}
+            if name.startswith(TRACKER_ENV_PREFIXES) and not is_secret_key(name)}
 
 
 def driver_overrides(args: argparse.Namespace) -> list[str]:

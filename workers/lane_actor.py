@@ -37,10 +37,10 @@ class LaneActor:
 
     def __init__(self, lane: str, opening: bytes) -> None:
         spec = LaneOpening.unpack(opening)
-        if _in_ray_actor():  # its own process: the trainer's tracker sessions are not this lane's (placement.py)
-            forget_process_bound(os.environ)
         os.makedirs(spec.state_dir, mode=0o700, exist_ok=True)  # on another node than the trainer's: made here
-        if _in_ray_actor():  # the SDK's own chatter (banners, its warnings) into a file, not the trainer's terminal
+        if _in_ray_actor():  # its own process
+            forget_process_bound(os.environ)  # the trainer's tracker sessions are not this lane's (placement.py)
+            # the SDK's own chatter (banners, its warnings) into a file, not the trainer's terminal
             _stdio_to(os.path.join(spec.state_dir, f"{lane}.out"))
         self._state = LaneState.load(os.path.join(spec.state_dir, f"{lane}.state"))
         sink = backend_class(spec.backend)(spec.run, spec.settings)
