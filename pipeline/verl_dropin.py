@@ -69,7 +69,8 @@ def _rebind(replace: dict[type, type]) -> None:
     for loaded in list(sys.modules.values()):
         if getattr(loaded, "__name__", "").startswith("verl."):
             for name in REPLACEMENTS:
-                new = replace.get(getattr(loaded, name, None))
+                bound = getattr(loaded, name, None)
+                new = replace.get(bound) if isinstance(bound, type) else None
                 if new is not None:
                     setattr(loaded, name, new)
 
