@@ -105,7 +105,7 @@ def bare_mlflow(place: RunPlace, work: list, is_traj: bool) -> float:
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    from workers.mlflow_sink import mlflow_key  # verl's keys have "@"; MLflow refuses it (the key map is not timed)
+    from workers.sinks.mlflow import mlflow_key  # verl's keys have "@"; MLflow refuses it (the key map is not timed)
 
     client = MlflowClient(place.mlflow_uri)
     experiment = client.create_experiment(f"{place.project}-bare")

@@ -173,24 +173,24 @@ def stored_points(tracker: str, work: Path, run_id: str, experiment: str, mlflow
         points = [(line["step"], key, value) for line in lines if line["step"] is not None
                   for key, value in line["data"].items()]
     elif tracker == "tensorboard":
-        from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir
+        from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
         points = read_tensorboard_dir(work / "tensorboard").points
     elif tracker == "wandb":
-        from pipeline.testing.readers.wandb_reader import read_wandb_run
+        from workers.testing.readers.wandb_reader import read_wandb_run
 
         points = read_wandb_run(work / "wandb", run_id).points
     elif tracker == "swanlab":
-        from pipeline.testing.readers.swanlab_reader import read_swanlab_run
+        from workers.testing.readers.swanlab_reader import read_swanlab_run
 
         points = read_swanlab_run(work / "swanlog", run_id=run_id).points
     elif tracker == "mlflow":
-        from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+        from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
         [mlflow_run] = find_mlflow_run_ids(mlflow_uri, PROJECT, experiment)
         points = read_mlflow_run(mlflow_uri, mlflow_run).points
     elif tracker == "memory":
-        from pipeline.testing.memory import memory_records
+        from workers.testing.memory import memory_records
 
         points = [(r.step, key, v) for r in memory_records(run_id) for key, v in getattr(r, "values", {}).items()]
     else:
@@ -391,7 +391,7 @@ def slow_tracker(work: Path, seconds: float = 20.0, keys: int = 100, pause: floa
 # -- hung: finish() with a tracker that never answers, then replay ------------------------------
 def hung_finish_then_replay(work: Path, mlflow_uri: str, steps: int = 200, keys: int = 20,
                             finish_timeout_s: float = 20.0) -> dict[str, Any]:
-    from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
     experiment = f"hung-{uuid.uuid4().hex[:6]}"
     with _mlflow_behind_proxy(work, mlflow_uri, experiment) as (proxy, tracking):
@@ -421,8 +421,8 @@ def hung_finish_then_replay(work: Path, mlflow_uri: str, steps: int = 200, keys:
 # -- damage: the spool is corrupted, truncated and partly deleted before the recovery ------------
 def damaged_spool(work: Path, steps: int = 300, keys: int = 20) -> dict[str, Any]:
     from pipeline import Tracking
-    from pipeline.codec import decode_batch
-    from pipeline.spool import Spool
+    from pipeline.wire.batch import decode_batch
+    from pipeline.spool.segments import Spool
 
     run_id, experiment = uuid.uuid4().hex[:12], f"damage-{uuid.uuid4().hex[:6]}"
     down = work / "memory-down"

@@ -5,7 +5,7 @@
 For batches of ~2 KB (a step of scalars), 64 KB and 1 MB (trajectories), each appended the way
 the shipper does it, one batch at a time:
 
-    segments   pipeline.spool.Spool: CRC32C frames in append-only segment files (fsync every 1 s,
+    segments   pipeline.spool.segments.Spool: CRC32C frames in append-only segment files (fsync every 1 s,
                and after every batch)
     sqlite     SQLite in WAL mode, one transaction per batch (synchronous=NORMAL, and FULL)
 
@@ -40,7 +40,7 @@ def _timed(append: Callable[[int, bytes], None], payload: bytes, seconds: float)
 
 
 def segments(folder: Path, payload: bytes, seconds: float, fsync_s: float) -> dict[str, float]:
-    from pipeline.spool import Spool
+    from pipeline.spool.segments import Spool
 
     spool = Spool(str(folder), fsync_s=fsync_s, max_bytes=2**40)
     try:
@@ -71,8 +71,8 @@ def shipper_costs(seconds: float) -> dict[str, float]:
     """What the shipper already pays per batch of one 100-scalar step: encode, and ray.put."""
     import ray
 
-    from pipeline.codec import encode_batch
-    from pipeline.records import Batch, Metrics
+    from pipeline.wire.batch import encode_batch
+    from pipeline.core.records import Batch, Metrics
 
     batch = Batch(seq=1, created=time.time(), records=[Metrics(step=1, values={f"k{i}": i * 0.5 for i in range(100)},
                                                                time=time.time())])

@@ -1,16 +1,40 @@
-"""tracklane's trainer-side half: the verl-compatible ``Tracking`` facade and the async pipeline."""
+"""tracklane: the verl-compatible ``Tracking`` facade and the asynchronous pipeline behind it.
 
-from .dapo_reward_logger import DapoFilteredRewardTableLogger
-from .errors import CodecError, ConfigError, MissingExtraError, SinkError, TracklaneError
-from .generations_logger import ValidationGenerationsLogger
-from .producer import Producer
-from .records import Trajectory
-from .report import LaneInfo, LaneReport, PipelineReport, ProducerReport
-from .tracking import Tracking
+What users import is here, and only here. The rooms below are internal (each ``__init__`` says what
+lives in it); their module paths may change between versions:
+
+    tracking.py, producer.py, log_calls.py, pipe.py, sync_pipeline.py   the facade and the synchronous path
+    verl/      verl's extra loggers, install() in verl's own processes
+    cli/       the tracklane command
+    shipping/  buffer -> shipper -> lanes -> lane actors (the asynchronous path)
+    node/      per-node services (system metrics, the terminal)
+    host/ spool/ wire/ capture/   the sink contract, the durable log, the wire format, log() calls made records
+    config/    typed settings        core/   records, errors, reports: the floor
+"""
+
+from pipeline.capture.rich import RecordLimits
+from pipeline.config.async_log import AsyncLogConfig
+from pipeline.core.errors import CodecError, ConfigError, MissingExtraError, SinkError, TracklaneError
+from pipeline.core.params import plain_config
+from pipeline.core.records import Trajectory
+from pipeline.core.report import LaneInfo, LaneReport, PipelineReport, ProducerReport
+from pipeline.node.terminal import TERMINAL
+from pipeline.producer import Producer
+from pipeline.tracking import Tracking, check_settings
+from pipeline.verl.dapo_reward_logger import DapoFilteredRewardTableLogger
+from pipeline.verl.generations_logger import ValidationGenerationsLogger
 
 __all__ = [
-    "Tracking", "Producer", "ValidationGenerationsLogger", "DapoFilteredRewardTableLogger", "Trajectory",
-    "PipelineReport", "LaneReport", "LaneInfo",
-    "ProducerReport",
+    # verl's names
+    "Tracking", "ValidationGenerationsLogger", "DapoFilteredRewardTableLogger",
+    # logging from other processes, and rich records
+    "Producer", "Trajectory",
+    # what flush() and finish() return
+    "PipelineReport", "LaneReport", "LaneInfo", "ProducerReport",
+    # settings: trainer.async_log and trainer.record_limits as objects, checked before a run starts
+    "AsyncLogConfig", "RecordLimits", "check_settings", "plain_config",
+    # the trainer's terminal: a status line below the console's lines, without tearing them
+    "TERMINAL",
+    # errors
     "TracklaneError", "ConfigError", "MissingExtraError", "CodecError", "SinkError",
 ]

@@ -13,8 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .captured import METRICS, METRICS_ON_AXIS
-from .values import BYTES_PER_ENTRY
+from pipeline.capture.captured import METRICS, METRICS_ON_AXIS
+from pipeline.core.values import BYTES_PER_ENTRY
 
 log = logging.getLogger("tracklane")
 _now = time.time

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from .captured import Captured
-from .config import AsyncLogConfig
-from .records import RunSpec
-from .report import LaneInfo, PipelineReport
-from .rich import RecordLimits
+from pipeline.capture.captured import Captured
+from pipeline.capture.rich import RecordLimits
+from pipeline.config.async_log import AsyncLogConfig
+from pipeline.core.records import RunSpec
+from pipeline.core.report import LaneInfo, PipelineReport
 
 
 class Pipe(Protocol):
@@ -43,16 +43,16 @@ class Pipe(Protocol):
     def close(self, exit_code: int, timeout: float) -> PipelineReport:
         """Drain, close every tracker with ``exit_code``, and report; bounded by ``timeout``."""
 
-    def producer(self, name: str, key_prefix: str | None, axis: str | None = None) -> Any:
-        """A ``Producer`` for logging into this run from other processes (asynchronous path only)."""
+    def producer_spec(self) -> Any:
+        """What a ``Producer`` of this run needs (``ProducerSpec``; asynchronous path only)."""
 
 
 def open_pipe(log_async: bool, cfg: AsyncLogConfig, limits: RecordLimits, run: RunSpec,
               backends: dict[str, tuple[type, dict[str, Any]]], env: Mapping[str, str]) -> Pipe:
     if log_async:
-        from .async_pipeline import AsyncPipeline
+        from pipeline.shipping.async_pipeline import AsyncPipeline
 
         return AsyncPipeline(cfg, limits, run, backends, env)
-    from .sync_pipeline import SyncPipeline
+    from pipeline.sync_pipeline import SyncPipeline
 
     return SyncPipeline(cfg, limits, run, backends)

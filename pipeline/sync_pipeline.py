@@ -1,7 +1,7 @@
 """The synchronous path (``log_async: false``): the same sink hosts, called in-process, in turn.
 
 This is the baseline the benchmarks compare against, and the fallback where Ray is not
-wanted. Each tracker sits behind its own ``SinkHost`` (workers/sink_host.py), exactly as in a
+wanted. Each tracker sits behind its own ``SinkHost`` (pipeline/host/sink_host.py), exactly as in a
 lane actor: a failure is retried with backoff, then counted, and never stops the others or the
 training loop. The price of being synchronous: a failing tracker holds up the ``log()`` call
 for at most its retries' backoff (``retry_backoff_s * (2 ** sink_retries - 1)``).
@@ -13,21 +13,21 @@ import os
 import time
 from typing import Any
 
-from .ack import Ack
-from .backends import SINK_HOST, load
-from .captured import STEP, Captured
-from .config import AsyncLogConfig
-from .convert import Converter
-from .errors import ConfigError
-from .records import RunSpec
-from .report import LaneInfo, LaneReport, PipelineReport
-from .rich import RecordLimits
+from pipeline.capture.captured import STEP, Captured
+from pipeline.capture.convert import Converter
+from pipeline.capture.rich import RecordLimits
+from pipeline.config.async_log import AsyncLogConfig
+from pipeline.core.acks import Ack
+from pipeline.core.errors import ConfigError
+from pipeline.core.records import RunSpec
+from pipeline.core.report import LaneInfo, LaneReport, PipelineReport
+from pipeline.host.sink_host import SinkHost
 
 
 class SyncPipeline:
     def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, run: RunSpec,
                  backends: dict[str, tuple[type, dict[str, Any]]]) -> None:
-        host_class = load(SINK_HOST)
+        host_class = SinkHost
         self._hosts = {name: host_class(name, cls(run, settings), cfg.sink_retries, cfg.retry_backoff_s)
                        for name, (cls, settings) in backends.items()}
         self.health: dict[str, float | int] = {}  # nothing queues on this path: no lag, no queue
@@ -64,7 +64,7 @@ class SyncPipeline:
             host.flush()
         return self._report(started)
 
-    def producer(self, name: str, key_prefix: str | None, axis: str | None = None) -> Any:
+    def producer_spec(self) -> Any:
         raise ConfigError("Tracking.producer() needs trainer.log_async: true (producers ship to the lane actors)")
 
     def close(self, exit_code: int, timeout: float) -> PipelineReport:

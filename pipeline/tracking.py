@@ -26,18 +26,20 @@ import weakref
 from types import MappingProxyType
 from typing import Any
 
-from .backend_view import BackendView
-from .backends import BACKENDS, backend_names, resolve_backends, skip_platform
-from .config import async_log_config, trainer_section
-from .errors import ConfigError
-from .log_calls import LogCalls
-from .params import plain_config
-from .pipe import open_pipe
-from .records import RunSpec
-from .report import LaneInfo, PipelineReport
-from .rich import record_limits
-from .spool_manifest import default_spool_dir
-from .values import as_number
+from pipeline.backend_view import BackendView
+from pipeline.capture.rich import record_limits
+from pipeline.config.async_log import async_log_config, trainer_section
+from pipeline.config.console import console_config
+from pipeline.core.errors import ConfigError
+from pipeline.core.params import plain_config
+from pipeline.core.records import RunSpec
+from pipeline.core.report import LaneInfo, PipelineReport
+from pipeline.core.values import as_number
+from pipeline.host.registry import BACKENDS, backend_names, resolve_backends, skip_platform
+from pipeline.log_calls import LogCalls
+from pipeline.pipe import open_pipe
+from pipeline.producer import Producer
+from pipeline.spool.manifest import default_spool_dir
 
 log = logging.getLogger("tracklane")
 
@@ -109,7 +111,7 @@ class Tracking(LogCalls):
             raise ConfigError("Tracking.producer() after finish()")
         if axis is not None and (not isinstance(axis, str) or not re.fullmatch(r"[A-Za-z0-9_./-]{1,128}", axis)):
             raise ConfigError(f"a producer axis must be 1-128 letters, digits, '_', '.', '/' or '-', got {axis!r}")
-        return self._pipe.producer(name, key_prefix, axis)
+        return Producer(name, self._pipe.producer_spec(), key_prefix=key_prefix, axis=axis)
 
     def health(self) -> dict[str, float | int]:
         """The pipeline's latest ``tracklane/*`` figures (lag, queue bytes, drops), as of the last batch
@@ -201,6 +203,23 @@ class Tracking(LogCalls):
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.finish(exit_code=0 if exc_type is None else 1)
+
+
+def check_settings(config: Any = None, default_backend: str | list[str] = "console") -> None:
+    """Raise ``ConfigError`` for what ``Tracking(default_backend=..., config=config)`` would refuse, without
+    starting anything, so a trainer can check its config when it loads it: ``trainer.async_log``,
+    ``trainer.record_limits``, ``trainer.console`` and the backend names (said as ``trainer.logger``)."""
+    trainer = trainer_section(config)
+    async_log_config(trainer.get("async_log"), os.environ)
+    record_limits(trainer.get("record_limits"))
+    console_config(trainer.get("console"))
+    try:
+        names, _ = skip_platform(backend_names(default_backend))  # Tracking warns about the skipped ones
+    except ConfigError as exc:
+        raise ConfigError(f"trainer.logger: {exc}") from exc
+    for name in names:
+        if name not in BACKENDS:
+            raise ConfigError(f"trainer.logger: unknown backend {name!r}; valid backends are: {', '.join(BACKENDS)}")
 
 
 def _checked_run_id(run_id: str) -> str:

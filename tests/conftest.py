@@ -132,7 +132,7 @@ def same_value(a: float, b: float) -> bool:
 def write_two_artifact_versions(sink, folder, time: float) -> None:
     """A file (``config.yaml``) and a folder (``global_step/actor/model.pt``) written to ``sink`` under one name
     each at steps 50 and 100, with contents that tell the steps apart; then the sink is closed."""
-    from pipeline.records import Artifact
+    from pipeline.core.records import Artifact
 
     for step in (50, 100):
         logged = folder / f"logged_{step}"

@@ -15,8 +15,8 @@ import pytest
 import ray
 
 from pipeline import Tracking
-from pipeline.testing.memory import memory_records
-from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir
+from workers.testing.memory import memory_records
+from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 from tests.conftest import log_verl_steps, same_value
 
 pytestmark = pytest.mark.usefixtures("ray_session")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from pipeline.buffer import RecordBuffer
-from pipeline.captured import Captured
+from pipeline.shipping.buffer import RecordBuffer
+from pipeline.capture.captured import Captured
 
 
 def _item(n: int, size: int = 100) -> Captured:

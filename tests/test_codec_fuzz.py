@@ -32,12 +32,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from pipeline.ack import Ack, SinkCounts, Work
-from pipeline.codec import DecodeLimits, decode_batch, encode_batch
-from pipeline.errors import CodecError
-from pipeline.histogram import HistogramFigures, histogram_figures
-from pipeline.png import PNG_SIGNATURE
-from pipeline.records import (
+from pipeline.core.acks import Ack, SinkCounts, Work
+from pipeline.wire.batch import DecodeLimits, decode_batch, encode_batch
+from pipeline.core.errors import CodecError
+from pipeline.core.histogram import HistogramFigures, histogram_figures
+from pipeline.core.png import PNG_SIGNATURE
+from pipeline.core.records import (
     RECORD_TYPES,
     Artifact,
     Batch,
@@ -616,8 +616,8 @@ def test_zstd_bomb_resident_memory(tmp_path: Any) -> None:
     (tmp_path / "bombs").write_bytes(msgpack.packb(bombs))
     script = textwrap.dedent(f"""
         import gc, re, msgpack
-        from pipeline.codec import DecodeLimits, decode_batch
-        from pipeline.errors import CodecError
+        from pipeline.wire.batch import DecodeLimits, decode_batch
+        from pipeline.core.errors import CodecError
         bombs = msgpack.unpackb(open({str(tmp_path / "bombs")!r}, "rb").read())
         gc.collect()
         def kib(field):

@@ -6,10 +6,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline import ConfigError, Tracking
-from pipeline.config import AsyncLogConfig, async_log_config, trainer_section
-from pipeline.params import REDACTED, flatten_params, plain_config
-from pipeline.backends import check_installed
-from workers.sink import Sink
+from pipeline.config.async_log import AsyncLogConfig, async_log_config, trainer_section
+from pipeline.core.params import REDACTED, flatten_params, plain_config
+from pipeline.host.registry import check_installed
+from pipeline.host.sink import Sink
 
 
 def test_defaults():

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.console_config import console_config
-from pipeline.errors import ConfigError
-from pipeline.records import Metrics, RunSpec
-from pipeline.terminal import Terminal
-from workers.console_sink import ConsoleSink
+from pipeline.config.console import console_config
+from pipeline.core.errors import ConfigError
+from pipeline.core.records import Metrics, RunSpec
+from pipeline.node.terminal import Terminal
+from workers.sinks.console import ConsoleSink
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ import weakref
 import pytest
 
 from pipeline import Tracking
-from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
 STEPS = 30
 
@@ -101,7 +101,7 @@ def _method_dropping_a_run_in_a_cycle(fail: bool) -> None:
 def test_a_ray_actor_method_finishes_the_runs_it_dropped_before_it_counts_as_done(offline_trackers, fail):
     """Ray's executor, wrapped: a run held only by a garbage cycle is finished once the method returns (FINISHED),
     and a run left by a method that raised is finished as failed with the traceback in it (FAILED)."""
-    from pipeline.ray_methods import finishing_dropped_runs
+    from pipeline.verl.ray_methods import finishing_dropped_runs
 
     gc.collect()
     gc.disable()  # no collection may happen to finish it first

@@ -8,8 +8,8 @@ import time
 import pytest
 import ray
 
-from pipeline.ack import Ack, SinkCounts
-from pipeline.lane import Entry, Lane
+from pipeline.core.acks import Ack, SinkCounts
+from pipeline.shipping.lane import Entry, Lane
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 
-from pipeline.ack import Ack
-from pipeline.codec import encode_batch
-from pipeline.opening import LaneOpening
-from pipeline.records import Batch, Metrics, RunSpec
-from pipeline.testing.memory import memory_records
-from workers.lane_actor import LaneActor
+from pipeline.core.acks import Ack
+from pipeline.wire.batch import encode_batch
+from pipeline.wire.opening import LaneOpening
+from pipeline.core.records import Batch, Metrics, RunSpec
+from workers.testing.memory import memory_records
+from pipeline.shipping.lane_actor import LaneActor
 
 RUN = RunSpec(project="p", experiment="e", run_id="lane-actor-test")
 
@@ -20,7 +20,7 @@ def _blob(seq: int, steps: range, only=None) -> bytes:
 
 
 def _actor(tmp_path, **trainer) -> LaneActor:
-    from workers.memory_sink import MemorySink
+    from workers.sinks.memory import MemorySink
 
     settings = MemorySink.resolve(RUN, {}, {"memory_sink": {"dir": str(tmp_path / "memory"), **trainer}})
     opening = LaneOpening(backend="memory", run=RUN, settings=settings, state_dir=str(tmp_path),
@@ -98,7 +98,7 @@ def test_lane_gives_up_after_repeated_actor_errors(ray_session):
     """A lane whose actor raises on every call re-sends a few times, then counts its records as dropped."""
     import ray
 
-    from pipeline.lane import Entry, Lane
+    from pipeline.shipping.lane import Entry, Lane
 
     @ray.remote(num_cpus=0)
     class Broken:

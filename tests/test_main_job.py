@@ -20,18 +20,18 @@ import numpy as np
 import pytest
 from PIL import Image as PILImage
 
-from pipeline.testing.readers.clearml_reader import read_clearml_run
-from pipeline.testing.readers.mlflow_reader import (
+from workers.testing.readers.clearml_reader import read_clearml_run
+from workers.testing.readers.mlflow_reader import (
     find_mlflow_run_ids,
     list_mlflow_artifacts,
     read_mlflow_images,
     read_mlflow_run,
     read_mlflow_steps,
 )
-from pipeline.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
-from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
-from pipeline.testing.readers.trackio_reader import read_trackio_run
-from pipeline.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
+from workers.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
+from workers.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
+from workers.testing.readers.trackio_reader import read_trackio_run
+from workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
 
 REPO = Path(__file__).resolve().parents[1]
 EVERY_LOGGER = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio", "clearml"]

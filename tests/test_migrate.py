@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.cli import main
+from pipeline.cli.main import main
 from tests.conftest import same_value
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,9 +103,9 @@ def test_mlflow_run_migrates_into_wandb_tensorboard_file_and_trackio(offline_tra
     the file and trackio (timestamps too), the params, image and artifacts with them, and the command says so."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
-    from pipeline.testing.readers.trackio_reader import read_trackio_run
-    from pipeline.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
+    from workers.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
+    from workers.testing.readers.trackio_reader import read_trackio_run
+    from workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
 
     uri, run_id = log_mlflow_run(tmp_path)
     code, table = migrate(capsys, "--from", "mlflow", "--run-id", run_id, "--tracking-uri", uri,
@@ -178,9 +178,9 @@ def test_two_versions_of_one_mlflow_artifact_name_migrate_with_both(offline_trac
     file targets as two versions, each with its own bytes, and the comparison finds both steps."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.records import Artifact, Metrics, RunSpec
-    from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_artifact_dir
-    from workers.mlflow_sink import MlflowSink
+    from pipeline.core.records import Artifact, Metrics, RunSpec
+    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_artifact_dir
+    from workers.sinks.mlflow import MlflowSink
 
     uri = f"sqlite:///{tmp_path / 'source.db'}"
     MlflowClient(uri).create_experiment("ckpt-project", artifact_location=(tmp_path / "src-artifacts").as_uri())
@@ -216,8 +216,8 @@ def test_tensorboard_logdir_migrates_into_mlflow(offline_trackers, ray_session, 
     timestamp; the text, the histogram's bins and the image arrive as MLflow artifacts."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_images, read_mlflow_steps
-    from pipeline.testing.readers.tensorboard_reader import read_tensorboard_rich
+    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_images, read_mlflow_steps
+    from workers.testing.readers.tensorboard_reader import read_tensorboard_rich
 
     logdir = tmp_path / "tensorboard_log" / "tb-project" / "tb-run"
     written = write_tensorboard_run(logdir)
@@ -297,7 +297,7 @@ def write_verl_file(path: Path, steps: int = 12) -> dict[tuple[int, str], float]
 def test_verl_file_log_migrates_into_tensorboard(offline_trackers, ray_session, tmp_path, capsys):
     """Every point of a verl FileLogger file arrives in TensorBoard (its nulls as NaN), project and experiment
     taken from verl's <project>/<experiment>.jsonl path."""
-    from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir
+    from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
     (tmp_path / "verl-project").mkdir()
     written = write_verl_file(tmp_path / "verl-project" / "exp-7.jsonl")

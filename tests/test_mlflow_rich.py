@@ -14,13 +14,13 @@ PIL_Image = pytest.importorskip("PIL.Image")
 
 from mlflow.tracking import MlflowClient
 
-from pipeline.png import encode_png
-from pipeline.records import (Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories,
+from pipeline.core.png import encode_png
+from pipeline.core.records import (Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories,
                               Trajectory)
-from pipeline.testing.readers.mlflow_reader import (list_mlflow_artifacts, read_mlflow_artifact, read_mlflow_images,
+from workers.testing.readers.mlflow_reader import (list_mlflow_artifacts, read_mlflow_artifact, read_mlflow_images,
                                          read_mlflow_run, read_mlflow_steps)
-from workers.mlflow_sink import MlflowSink
-from workers.sources.mlflow_source import MlflowSource
+from workers.sinks.mlflow import MlflowSink
+from workers.sources.mlflow import MlflowSource
 from tests.conftest import write_two_artifact_versions
 
 LONG = "长" * 16_384  # as long as record_limits.max_chars lets a string be

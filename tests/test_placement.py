@@ -13,8 +13,8 @@ import pytest
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline import ConfigError
-from pipeline.placement import lane_actor_options
-from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir
+from pipeline.config.placement import lane_actor_options
+from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 from tests.conftest import same_value, verl_metrics
 
 ROOT = Path(__file__).resolve().parents[1]

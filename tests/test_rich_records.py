@@ -12,7 +12,7 @@ import pytest
 from PIL import Image as PILImage
 
 from pipeline import Tracking, ValidationGenerationsLogger
-from pipeline.testing.memory import memory_records
+from workers.testing.memory import memory_records
 from tests.conftest import write_two_artifact_versions
 
 SAMPLES = [("2+2=", "4", 1.0), ("héllo ✓ 世界", "", 0.0), ("long", "y" * 1_000_000, float("nan"))]
@@ -116,8 +116,8 @@ def _wait_for(capfd, text: str, seconds: float) -> str:
 
 
 def _file_sink(tmp_path):
-    from pipeline.records import RunSpec
-    from workers.file_sink import FileSink
+    from pipeline.core.records import RunSpec
+    from workers.sinks.file import FileSink
 
     run = RunSpec(project="p", experiment="e")
     sink = FileSink(run, FileSink.resolve(run, {"VERL_FILE_LOGGER_PATH": str(tmp_path / "out" / "m.jsonl")}, {}))
@@ -128,7 +128,7 @@ def _file_sink(tmp_path):
 def test_the_file_sink_copies_a_folder_artifact_whole(tmp_path):
     """A folder artifact (a checkpoint directory) lands under _media/artifacts/<type>/<name>/step_<step>/<folder>/
     file by file."""
-    from pipeline.records import Artifact
+    from pipeline.core.records import Artifact
 
     folder = tmp_path / "ckpt_step_5"
     (folder / "shards").mkdir(parents=True)
@@ -144,7 +144,7 @@ def test_the_file_sink_copies_a_folder_artifact_whole(tmp_path):
 def test_the_file_sink_keeps_each_step_of_one_artifact_name(tmp_path):
     """One name logged at two steps, a file and a folder of the same names each time, keeps both versions, each
     with its own bytes, and the file source reads each back at its step."""
-    from workers.sources.file_source import FileSource
+    from workers.sources.file import FileSource
 
     sink = _file_sink(tmp_path)
     write_two_artifact_versions(sink, tmp_path, time=0.0)
@@ -164,7 +164,7 @@ def test_the_file_sink_keeps_each_step_of_one_artifact_name(tmp_path):
 def test_the_file_source_still_reads_artifacts_written_before_versions(tmp_path):
     """<type>/<name>/<file> and <type>/<name>/<folder>/<file> (the layout without step folders) read back at
     step 0."""
-    from workers.sources.file_source import FileSource
+    from workers.sources.file import FileSource
 
     (tmp_path / "m.jsonl").write_text('{"step": 1, "data": {"x": 1.0}}\n')
     old = tmp_path / "m_media" / "artifacts" / "checkpoint" / "policy"

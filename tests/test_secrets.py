@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import Tracking
-from pipeline.opening import LaneOpening
+from pipeline.wire.opening import LaneOpening
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -59,7 +59,7 @@ def test_no_secret_reaches_a_tracker_the_spool_a_log_line_or_ray(tmp_path, offli
     text = (captured.out + captured.err + caplog.text).encode()
     assert not [n for n in needles if n in text]  # console lines, warnings, the summary
     assert not [n for n in needles if any(n in blob for blob in openings)]  # the actors' start arguments
-    from pipeline.placement import forwarded_env
+    from pipeline.config.placement import forwarded_env
 
     forwarded = forwarded_env(os.environ)
     assert not set(SECRETS) & set(forwarded) and "WANDB_MODE" in forwarded  # runtime_env keeps only settings
@@ -68,7 +68,7 @@ def test_no_secret_reaches_a_tracker_the_spool_a_log_line_or_ray(tmp_path, offli
 
 
 def _settings(tracking: Tracking) -> dict:
-    from pipeline.backends import resolve_backends
+    from pipeline.host.registry import resolve_backends
 
     return {name: settings for name, (_, settings) in
             resolve_backends(tracking.backends, tracking.run, os.environ, {}).items()}

@@ -10,14 +10,14 @@ import pytest
 import ray
 from ray.exceptions import RayActorError
 
-from pipeline.ack import Ack, SinkCounts
-from pipeline.buffer import RecordBuffer
-from pipeline.captured import Captured
-from pipeline.codec import decode_batch
-from pipeline.config import AsyncLogConfig
-from pipeline.lane import Lane
-from pipeline.rich import RecordLimits
-from pipeline.shipper import Shipper
+from pipeline.core.acks import Ack, SinkCounts
+from pipeline.shipping.buffer import RecordBuffer
+from pipeline.capture.captured import Captured
+from pipeline.wire.batch import decode_batch
+from pipeline.config.async_log import AsyncLogConfig
+from pipeline.shipping.lane import Lane
+from pipeline.capture.rich import RecordLimits
+from pipeline.shipping.shipper import Shipper
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

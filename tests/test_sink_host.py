@@ -6,11 +6,11 @@ import logging
 
 import pytest
 
-from pipeline.ack import Ack, SinkCounts
-from pipeline.errors import CodecError, SinkError
-from pipeline.records import Metrics, RunSpec
-from workers.sink import Sink
-from workers.sink_host import SinkHost
+from pipeline.core.acks import Ack, SinkCounts
+from pipeline.core.errors import CodecError, SinkError
+from pipeline.core.records import Metrics, RunSpec
+from pipeline.host.sink import Sink
+from pipeline.host.sink_host import SinkHost
 
 RUN = RunSpec(project="p", experiment="e", run_id="host")
 

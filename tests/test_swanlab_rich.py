@@ -13,12 +13,12 @@ import pytest
 pytest.importorskip("swanlab")
 from PIL import Image as PILImage
 
-from pipeline.records import (
+from pipeline.core.records import (
     Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory,
 )
-from pipeline.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
+from workers.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
 from tests.conftest import same_value
-from workers.swanlab_sink import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, SwanlabSink
+from workers.sinks.swanlab import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, SwanlabSink
 
 LONG = "é🚀x" * 333_334  # ~1 MB of characters, as if the converter had kept it whole
 

@@ -16,11 +16,11 @@ import pytest
 
 pytest.importorskip("swanlab")
 
-from pipeline.errors import SinkError
-from pipeline.params import REDACTED, plain_config
-from pipeline.records import Metrics, RunSpec
-from pipeline.testing.readers.swanlab_reader import list_swanlab_runs, read_swanlab_media, read_swanlab_run
-from workers.swanlab_sink import SwanlabSink
+from pipeline.core.errors import SinkError
+from pipeline.core.params import REDACTED, plain_config
+from pipeline.core.records import Metrics, RunSpec
+from workers.testing.readers.swanlab_reader import list_swanlab_runs, read_swanlab_media, read_swanlab_run
+from workers.sinks.swanlab import SwanlabSink
 
 REPO = Path(__file__).resolve().parents[1]
 API_KEY = "swl-key-must-not-leak-0123456789"
@@ -199,8 +199,8 @@ def test_one_live_run_per_process(logdir, sinks):
 _KILLED_ACTOR = """
 import os, sys
 sys.path.insert(0, {repo!r})
-from pipeline.records import Metrics, RunSpec
-from workers.swanlab_sink import SwanlabSink
+from pipeline.core.records import Metrics, RunSpec
+from workers.sinks.swanlab import SwanlabSink
 run = RunSpec(project="p", experiment="e", params={{"lr": 0.1}}, run_id="abc123")
 sink = SwanlabSink(run, SwanlabSink.resolve(run, os.environ, {{}}))
 print(sink.open(None)["id"])
@@ -235,8 +235,8 @@ def test_resume_in_fresh_process_reuses_the_run_id(logdir, sinks):
 _FLUSHED_THEN_KILLED = """
 import os, sys, time
 sys.path.insert(0, {repo!r})
-from pipeline.records import Metrics, RunSpec, Text
-from workers.swanlab_sink import SwanlabSink
+from pipeline.core.records import Metrics, RunSpec, Text
+from workers.sinks.swanlab import SwanlabSink
 run = RunSpec(project="p", experiment="e", params={{"lr": 0.1}}, run_id="flush1")
 sink = SwanlabSink(run, SwanlabSink.resolve(run, os.environ, {{}}))
 sink.open(None)

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from pipeline import Tracking
-from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 from pipeline.testing.tcp_proxy import TcpProxy
 
 STEP_PAUSE_S = 0.05

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeline import ConfigError, Tracking
-from pipeline.testing.memory import memory_records
+from workers.testing.memory import memory_records
 from tests.conftest import log_verl_steps, same_value
 
 
@@ -77,7 +77,7 @@ def test_bad_input_never_raises(offline_trackers, caplog):
 
 def test_resume_continues_the_run_by_id(offline_trackers):
     """resume=True with the first run's id appends to its file log and reopens its MLflow run."""
-    from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
     config = {"trainer": {"log_async": False}}
     first = Tracking("p", "e", ["file", "mlflow"], config=config)

@@ -49,7 +49,7 @@ import pytest
 from PIL import Image as PILImage
 
 from pipeline import Tracking
-from pipeline.testing.readers.tensorboard_reader import parse_markdown_table
+from workers.testing.readers.tensorboard_reader import parse_markdown_table
 from pipeline.testing.tensorboard_server import start_server, stop_server
 
 BACKENDS = ["tensorboard", "mlflow", "wandb"]
@@ -415,7 +415,7 @@ class _MlflowRest:
 
 
 def _mlflow_stored(value: float) -> float:
-    """MLflow stores +-Inf as +-the largest float64 (NaN as NaN); see workers/mlflow_sink.py."""
+    """MLflow stores +-Inf as +-the largest float64 (NaN as NaN); see workers/sinks/mlflow.py."""
     return math.copysign(sys.float_info.max, value) if math.isinf(value) else value
 
 

@@ -21,13 +21,13 @@ import pytest
 pytest.importorskip("trackio")
 from PIL import Image as PILImage
 
-from pipeline.errors import ConfigError, SinkError
-from pipeline.histogram import histogram_figures
-from pipeline.params import REDACTED, plain_config
-from pipeline.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
-from pipeline.testing.readers.trackio_reader import list_trackio_runs, read_trackio_run
+from pipeline.core.errors import ConfigError, SinkError
+from pipeline.core.histogram import histogram_figures
+from pipeline.core.params import REDACTED, plain_config
+from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
+from workers.testing.readers.trackio_reader import list_trackio_runs, read_trackio_run
 from tests.conftest import same_value, verl_metrics
-from workers.trackio_sink import EXIT_ALERT_TITLE, REMOTE_VARIABLES, TrackioSink
+from workers.sinks.trackio import EXIT_ALERT_TITLE, REMOTE_VARIABLES, TrackioSink
 
 REPO = Path(__file__).resolve().parents[1]
 HF_TOKEN = "hf_token-must-not-leak-0123456789"
@@ -404,8 +404,8 @@ socket.socket.connect = socket.socket.connect_ex = refuse
 socket.getaddrinfo = lambda *args, **kwargs: refuse(None, *args)
 sys.path.insert(0, {repo!r})
 import os, threading
-from pipeline.records import Metrics, RunSpec, Text
-from workers.trackio_sink import TrackioSink
+from pipeline.core.records import Metrics, RunSpec, Text
+from workers.sinks.trackio import TrackioSink
 run = RunSpec(project="p", experiment="e", params={{"lr": 0.1}}, run_id="flush1")
 sink = TrackioSink(run, TrackioSink.resolve(run, os.environ, {{}}))
 sink.open(None)

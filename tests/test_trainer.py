@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from pipeline import ConfigError
-from pipeline.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
-from pipeline.testing.readers.swanlab_reader import read_swanlab_run
-from pipeline.testing.readers.tensorboard_reader import read_tensorboard_dir
-from pipeline.testing.readers.wandb_reader import read_wandb_run, run_files
+from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from workers.testing.readers.swanlab_reader import read_swanlab_run
+from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+from workers.testing.readers.wandb_reader import read_wandb_run, run_files
 from trainer.batch import Batch, log_probs
 from trainer.config import load_config
 from trainer.main import fit, main

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trainer.agent_loop import Episode, ToolCall, Turn
 from trainer.config import load_config
+from trainer.episode import Episode, ToolCall, Turn
 from trainer.gradients import GradientProbe, layer_of
 from trainer.heatmap import PAD_WHITE, TOOL_GREY, colormap, kl_heatmap
 from trainer.model import GPT

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.placement import PROCESS_BOUND_ENV, forget_process_bound, forwarded_env
-from pipeline.testing.readers.wandb_reader import read_wandb_run
+from pipeline.config.placement import PROCESS_BOUND_ENV, forget_process_bound, forwarded_env
+from workers.testing.readers.wandb_reader import read_wandb_run
 
 REPO = Path(__file__).resolve().parents[1]
 

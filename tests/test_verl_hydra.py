@@ -49,7 +49,7 @@ def test_the_readme_overrides_switch_tracklane_on_in_verls_config():
     """Composed on verl's config, the README's overrides give log_async and the Ray worker hook that swaps Tracking."""
     overrides = readme_overrides()
     assert overrides == ["+trainer.log_async=true",
-                         "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=pipeline.verl_dropin.install"]
+                         "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=pipeline.verl.dropin.install"]
     config = verl_config(overrides)
     assert config.trainer.log_async is True
     hook = config.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline import ConfigError, DapoFilteredRewardTableLogger, Tracking
-from pipeline.dapo_reward_logger import KEY, counts_text
-from pipeline.testing.readers.wandb_reader import read_wandb_media
+from pipeline.verl.dapo_reward_logger import KEY, counts_text
+from workers.testing.readers.wandb_reader import read_wandb_media
 
 pytest.importorskip("wandb")
 

@@ -13,12 +13,12 @@ import pytest
 pytest.importorskip("wandb")
 from PIL import Image as PILImage
 
-from pipeline.records import (
+from pipeline.core.records import (
     Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory,
 )
-from pipeline.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
+from workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
 from tests.conftest import same_value
-from workers.wandb_sink import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, WandbSink
+from workers.sinks.wandb import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, WandbSink
 
 LONG = "é🚀x" * 333_334  # ~1 MB of characters, as if the converter had kept it whole
 
@@ -187,7 +187,7 @@ def test_artifacts_are_recorded_with_their_content(sink, wandb_dir, tmp_path):
 
 def test_a_histogram_of_more_bins_than_wandb_takes_is_merged_and_counted(sink, wandb_dir):
     """A 604-bin histogram (a migrated torch one) is stored as 302 bins of the same total, counted; not refused."""
-    from pipeline.histogram import HistogramFigures
+    from pipeline.core.histogram import HistogramFigures
 
     edges = np.linspace(-1.0, 1.0, 605).tolist()
     counts = list(range(604))

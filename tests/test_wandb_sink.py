@@ -14,15 +14,15 @@ import pytest
 
 pytest.importorskip("wandb")
 
-from pipeline.errors import MissingExtraError
-from pipeline.params import REDACTED, plain_config
-from pipeline.records import Metrics, RunSpec
-from pipeline.testing.readers.wandb_reader import (
+from pipeline.core.errors import MissingExtraError
+from pipeline.core.params import REDACTED, plain_config
+from pipeline.core.records import Metrics, RunSpec
+from workers.testing.readers.wandb_reader import (
     iter_payloads, read_run_file, read_wandb_run, run_files,
 )
 from tests.conftest import same_value
-from workers.wandb_sink import WandbSink
-from workers.wandb_store import CorruptRunFileError
+from workers.sinks.wandb import WandbSink
+from workers.sinks.wandb_store import CorruptRunFileError
 
 STEPS = 300
 CONFIG = {
@@ -310,8 +310,8 @@ def test_durable_means_on_disk_and_a_successor_after_a_kill_stores_each_step_onc
 def test_steps_that_arrive_late_and_steps_of_another_axis_are_all_kept(wandb_dir):
     """wandb drops a row whose step is below its newest; the sink numbers rows itself and logs each key against a
     step metric, so a late step, a table of a late step and a producer's own axis all arrive with their steps."""
-    from pipeline.records import Generations
-    from pipeline.testing.readers.wandb_reader import read_wandb_media
+    from pipeline.core.records import Generations
+    from workers.testing.readers.wandb_reader import read_wandb_media
 
     sink = make_sink()
     sink.open(None)

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from pipeline import ConfigError
+from pipeline import ConfigError, check_settings
 
 ROLLOUT_ENGINES = ("torch", "vllm")
 TASK_NAMES = ("tool_addition", "addition")
@@ -224,7 +224,7 @@ class TrainerConfig:
     async_log: dict[str, Any] = field(default_factory=dict)
     record_limits: dict[str, Any] = field(default_factory=dict)
     console: dict[str, Any] = field(default_factory=lambda: {"format": "compact"})
-    """How the console tracker prints (pipeline/console_config.py). Tracking's default is verl's line of every
+    """How the console tracker prints (pipeline/config/console.py). Tracking's default is verl's line of every
     key; this trainer's is the compact form (headline keys aligned, the rest every 10 steps):
     ``trainer.console.format=verl`` for verl's."""
     total_steps: int = 100
@@ -296,21 +296,8 @@ class Config:
 
 def _check_pipeline_sections(trainer: TrainerConfig) -> None:
     """The pipeline's own validators, run now rather than when Tracking starts."""
-    from pipeline.backends import BACKENDS, backend_names, skip_platform
-    from pipeline.config import async_log_config
-    from pipeline.console_config import console_config
-    from pipeline.rich import record_limits
-
-    async_log_config(trainer.async_log)
-    record_limits(trainer.record_limits)
-    console_config(trainer.console)
-    try:
-        names, _ = skip_platform(backend_names(trainer.logger))  # Tracking warns about the skipped ones
-    except ConfigError as exc:
-        raise ConfigError(f"trainer.logger: {exc}") from exc
-    for name in names:
-        if name not in BACKENDS:
-            raise ConfigError(f"trainer.logger: unknown backend {name!r}; valid backends are: {', '.join(BACKENDS)}")
+    sections = {"async_log": trainer.async_log, "record_limits": trainer.record_limits, "console": trainer.console}
+    check_settings({"trainer": sections}, trainer.logger)
 
 
 def load_config(overrides: list[str]) -> Config:

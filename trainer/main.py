@@ -22,15 +22,15 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from pipeline import ConfigError, PipelineReport, Tracking, ValidationGenerationsLogger
-from pipeline.params import plain_config
+from pipeline import ConfigError, PipelineReport, Tracking, ValidationGenerationsLogger, plain_config
 
 from . import algos
-from .agent_loop import Episode, run_episodes
+from .agent_loop import run_episodes
 from .batch import Batch, log_probs, values
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, TrainerConfig, load_config, to_yaml
 from .environment import offline_environment, where_summary
+from .episode import Episode
 from .gradients import GradientProbe
 from .heatmap import batch_kl_heatmap
 from .metrics import data_metrics, seqlen_balance_metrics, throughput_metrics, timer, timing_metrics

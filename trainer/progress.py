@@ -1,6 +1,6 @@
 """A one-line progress display on stderr: step, mean score, step time, the logging lag and the cost of log().
 
-It goes through the process's terminal (pipeline/terminal.py), which the console tracker's lines share:
+It goes through the process's terminal (pipeline/node/terminal.py), which the console tracker's lines share:
 on a terminal the line is redrawn in place below them, never torn by them.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from pipeline.terminal import TERMINAL
+from pipeline import TERMINAL
 
 
 class Progress:

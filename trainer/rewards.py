@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .agent_loop import Episode
+from .episode import Episode
 from .task import Problem, Task
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .agent_loop import Episode
+from .episode import Episode
 from .rewards import Scored
 from .task import Problem, Task
 

@@ -19,7 +19,7 @@ import numpy as np
 from .config import TaskConfig
 
 if TYPE_CHECKING:
-    from .agent_loop import Episode, ToolCall
+    from .episode import Episode, ToolCall
 
 
 class CharTokenizer:

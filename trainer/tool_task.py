@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from .agent_loop import Episode, ToolCall
+from .episode import Episode, ToolCall
 from .task import AdditionTask, CharTokenizer, Problem, score
 
 CALL, END_CALL, TOOL, END_TOOL = "<call>", "</call>", "<tool>", "</tool>"

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .agent_loop import Episode, run_episodes
+from .agent_loop import run_episodes
 from .config import RolloutConfig
+from .episode import Episode
 from .rewards import rows_by_source, score_episodes
 from .rollout import RolloutEngine
 from .task import Task

@@ -4,7 +4,7 @@ One job: let a test see what really happened. ``readers`` read back what each re
 (MLflow, SwanLab, TensorBoard, wandb) stored, record by record; ``mlflow_server`` starts and
 stops a real local ``mlflow server`` (``python -m pipeline.testing.mlflow_server start|stop DIR``);
 ``tcp_proxy`` puts a proxy that can be cut and restored in front of a server, to stage an outage;
-``memory`` reads back what the ``memory`` test sink (workers/memory_sink.py) got, from any process.
+``memory`` reads back what the ``memory`` test sink (workers/sinks/memory.py) got, from any process.
 
 Nothing is imported here, and ``import pipeline`` never imports this package: a tracker SDK is
 imported only by the reader module that needs it.

@@ -1,0 +1,114 @@
+"""From what ``Tracking`` captured on the caller's thread to typed records (shipper side).
+
+A ``Captured`` item (captured.py) holds, for metrics, the shallow copy of the dict; for rich
+kinds, what the matching ``log_*`` call took. A bad item is skipped, counted and warned about;
+it never reaches a tracker and never raises into the training loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+from pipeline.capture.captured import METRICS, METRICS_ON_AXIS, SYSTEM_METRICS, Captured
+from pipeline.capture.rich import RecordLimits, RichConverter, thin
+from pipeline.core.records import SYSTEM_AXIS, Generations, Metrics, Record, Trajectories
+from pipeline.core.report import PipelineReport
+from pipeline.core.values import MetricCleaner, as_number
+
+log = logging.getLogger("tracklane")
+
+
+_METRIC_KINDS = frozenset({METRICS, METRICS_ON_AXIS, SYSTEM_METRICS})
+_NAME_INDEX = {"generations": 1, "trajectories": 1, "histogram": 0, "text": 0, "image": 0}
+"""Where the key or name sits in each rich kind's payload (log_calls.py builds them)."""
+_SAMPLED = {Generations.kind: ("max_generations", "samples"), Trajectories.kind: ("max_trajectories", "trajectories")}
+"""Kinds whose sample count each backend may limit itself: (the limit, the record's list of samples)."""
+
+
+class Converter:
+    def __init__(self, limits: RecordLimits, key_prefix: str = "", axis: str | None = None,
+                 backends: Sequence[str] = ()) -> None:
+        """``key_prefix`` goes before every metric key and rich record name (a producer's name); ``axis``
+        is what its metrics' steps count (a producer's own axis; None: the trainer's step). ``backends``:
+        the run's trackers, whose own sample limits ``records()`` applies (none given: the run's limits)."""
+        self._prefix = key_prefix
+        self._axis = axis
+        self._limits = limits
+        self._backends = list(backends)
+        self.metrics = MetricCleaner()
+        self.rich = RichConverter(limits.widest(self._backends))  # the batch carries what the most generous keeps
+        self.sampled_out_by: dict[str, int] = {}
+        """Per backend: samples and trajectories it did not get, by its record_limits."""
+        self.rejected = 0
+        """Items (whole records) that could not be converted."""
+
+    def record(self, item: Captured) -> Record | None:
+        raw_step, payload, when, backend, kind, _size = item  # Captured's layout (the caller builds plain tuples)
+        step = as_number(raw_step)
+        if type(step) is not int:
+            self._reject(kind, f"step {raw_step!r} is not an integer")
+            return None
+        only = None if backend is None else ([backend] if isinstance(backend, str) else [str(b) for b in backend])
+        if kind in _METRIC_KINDS:
+            data, prefix, axis = payload, self._prefix, self._axis
+            if kind == METRICS_ON_AXIS:
+                data, axis = payload
+            elif kind == SYSTEM_METRICS:  # a node's figures: keyed as they are, on seconds
+                prefix, axis = "", SYSTEM_AXIS
+            values = self.metrics.clean(data, prefix)
+            return Metrics(step=step, values=values, time=when, only=only, axis=axis) if values else None
+        index = _NAME_INDEX.get(kind)
+        try:
+            if self._prefix and index is not None:
+                payload = payload[:index] + (f"{self._prefix}{payload[index]}",) + payload[index + 1:]
+            return self.rich.build(kind, step, payload, when, only)
+        except Exception as exc:  # malformed input to a log_* call
+            self._reject(kind, f"{type(exc).__name__}: {exc}")
+            return None
+
+    def records(self, item: Captured) -> list[Record]:
+        """The records of one captured item: one, or for samples that backends limit differently, one per
+        group of backends with the same limit (each addressed to its group with ``only``); none if rejected."""
+        record = self.record(item)
+        if record is None:
+            return []
+        sampled = _SAMPLED.get(record.kind)
+        if sampled is None or not self._backends:
+            return [record]
+        return self._per_backend(record, *sampled)
+
+    def _per_backend(self, record: Record, limit_name: str, attribute: str) -> list[Record]:
+        given, items = self.rich.last_count, getattr(record, attribute)
+        groups: dict[int | None, list[str]] = {}
+        for backend in self._backends:
+            if record.only is None or backend in record.only:
+                groups.setdefault(self._limits.samples_for(backend, limit_name), []).append(backend)
+        kept = {limit: thin(items, limit) for limit in groups}  # from the widest cut: still evenly spaced
+        for limit, names in groups.items():
+            for name in names:
+                self.sampled_out_by[name] = self.sampled_out_by.get(name, 0) + given - len(kept[limit])
+        if all(len(rows) == len(items) for rows in kept.values()):
+            return [record]  # every backend keeps them all: one record for all
+        if len(groups) == 1:
+            (only_limit,) = groups
+            return [dataclasses.replace(record, **{attribute: kept[only_limit]})]  # type: ignore[arg-type]
+        return [dataclasses.replace(record, **{attribute: kept[limit]}, only=names)  # type: ignore[arg-type]
+                for limit, names in groups.items()]
+
+    def _reject(self, kind: str, why: str) -> None:
+        self.rejected += 1
+        log.warning("tracklane: a %s record was skipped: %s", kind, why)
+        return None
+
+    def counted(self, report: PipelineReport) -> PipelineReport:
+        """``report`` with this converter's counts of what it skipped, rejected, cut or left out."""
+        report.skipped_values = self.metrics.skipped
+        report.rejected_records = self.rejected
+        report.truncated_strings = self.rich.truncated
+        report.sampled_out = self.rich.sampled_out
+        for name, lane in report.lanes.items():
+            lane.sampled_out = self.sampled_out_by.get(name, 0)
+        return report
+

@@ -1,0 +1,1 @@
+"""Internal. The ``tracklane`` command: argparse in ``main``; ``inspect``, ``replay`` and ``migrate`` each in a module."""

@@ -1,0 +1,1 @@
+"""Internal. Typed settings read once at the edge: ``trainer.async_log``, record limits, placement, the console."""

@@ -1,0 +1,1 @@
+"""Internal. The floor every room stands on: records, errors, reports, acknowledgements, params (stdlib + numpy)."""

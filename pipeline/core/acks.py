@@ -1,0 +1,148 @@
+"""What a sink host answers: how far its tracker got and what it could not store.
+
+The lane actor sends an ``Ack`` back for every call, as msgpack of its plain fields (never
+pickle); the trainer side reads it in ``Lane`` and merges it into a ``LaneReport`` in exactly
+one place (``LaneReport.take``). The synchronous path builds the same ``Ack`` in-process.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from pipeline.core.errors import CodecError
+
+
+@dataclass(slots=True, kw_only=True)
+class SinkCounts:
+    """Records (or values) a tracker did not store, and why; cumulative over the lane's life.
+
+    The lane actor saves them with its acknowledgement state, so a restarted actor continues
+    the counts instead of starting again from zero.
+    """
+
+    failed_records: int = 0
+    """Records the tracker rejected after every retry (or that never reached an opened tracker)."""
+    unsupported: dict[str, int] = field(default_factory=dict)
+    """Records of kinds this tracker cannot store (e.g. artifacts in TensorBoard), by kind."""
+    artifacts_missing: int = 0
+    """Artifact records whose file was gone when the sink reached them (skipped)."""
+    cuts: dict[str, int] = field(default_factory=dict)
+    """Values a tracker's own limits cut or left out, by what (``params_truncated``: MLflow param
+    values cut to 6000 characters; ``histogram_nonfinite``: NaN/Inf histogram values wandb cannot bin)."""
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"failed_records": self.failed_records, "unsupported": dict(self.unsupported),
+                "artifacts_missing": self.artifacts_missing, "cuts": dict(self.cuts)}
+
+    @classmethod
+    def from_plain(cls, data: Any) -> SinkCounts:
+        if not isinstance(data, dict):
+            raise CodecError(f"sink counts must be a map, got {type(data).__name__}")
+        return cls(failed_records=_int(data.get("failed_records", 0)), unsupported=_counts(data.get("unsupported")),
+                   artifacts_missing=_int(data.get("artifacts_missing", 0)), cuts=_counts(data.get("cuts")))
+
+    def add(self, table: dict[str, int], what: str, n: int) -> None:
+        """Add ``n`` to ``table[what]`` (``table`` is ``self.unsupported`` or ``self.cuts``)."""
+        table[what] = table.get(what, 0) + n
+
+
+@dataclass(slots=True, kw_only=True)
+class Work:
+    """What a lane's host spent, cumulative over its actor's life: where the tracker's ceiling is found."""
+
+    busy_s: float = 0.0
+    """Wall time inside batch writes (decode, convert, the SDK, flush)."""
+    cpu_s: float = 0.0
+    """CPU time of the host's whole process (its threads included: Ray's, the SDK's)."""
+    records: int = 0
+    """Records written."""
+
+    def to_plain(self) -> list[float]:
+        return [self.busy_s, self.cpu_s, self.records]
+
+    @classmethod
+    def from_plain(cls, data: Any) -> Work:
+        if not (isinstance(data, list) and len(data) == 3 and all(type(v) in (int, float) for v in data[:2])
+                and type(data[2]) is int):
+            raise CodecError("malformed acknowledgement: bad work figures")
+        return cls(busy_s=float(data[0]), cpu_s=float(data[1]), records=int(data[2]))
+
+
+@dataclass(slots=True, kw_only=True)
+class Ack:
+    """One answer of a sink host: how far its tracker got (``applied``) and how much of that its own store
+    already holds (``durable``)."""
+
+    applied: int
+    """Sequence number of the last batch written into the tracker (0 on the synchronous path)."""
+    durable: int | None = None
+    """The last batch the tracker's store holds, when that is behind ``applied`` (None: the same). wandb's is:
+    wandb-core writes its transaction log in 32 KiB blocks, so the newest rows are for a while only in its
+    memory. The lane keeps those batches (in the spool) until they are durable, to send again if the
+    actor dies."""
+    gap: bool = False
+    """The batch was refused: it did not follow the last one applied (the lane re-sends in order)."""
+    held: bool = False
+    """The tracker is down: the batch was not applied and nothing was counted (the lane sends it again
+    after a backoff; it is in the spool meanwhile)."""
+    opened: bool = True
+    """Whether the tracker is open (False: it failed to open and is retried at the next batch)."""
+    error: str | None = None
+    """The last error the host saw, if any."""
+    counts: SinkCounts = field(default_factory=SinkCounts)
+    where: str = ""
+    """Where the tracker writes, in one line for the end-of-run summary."""
+    pid: int = 0
+    """Process id of the host (the lane actor's, or the trainer's on the synchronous path)."""
+    node_id: str = ""
+    """Ray node id of the host ("" outside Ray)."""
+    sources: dict[str, int] = field(default_factory=dict)
+    """The last batch of each producer (``Tracking.producer``) the tracker was handed, by source id."""
+    work: Work = field(default_factory=lambda: Work())
+    """What the host has spent so far (this actor's life)."""
+    output: str = ""
+    """Lines the sink printed since the last answer to the trainer (the console's), for the trainer's own
+    stdout: a lane actor's stdout reaches the driver only through Ray's log forwarding, late and prefixed."""
+
+    @property
+    def durable_seq(self) -> int:
+        return self.applied if self.durable is None else min(self.durable, self.applied)
+
+    def pack(self) -> bytes:
+        return msgpack.packb([self.applied, self.gap, self.opened, self.error, self.counts.to_plain(), self.where,
+                              self.pid, self.node_id, self.held, self.durable, self.sources, self.work.to_plain(),
+                              self.output],
+                             use_bin_type=True)
+
+    @classmethod
+    def unpack(cls, blob: bytes) -> Ack:
+        try:
+            applied, gap, opened, error, counts, where, pid, node_id, held, durable, sources, work, output = \
+                msgpack.unpackb(blob, raw=False)
+        except Exception as exc:  # msgpack raises several unrelated types for bad input
+            raise CodecError(f"malformed acknowledgement: {exc}") from exc
+        if type(applied) is not int or type(pid) is not int or (error is not None and type(error) is not str) \
+                or type(where) is not str or type(node_id) is not str or type(output) is not str \
+                or (durable is not None and type(durable) is not int):  # int() or str() of a hostile value would raise
+            raise CodecError("malformed acknowledgement: bad applied, durable, pid, error, where, node_id or output field")
+        return cls(applied=applied, durable=durable, gap=bool(gap), held=bool(held), opened=bool(opened), error=error,
+                   counts=SinkCounts.from_plain(counts), where=where, pid=pid, node_id=node_id, sources=_counts(sources),
+                   work=Work.from_plain(work), output=output)
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise CodecError(f"a count must be an int, got {reprlib.repr(value)}")  # bounded: value may nest 1000 deep
+    return value
+
+
+def _counts(value: Any) -> dict[str, int]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CodecError(f"counts must be a map, got {type(value).__name__}")
+    return {str(key): _int(n) for key, n in value.items()}

@@ -1,0 +1,191 @@
+"""The typed records that travel from ``Tracking`` to the sinks.
+
+Records hold only plain values (str, int, float, bool, bytes, lists and dicts of them)
+so the codec can encode them with msgpack and never needs pickle. Every record has a
+``step``, the wall-clock ``time`` of the call that made it, and ``only`` (the backends it
+is for, from ``log(..., backend=...)``; None means all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+
+from pipeline.core.histogram import HistogramFigures, histogram_figures
+
+SYSTEM_AXIS = "system/elapsed_s"
+"""The axis of the system metrics: seconds since the run started."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Metrics:
+    """Scalars logged for one step, keys flattened with ``/``."""
+
+    step: int
+    values: dict[str, float | int]
+    """Metric name -> number; NaN and +-Inf are kept."""
+    time: float
+    only: list[str] | None = None
+    axis: str | None = None
+    """What ``step`` counts when it is not the trainer's step: a producer's own axis (``rollout/step``,
+    ``param_version``) or the system metrics' seconds (``system/elapsed_s``). Each tracker keeps it: wandb
+    as the keys' step metric, MLflow and TensorBoard as their step, the file in the line."""
+
+    kind = "metrics"
+
+
+@dataclass(slots=True, kw_only=True)
+class Generations:
+    """Validation generations of one step, as verl's ``ValidationGenerationsLogger`` logs them."""
+
+    step: int
+    samples: list[list[Any]]
+    """Rows of [input: str, output: str, score: float]."""
+    time: float
+    key: str = "val/generations"
+    """Name of the table in the trackers."""
+    only: list[str] | None = None
+
+    kind = "generations"
+
+
+@dataclass(slots=True, kw_only=True)
+class Trajectory:
+    """One rollout: the conversation, its tool calls, its rewards and where it came from."""
+
+    messages: list[dict[str, str]] = field(default_factory=list)
+    """[{"role": ..., "content": ...}, ...]"""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """[{"name": str, "arguments": str, "result": str, "latency_s": float}, ...]"""
+    rewards: dict[str, float] = field(default_factory=dict)
+    """Reward name -> value; "score" is the one summarised."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """{"sample_index": int, "rollout_index": int, "validation": bool, ...}"""
+    token_ids: bytes = b""
+    """Token ids packed as little-endian int32 (never a list of Python ints)."""
+
+    def token_array(self) -> np.ndarray:
+        return np.frombuffer(self.token_ids, dtype="<i4")
+
+    def score(self) -> float:
+        if "score" in self.rewards:
+            return float(self.rewards["score"])
+        return float(sum(self.rewards.values())) if self.rewards else float("nan")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (token ids as a list), for trackers that store JSON."""
+        return {"messages": self.messages, "tool_calls": self.tool_calls, "rewards": self.rewards,
+                "meta": self.meta, "token_ids": self.token_array().tolist()}
+
+
+@dataclass(slots=True, kw_only=True)
+class Trajectories:
+    """Sampled rollout trajectories of one step."""
+
+    step: int
+    trajectories: list[Trajectory]
+    time: float
+    key: str = "rollout/trajectories"
+    only: list[str] | None = None
+
+    kind = "trajectories"
+
+
+@dataclass(slots=True, kw_only=True)
+class Histogram:
+    """A distribution (rewards, KL per token, ...) of one step."""
+
+    step: int
+    name: str
+    values: bytes
+    """float64 little-endian; use ``array()``."""
+    time: float
+    only: list[str] | None = None
+    figures: HistogramFigures | None = None
+    """Bins and summary of ``values``, computed once on the shipper side; use ``summary()``."""
+
+    kind = "histogram"
+
+    def array(self) -> np.ndarray:
+        return np.frombuffer(self.values, dtype="<f8")
+
+    def summary(self) -> HistogramFigures:
+        """The carried figures (computed here only for a record built without them, as tests do)."""
+        return self.figures if self.figures is not None else histogram_figures(self.array())
+
+
+@dataclass(slots=True, kw_only=True)
+class Text:
+    """A piece of text of one step."""
+
+    step: int
+    name: str
+    text: str
+    time: float
+    only: list[str] | None = None
+
+    kind = "text"
+
+
+@dataclass(slots=True, kw_only=True)
+class Image:
+    """An image of one step, PNG-encoded."""
+
+    step: int
+    name: str
+    png: bytes
+    time: float
+    only: list[str] | None = None
+
+    kind = "image"
+
+
+@dataclass(slots=True, kw_only=True)
+class Artifact:
+    """A file on the trainer's node (checkpoint, dataset, ...) to store with the run."""
+
+    step: int
+    path: str
+    """Absolute path, readable by the lane actors (they run on the trainer's node)."""
+    name: str
+    type: str
+    time: float
+    only: list[str] | None = None
+
+    kind = "artifact"
+
+
+Record = Union[Metrics, Generations, Trajectories, Histogram, Text, Image, Artifact]
+"""Every record kind a sink may receive."""
+
+RECORD_TYPES: dict[str, type] = {cls.kind: cls for cls in (Metrics, Generations, Trajectories, Histogram, Text,
+                                                            Image, Artifact)}
+"""Kind tag on the wire -> record class."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Batch:
+    """What the shipper sends down every lane: numbered records."""
+
+    seq: int
+    """1-based sequence number; lanes acknowledge up to it, in order."""
+    created: float
+    """Wall-clock time the shipper encoded the batch."""
+    records: list[Record] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class RunSpec:
+    """What every sink is told when it opens: the run's identity and hyper-parameters."""
+
+    project: str
+    experiment: str
+    params: dict[str, Any] = field(default_factory=dict)
+    """The run's config as nested plain values, secrets already redacted."""
+    run_id: str = ""
+    """A stable id for this run, shared by all sinks (wandb and SwanLab run id, MLflow tag ``tracklane.run_id``)."""
+    resume: bool = False
+    """This process continues an earlier run with the same ``run_id`` (training resumed from a
+    checkpoint): each sink appends to that run where its tracker allows it."""

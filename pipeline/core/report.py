@@ -1,0 +1,214 @@
+"""What flush() and finish() return: per-lane figures and what, if anything, was left behind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.core.acks import Ack
+
+
+@dataclass(slots=True, kw_only=True)
+class LaneReport:
+    """One tracker's lane at the moment of the report."""
+
+    name: str
+    acked_seq: int = 0
+    """Last batch the tracker acknowledged."""
+    unacked_batches: int = 0
+    unacked_records: int = 0
+    """Records shipped to this lane and not (yet) acknowledged."""
+    dropped_records: int = 0
+    """Records this lane dropped because its bound was hit, or because its actor died for good."""
+    failed_records: int = 0
+    """Records the tracker rejected after every retry (or that never reached an opened tracker)."""
+    lag_s: float = 0.0
+    """Age of the oldest unacknowledged batch."""
+    lag_p50_s: float = 0.0
+    lag_p99_s: float = 0.0
+    """log() -> acknowledgement, over the acknowledged batches (oldest record of each)."""
+    unsupported: dict[str, int] = field(default_factory=dict)
+    """Records of kinds this tracker cannot store (e.g. artifacts in TensorBoard), by kind."""
+    artifacts_missing: int = 0
+    """Artifacts skipped because their file was gone when the tracker got to them."""
+    cuts: dict[str, int] = field(default_factory=dict)
+    """Values this tracker's own limits cut or left out, by what: ``params_truncated`` (MLflow param
+    values cut to 6000 characters), ``histogram_nonfinite`` (NaN/Inf histogram values wandb cannot bin)."""
+    sampled_out: int = 0
+    """Samples and trajectories this tracker did not get, by its ``record_limits`` (evenly spaced ones kept)."""
+    restarts: int = 0
+    """Times the lane's actor died and was re-attached."""
+    outage_s: float = 0.0
+    """How long the tracker has been down at the moment of the report (0: it answers)."""
+    error: str | None = None
+    where: str = ""
+    busy_s: float = 0.0
+    """Wall time the lane's host spent writing batches (this actor's life): how near its tracker's ceiling it runs."""
+    cpu_s: float = 0.0
+    """CPU time of the host's process (this actor's life; on the synchronous path, the trainer's)."""
+    records_written: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.unacked_records == 0 and self.dropped_records == 0 and self.failed_records == 0
+
+    def take(self, ack: Ack) -> None:
+        """Merge a sink host's answer: its counts are cumulative over the lane's life, so they replace ours."""
+        self.failed_records = ack.counts.failed_records
+        self.unsupported = dict(ack.counts.unsupported)
+        self.artifacts_missing = ack.counts.artifacts_missing
+        self.cuts = dict(ack.counts.cuts)
+        self.busy_s, self.cpu_s, self.records_written = ack.work.busy_s, ack.work.cpu_s, ack.work.records
+        if ack.error:
+            self.error = ack.error
+        if ack.where:
+            self.where = ack.where
+
+    def line(self) -> str:
+        text = (f"{self.name}: acked through batch {self.acked_seq}, {self.unacked_records} unacknowledged, "
+                f"{self.dropped_records} dropped, {self.failed_records} failed, lag p50 {self.lag_p50_s * 1e3:.0f} ms "
+                f"p99 {self.lag_p99_s * 1e3:.0f} ms")
+        if self.unsupported:
+            text += ", not storable here: " + ", ".join(f"{n} {kind}" for kind, n in self.unsupported.items())
+        if self.artifacts_missing:
+            text += f", {self.artifacts_missing} artifact(s) skipped: file missing"
+        if self.sampled_out:
+            text += f", {self.sampled_out} samples left out by its record_limits"
+        if self.cuts:
+            text += ", cut by the tracker: " + ", ".join(f"{n} {what}" for what, n in self.cuts.items())
+        if self.records_written:
+            text += (f", busy {self.busy_s:.1f} s, CPU {self.cpu_s:.1f} s "
+                     f"({1e3 * self.cpu_s / self.records_written:.2f} s per 1,000 records)")
+        if self.restarts:
+            text += f", {self.restarts} restart(s)"
+        if self.outage_s:
+            text += f", tracker down for {self.outage_s:.0f} s"
+        if self.error:
+            text += f", last error: {self.error}"
+        return text
+
+
+@dataclass(slots=True, kw_only=True)
+class PipelineReport:
+    """The whole pipeline: producer side plus every lane."""
+
+    lanes: dict[str, LaneReport] = field(default_factory=dict)
+    buffered_records: int = 0
+    """Records still in the producer's buffer (never shipped)."""
+    dropped_records: int = 0
+    """Records the producer's buffer dropped (overflow, or logged after finish)."""
+    skipped_values: int = 0
+    """Metric values skipped because they were not numbers."""
+    rejected_records: int = 0
+    """Whole records skipped: not a mapping, a bad step, or a malformed rich record."""
+    truncated_strings: int = 0
+    """Strings cut to ``record_limits.max_chars``."""
+    sampled_out: int = 0
+    """Generations, trajectories or histogram values left out of every tracker by ``record_limits`` (beyond the
+    most generous tracker's limits); what each tracker did not get: ``LaneReport.sampled_out``."""
+    elapsed_s: float = 0.0
+    timed_out: bool = False
+    spool: SpoolReport | None = None
+    """The durable spool, when it is on."""
+    producers: dict[str, ProducerReport] = field(default_factory=dict)
+    """Every producer (``Tracking.producer``) that logged, by source id (one per producer and process)."""
+    skipped_backends: dict[str, str] = field(default_factory=dict)
+    """verl's platform backends named in the config that tracklane does not ship (name -> why): nothing went there."""
+
+    @property
+    def complete(self) -> bool:
+        """Nothing buffered, dropped, failed or unacknowledged anywhere."""
+        return (not self.timed_out and self.buffered_records == 0 and self.dropped_records == 0
+                and self.rejected_records == 0 and all(lane.complete for lane in self.lanes.values())
+                and (self.spool is None or self.spool.damaged == 0)
+                and all(producer.complete for producer in self.producers.values()))
+
+    def summary(self) -> str:
+        head = (f"tracklane: {'complete' if self.complete else 'INCOMPLETE'} in {self.elapsed_s:.2f} s; "
+                f"{self.buffered_records} buffered, {self.dropped_records} dropped by the producer, "
+                f"{self.skipped_values} non-numeric values skipped, {self.rejected_records} records rejected, "
+                f"{self.truncated_strings} strings truncated, {self.sampled_out} samples left out")
+        lines = [head, *(f"  {lane.line()}" for lane in self.lanes.values())]
+        lines += [f"  {producer.line()}" for producer in self.producers.values()]
+        lines += [f"  {name}: skipped, {why.partition(':')[0]}" for name, why in self.skipped_backends.items()]
+        if self.spool is not None:
+            lines.append(f"  {self.spool.line()}")
+            behind = [name for name, lane in self.lanes.items() if lane.unacked_records]
+            if behind:
+                lines.append(f"  not delivered yet, kept in the spool; deliver with: {self.spool.replay_command(behind)}")
+        return "\n".join(lines)
+
+
+@dataclass(slots=True, kw_only=True)
+class ProducerReport:
+    """One producer in one process, as it last told the run's hub (it reports every 0.25 s and at each flush)."""
+
+    name: str
+    source: str
+    """Its source id: the name and a random suffix per process."""
+    logged: int = 0
+    shipped: int = 0
+    """Records handed to the lanes."""
+    dropped: int = 0
+    """Records its buffer or a lane dropped (each bound's overflow, a lane given up)."""
+    rejected: int = 0
+    unshipped: int = 0
+    """Records it had logged but not shipped at its last report: lost if its process died."""
+    closed: bool = False
+    """It flushed and stopped before the run finished."""
+    lanes_behind: list[str] = field(default_factory=list)
+    """Lanes that had not been handed its last shipped batch when the run finished."""
+
+    @property
+    def complete(self) -> bool:
+        return self.unshipped == 0 and self.dropped == 0 and self.rejected == 0 and not self.lanes_behind
+
+    def line(self) -> str:
+        text = (f"producer {self.source}: {self.logged} logged, {self.shipped} shipped, {self.dropped} dropped, "
+                f"{self.rejected} rejected, {self.unshipped} not shipped")
+        if self.lanes_behind:
+            text += f", not yet in: {', '.join(self.lanes_behind)}"
+        return text
+
+
+@dataclass(slots=True, kw_only=True)
+class SpoolReport:
+    """The spool at the moment of the report."""
+
+    directory: str
+    nbytes: int = 0
+    batches: int = 0
+    """Batches on disk (not yet acknowledged by every lane, or kept for retention)."""
+    evicted_records: int = 0
+    """Records the disk bound (spool_max_bytes) deleted before every lane had them (also in the lanes' drops)."""
+    damaged: int = 0
+    """Frames or segments found corrupt or missing when the spool was reopened (each lost)."""
+    torn_bytes: int = 0
+    """Bytes of an interrupted last write cut off at reopening."""
+    recovered_batches: int = 0
+    """Batches an earlier process spooled that this one found and delivered where they were missing."""
+
+    def line(self) -> str:
+        text = f"spool {self.directory}: {self.batches} batches, {self.nbytes / 2**20:.1f} MiB on disk"
+        if self.recovered_batches:
+            text += f", {self.recovered_batches} recovered from the previous process"
+        if self.evicted_records:
+            text += f", {self.evicted_records} records evicted by spool_max_bytes before delivery"
+        if self.damaged or self.torn_bytes:
+            text += f", {self.damaged} damaged frame(s) lost, {self.torn_bytes} torn byte(s) cut"
+        return text
+
+    def replay_command(self, lanes: list[str]) -> str:
+        return f"tracklane replay {self.directory} --to {','.join(lanes)}"
+
+
+@dataclass(slots=True, kw_only=True, frozen=True)
+class LaneInfo:
+    """Where one lane runs, for tests, benchmarks and the curious (``Tracking.lanes()``)."""
+
+    name: str
+    pid: int
+    """Process of the lane's sink host: its Ray actor, or the trainer itself on the synchronous path."""
+    node_id: str
+    """Ray node id of that process ("" outside Ray)."""
+    unacked_bytes: int
+    """Encoded bytes shipped to the lane and not acknowledged yet (0 on the synchronous path)."""

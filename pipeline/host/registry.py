@@ -1,0 +1,135 @@
+"""The edge: backend names -> sink classes and their settings, read once from the environment.
+
+This registry is the only way ``pipeline/`` reaches ``workers/``: by name, imported where it is
+used, so ``import pipeline`` loads no sink, no tracker SDK and no Ray actor code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pipeline.core.errors import ConfigError, MissingExtraError
+from pipeline.core.records import RunSpec
+
+if TYPE_CHECKING:
+    from pipeline.host.sink import Sink
+    from pipeline.host.source import Source
+
+# backend name -> "module:Class"; a module is imported only when its backend is used.
+BACKENDS: dict[str, str] = {
+    "console": "workers.sinks.console:ConsoleSink",
+    "wandb": "workers.sinks.wandb:WandbSink",
+    "mlflow": "workers.sinks.mlflow:MlflowSink",
+    "swanlab": "workers.sinks.swanlab:SwanlabSink",
+    "tensorboard": "workers.sinks.tensorboard:TensorboardSink",
+    "file": "workers.sinks.file:FileSink",
+    "trackio": "workers.sinks.trackio:TrackioSink",
+    "clearml": "workers.sinks.clearml:ClearmlSink",
+}
+# Not in verl's list, but selectable by name: the test double (workers/sinks/memory.py).
+EXTRA_SINKS: dict[str, str] = {"memory": "workers.sinks.memory:MemorySink"}
+# source name -> "module:Class": what ``tracklane migrate --from`` reads, and what reads a migration's
+# targets back to compare them (pipeline/host/source.py); a module is imported only when used.
+SOURCES: dict[str, str] = {
+    "mlflow": "workers.sources.mlflow:MlflowSource",
+    "tensorboard": "workers.sources.tensorboard:TensorboardSource",
+    "wandb": "workers.sources.wandb:WandbSource",
+    "file": "workers.sources.file:FileSource",
+    "trackio": "workers.sources.trackio:TrackioSource",
+    "spool": "workers.sources.spool:SpoolSource",
+}
+
+_ALIASES = {"tracking": "wandb"}  # verl's deprecated name for wandb
+# verl's backends that are platform services tracklane does not ship. verl builds rl_insight as a no-op unless
+# VERL_RL_INSIGHT_ENABLE=1, and vemlp_wandb only where its SDK imports; where verl runs, tracklane runs too:
+# nothing goes there, one warning says what to use instead, and the report lists it (``skip_platform``).
+PLATFORM_BACKENDS: dict[str, str] = {
+    "vemlp_wandb": (
+        "the vemlp_wandb backend is Volcano Engine ML Platform's hosted wandb: verl logs in with "
+        "volcengine_ml_platform.init(ak=VOLC_ACCESS_KEY_ID, sk=VOLC_SECRET_ACCESS_KEY, region=MLP_TRACKING_REGION) "
+        "and needs the volcengine_ml_platform SDK (not on PyPI) and the platform's service; tracklane does not "
+        "ship it. Its API is wandb's: use `wandb` (online with WANDB_BASE_URL, or offline and `wandb sync` later)"),
+    "rl_insight": (
+        "the rl_insight backend sends each scalar as a Prometheus gauge to an RL-Insight server (rl-insight on "
+        "PyPI, a Ray hub actor plus Prometheus, Tempo and Grafana started with `rl-insight server start`; verl sends "
+        "only when VERL_RL_INSIGHT_ENABLE=1) and keeps no history of its own; tracklane does not ship it. For the "
+        "history use `tensorboard`, `mlflow` or `wandb`; for RL-Insight's live dashboards keep verl's own Tracking"),
+}
+_PLATFORM_SDK = {"vemlp_wandb": "volcengine_ml_platform"}  # verl imports it when the backend is named: no SDK, no run
+
+
+def skip_platform(names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``names`` without verl's platform backends, and those skipped (name -> why). A platform backend verl could
+    not start either (its SDK missing) is a ConfigError saying what it needs, as verl's ImportError would be."""
+    kept, skipped = [], {}
+    for name in names:
+        if name not in PLATFORM_BACKENDS:
+            kept.append(name)
+            continue
+        sdk = _PLATFORM_SDK.get(name)
+        if sdk is not None and importlib.util.find_spec(sdk) is None:
+            raise ConfigError(PLATFORM_BACKENDS[name])
+        skipped[name] = f"not shipped by tracklane, nothing is logged there: {PLATFORM_BACKENDS[name]}"
+    return kept, skipped
+
+
+def load(target: str) -> Any:
+    """The object named ``"module:attribute"`` (imports the module)."""
+    module_name, _, name = target.partition(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def backend_names(default_backend: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """Normalise verl's ``default_backend`` / ``trainer.logger``: a name or a list of names."""
+    if default_backend is None:
+        return []
+    names = [default_backend] if isinstance(default_backend, str) else list(default_backend)
+    out: list[str] = []
+    for name in names:
+        if not isinstance(name, str):
+            raise ConfigError(f"backend names must be strings, got {name!r}; valid backends are: {', '.join(BACKENDS)}")
+        if name in _ALIASES:
+            warnings.warn(f"`{name}` logger is deprecated. use `{_ALIASES[name]}` instead.", DeprecationWarning, stacklevel=3)
+            name = _ALIASES[name]
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def backend_class(name: str) -> type[Sink]:
+    """The sink class registered for ``name`` (imports its module, not its SDK)."""
+    target = BACKENDS.get(name) or EXTRA_SINKS.get(name)
+    if target is None and name in PLATFORM_BACKENDS:  # skip_platform() takes these out first where verl would run
+        raise ConfigError(PLATFORM_BACKENDS[name])
+    if target is None:
+        raise ConfigError(f"unknown backend {name!r}; valid backends are: {', '.join(BACKENDS)}")
+    sink_class: type[Sink] = load(target)
+    return sink_class
+
+
+def source_class(name: str) -> type[Source]:
+    """The migration source registered for ``name`` (imports its module, not its SDK)."""
+    target = SOURCES.get(name)
+    if target is None:
+        raise ConfigError(f"unknown source {name!r}; valid sources are: {', '.join(SOURCES)}")
+    cls: type[Source] = load(target)
+    return cls
+
+
+def check_installed(cls: type[Sink] | type[Source]) -> None:
+    """Raise ``MissingExtraError`` naming the pip extra if the tracker SDK is absent."""
+    if cls.sdk_module and importlib.util.find_spec(cls.sdk_module) is None:
+        raise MissingExtraError(cls.name, cls.sdk_module, cls.extra or cls.name)
+
+
+def resolve_backends(names: list[str], run: RunSpec, env: Mapping[str, str],
+                     trainer: Mapping[str, Any]) -> dict[str, tuple[type[Sink], dict[str, Any]]]:
+    """name -> (sink class, settings). Raises ConfigError for an unknown name, MissingExtraError for a missing SDK."""
+    classes = {name: backend_class(name) for name in names}  # every name checked before anything starts
+    for cls in classes.values():
+        check_installed(cls)
+    return {name: (cls, cls.resolve(run, env, trainer)) for name, cls in classes.items()}

@@ -1,0 +1,1 @@
+"""Internal. Per-node services of the trainer's process: system metrics sampling and the terminal."""

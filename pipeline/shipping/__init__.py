@@ -1,0 +1,1 @@
+"""Internal. The asynchronous path: buffer -> shipper thread -> spool -> Ray -> one lane actor per tracker."""

@@ -1,0 +1,124 @@
+"""Starting the asynchronous path: Ray, the spool, one lane actor per tracker, the buffer and the shipper."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.capture.rich import RecordLimits
+from pipeline.config.async_log import AsyncLogConfig
+from pipeline.config.placement import lane_actor_options
+from pipeline.core.records import RunSpec
+from pipeline.core.report import LaneInfo, PipelineReport
+from pipeline.node.system_metrics import start_node_sampling
+from pipeline.node.terminal import TERMINAL
+from pipeline.shipping.buffer import RecordBuffer
+from pipeline.shipping.hub import ProducerHub, ProducerSpec
+from pipeline.shipping.lane import Lane
+from pipeline.shipping.lane_actor import LaneActor
+from pipeline.shipping.shipper import Shipper, SpoolReloader
+from pipeline.spool.recovery import open_spooling
+from pipeline.wire.opening import LaneOpening
+
+_CONSOLE_DRAIN_S = 5.0
+
+
+class AsyncPipeline:
+    def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, run: RunSpec,
+                 backends: dict[str, tuple[type, dict[str, Any]]], env: Mapping[str, str]) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(**{"num_cpus": 1, "include_dashboard": False, "log_to_driver": True, **cfg.ray_init})
+        spooling = open_spooling(cfg, run, {name: settings for name, (_, settings) in backends.items()}) \
+            if cfg.spool else None
+        state_dir = spooling.state_dir if spooling is not None else _fresh_state_dir(cfg, run)
+        trainer_node = ray.get_runtime_context().get_node_id()
+        options = lane_actor_options(cfg.actor_options, cfg.max_restarts, env, trainer_node)
+        actor_class = ray.remote(LaneActor)
+        reload = SpoolReloader(spooling.spool) if spooling is not None else None
+        self._lanes: dict[str, Lane] = {}
+        for name, (_, settings) in backends.items():
+            opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
+                                  sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
+                                  trainer_node=trainer_node)
+            actor = actor_class.options(**options).remote(name, opening.pack())
+            lane = Lane.configured(name, actor, cfg, reload=reload, on_output=TERMINAL.write)
+            if spooling is not None:
+                lane.preload(spooling.pending.get(name, ()))
+            self._lanes[name] = lane
+        self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
+        self._shipper = Shipper(cfg, limits, self.buffer, self._lanes, spooling,
+                                first_seq=spooling.first_seq if spooling is not None else 0)
+        self._switch_interval = sys.getswitchinterval()
+        if cfg.gil_switch_interval_s is not None:
+            sys.setswitchinterval(cfg.gil_switch_interval_s)
+        self._shipper.start()
+        self.put = self.buffer.put  # log()'s one call into the pipeline
+        self._cfg, self._limits, self._run_id = cfg, limits, run.run_id
+        self._hub: Any = None
+        self._started = time.time()
+        self._sampling = start_node_sampling(self.put, run.run_id, cfg.system_metrics_s, self._started, trainer_node,
+                                             ready=lambda: self.wait_ready(0.0))
+
+    def producer_spec(self) -> ProducerSpec:
+        """What a producer of this run needs (``Tracking.producer`` makes the picklable handle of it)."""
+        import ray
+
+        if self._hub is None:  # made with the first producer: a run without producers costs no actor
+            self._hub = ray.remote(num_cpus=0, max_restarts=0)(ProducerHub).remote()
+            self._shipper.hub = self._hub
+        actors = {name: lane.actor for name, lane in self._lanes.items()}
+        return ProducerSpec(lanes=actors, hub=self._hub, cfg=self._cfg, limits=self._limits,
+                            run=(self._run_id, self._started))
+
+    @property
+    def health(self) -> dict[str, float | int]:
+        return self._shipper.health
+
+    def drop_late(self) -> None:
+        self._shipper.late_drops += 1
+
+    def last_step(self) -> Any:
+        return self.buffer.last_step()
+
+    def wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not all(lane.answered for lane in self._lanes.values()):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def lanes(self) -> dict[str, LaneInfo]:
+        """Each lane's actor as of its latest answer (pid 0 until it answered: ``flush()`` first)."""
+        return {name: lane.info() for name, lane in self._lanes.items()}
+
+    def flush(self, timeout: float) -> PipelineReport:
+        return self._shipper.flush(timeout)
+
+    def close(self, exit_code: int, timeout: float) -> PipelineReport:
+        if self._sampling is not None:
+            self._sampling.stop()
+        try:
+            report = self._shipper.close(exit_code, timeout)
+        finally:
+            sys.setswitchinterval(self._switch_interval)
+        TERMINAL.drain(_CONSOLE_DRAIN_S)  # the console's last lines before the run's summary
+        console = report.lanes.get("console")
+        if console is not None and TERMINAL.dropped_chars:  # stdout did not keep up: said in the summary too
+            console.cuts["stdout_chars_dropped"] = TERMINAL.dropped_chars
+        return report
+
+
+def _fresh_state_dir(cfg: AsyncLogConfig, run: RunSpec) -> str:
+    # Without the spool: one folder per pipeline, not per run id. A resumed run reuses its id and
+    # starts its sequence again at 1, so it must not mistake the acknowledgements of the process it
+    # continues for its own.
+    parent = cfg.state_dir or os.path.join(tempfile.gettempdir(), "tracklane")
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"{run.run_id}-", dir=parent)

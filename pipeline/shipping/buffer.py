@@ -1,0 +1,125 @@
+"""The producer's buffer: where ``log()`` leaves records for the shipper thread.
+
+The caller's side is one deque append and a counter update, no lock: a lock, a
+condition or any extra Python on that path costs microseconds on this kind of machine.
+The bound is on estimated bytes. Only when it (or a full batch) is reached does the
+caller take the slow path: wake the shipper, or apply the overflow policy
+(``drop_oldest`` evicts the oldest records at once; ``block`` waits up to a deadline for
+the shipper to make room, then evicts). Every eviction is counted.
+
+Items are tuples laid out as ``Captured`` (captured.py): their ``size`` is an estimate of their
+bytes and their ``time`` the ``time.time()`` of the call, read by index (``SIZE``, ``TIME``).
+The byte counters assume one producer thread (rank 0's trainer); more threads are safe, only
+the byte bound becomes approximate.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from pipeline.capture.captured import KIND, OTHER_AXES, SIZE, STEP, TIME, Captured
+
+
+class RecordBuffer:
+    def __init__(self, max_bytes: int, batch_bytes: int, policy: str, block_timeout_s: float) -> None:
+        self._items: deque[Captured] = deque()
+        self._produced = 0  # bytes appended, written by the producer only
+        self._evicted = 0  # bytes dropped by the producer (under the lock)
+        self._consumed = 0  # bytes taken by the shipper (under the lock)
+        self._max_bytes = max_bytes
+        self._batch_bytes = batch_bytes
+        self._block = policy == "block"
+        self._block_timeout_s = block_timeout_s
+        self._woken = False  # the shipper was told a batch is full and has not taken it yet
+        self._slow_at = batch_bytes  # _produced value at which put() must take the slow path
+        self._lock = threading.Lock()
+        self.ready = threading.Condition(self._lock)
+        """Notified when a full batch waits, and by flush/close requests."""
+        self._room = threading.Condition(self._lock)
+        self.dropped = 0
+        self._last_taken_step: Any = None
+
+    def put(self, item: Captured) -> None:
+        """Append one item; never raises. The caller's hot path: keep it this short."""
+        self._items.append(item)
+        self._produced = produced = self._produced + item[SIZE]
+        if produced >= self._slow_at:
+            self._slow_path()
+
+    def _slow_path(self) -> None:
+        with self._lock:
+            if self.nbytes > self._max_bytes:
+                self._make_room()
+            if not self._woken:
+                self._woken = True
+                self.ready.notify()
+            self._rearm()
+
+    def _rearm(self) -> None:
+        """Next _produced value that needs the slow path: a full batch, or the bound (held: the lock)."""
+        base = self._consumed + self._evicted
+        self._slow_at = base + (self._max_bytes + 1 if self._woken else self._batch_bytes)
+
+    def _make_room(self) -> None:
+        if self._block:
+            deadline = time.monotonic() + self._block_timeout_s
+            while self.nbytes > self._max_bytes and (left := deadline - time.monotonic()) > 0:
+                self.ready.notify()
+                self._room.wait(left)
+        while self.nbytes > self._max_bytes and len(self._items) > 1:
+            self._evicted += self._items.popleft()[SIZE]
+            self.dropped += 1
+
+    def take(self, max_bytes: int) -> list[Captured]:
+        """Remove and return the oldest items, up to ``max_bytes`` (at least one)."""
+        with self._lock:
+            out: list[Captured] = []
+            taken = 0
+            while self._items and (not out or taken + self._items[0][SIZE] <= max_bytes):
+                item = self._items.popleft()
+                out.append(item)
+                taken += item[SIZE]
+            self._consumed += taken
+            step = _trainer_step(out)
+            if step is not None:
+                self._last_taken_step = step
+            self._woken = False
+            self._rearm()
+            if out:
+                self._room.notify_all()
+            return out
+
+    def last_step(self) -> Any:
+        """The trainer's step of the newest item put (as the caller passed it; None before the first)."""
+        with self._lock:  # not the hot path: the crash record asks once
+            step = _trainer_step(self._items)
+            return self._last_taken_step if step is None else step
+
+    @property
+    def nbytes(self) -> int:
+        return self._produced - self._consumed - self._evicted
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def due(self, flush_interval_s: float) -> float:
+        """Seconds until the oldest item must be shipped (inf when empty, 0 when overdue or a batch is full)."""
+        try:
+            oldest = self._items[0][TIME]
+        except IndexError:
+            return float("inf")
+        if self.nbytes >= self._batch_bytes:
+            return 0.0
+        return max(0.0, oldest + flush_interval_s - time.time())
+
+
+def _trainer_step(items: Any) -> Any:
+    """The step of the newest item on the trainer's axis (system metrics and other axes count seconds or
+    a producer's own steps), None if there is none."""
+    for item in reversed(items):
+        if item[KIND] not in OTHER_AXES:
+            return item[STEP]
+    return None

@@ -1,0 +1,99 @@
+"""The run's producers as rank 0 sees them: one small hub actor every producer reports to, and what it says.
+
+Every producer (``Tracking.producer``) tells the hub what it logged, shipped and dropped, and the last batch it
+handed its lanes. Rank 0's ``finish()`` reads a snapshot to wait until the lanes have what live producers
+shipped before it was called, and to count what they lost. Everything crosses Ray as msgpack, never pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from pipeline.capture.rich import RecordLimits
+from pipeline.config.async_log import AsyncLogConfig
+from pipeline.core.report import ProducerReport
+
+
+@dataclass(slots=True, frozen=True)
+class ProducerSpec:
+    """What a producer needs of its run, handed out by the asynchronous path (``Tracking.producer`` builds it)."""
+
+    lanes: dict[str, Any]
+    """Lane name -> its lane actor's Ray handle."""
+    hub: Any
+    """The run's ``ProducerHub`` actor handle."""
+    cfg: AsyncLogConfig
+    limits: RecordLimits
+    run: tuple[str, float]
+    """The run's id and start time (for the node's system metrics)."""
+
+
+REPORT_EVERY_S = 0.25  # how often a producer tells the hub how far it got (and at each barrier)
+GONE_AFTER_S = 3.0
+"""A producer that has not reported for this long is taken for dead: finish() stops waiting for its batches."""
+
+
+class ProducerHub:
+    """The run's record of its producers (a Ray actor with no CPU): source id -> latest figures."""
+
+    def __init__(self) -> None:
+        self._figures: dict[str, dict[str, Any]] = {}
+        self._at: dict[str, float] = {}  # source -> monotonic time of its latest report
+
+    def update(self, source: str, figures: bytes) -> None:
+        self._figures[source] = msgpack.unpackb(figures, raw=False)
+        self._at[source] = time.monotonic()
+
+    def snapshot(self) -> bytes:
+        now = time.monotonic()
+        return msgpack.packb({source: {**f, "age_s": now - self._at[source]} for source, f in self._figures.items()},
+                             use_bin_type=True)
+
+
+@dataclass(slots=True, kw_only=True)
+class ProducerFigures:
+    """What a producer tells the hub; msgpack of these fields, never pickle."""
+
+    name: str
+    logged: int = 0
+    """Records put into its buffer (calls that passed the copy)."""
+    shipped: int = 0
+    """Records encoded and handed to its lanes."""
+    buffer_dropped: int = 0
+    """Records its buffer dropped (overflow) before they were shipped."""
+    lane_dropped: int = 0
+    """Shipped records a lane dropped (its bound, a dead actor), the most of any lane."""
+    rejected: int = 0
+    """Records the converter refused whole (not a mapping, a bad step ...)."""
+    seq: int = 0
+    """Its last batch handed to the lanes: rank 0's finish waits until every live lane has it."""
+    closed: bool = False
+    """It flushed and stopped (its process is ending)."""
+
+    def pack(self) -> bytes:
+        return msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
+
+
+def producer_reports(snapshot: bytes, lanes: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's view of every producer at finish: ``ProducerReport`` by source id."""
+    figures: dict[str, dict[str, Any]] = msgpack.unpackb(snapshot, raw=False)
+    out = {}
+    for source, f in figures.items():
+        behind = sorted(name for name, lane in lanes.items() if not lane.dead and lane.sources.get(source, 0) < f["seq"])
+        out[source] = ProducerReport(
+            name=f["name"], source=source, logged=f["logged"], shipped=f["shipped"],
+            dropped=f["buffer_dropped"] + f["lane_dropped"], rejected=f["rejected"], closed=f["closed"],
+            unshipped=max(0, f["logged"] - f["shipped"] - f["buffer_dropped"] - f["rejected"]), lanes_behind=behind)
+    return out
+
+
+def targets(snapshot: bytes) -> dict[str, int]:
+    """source id -> the last batch it handed its lanes, for the producers still alive (reporting), from a
+    hub snapshot. A dead producer's calls in flight died with it: nothing to wait for."""
+    return {source: int(f["seq"]) for source, f in msgpack.unpackb(snapshot, raw=False).items()
+            if f["closed"] or f["age_s"] < GONE_AFTER_S}

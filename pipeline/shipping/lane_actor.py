@@ -1,0 +1,181 @@
+"""The Ray actor that drains one lane into one tracker: sequence bookkeeping around a sink host.
+
+It decodes each batch, skips what it already applied (re-sends after a restart), refuses a
+batch that does not follow the last one applied, hands the rest to its ``SinkHost`` (which
+writes with retries, flushes and counts), records the sequence number durably, and answers with
+an ``Ack`` packed as msgpack. A tracker that cannot be reached makes it answer "held" (nothing
+applied; the lane sends the batch again later). A failing tracker costs only this lane.
+
+Exactly once: the state moves right after the tracker's flush returned, and a sink that can undo
+a partial write (``Sink.mark``) has its undo point saved before the write, so an actor killed
+between the two is rolled back by its successor and the re-sent batch lands once. A tracker whose
+store lags what it was handed (wandb: ``Sink.written``/``Sink.durable``) has two watermarks: the
+last batch handed to it (the lane sends the next one) and the last its store holds (what the
+state saves, what a successor starts from, what the spool may forget); a successor's sink skips
+what its tracker's store turns out to hold already.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Any
+
+from pipeline.config.placement import forget_process_bound
+from pipeline.core.acks import Work
+from pipeline.core.errors import CodecError
+from pipeline.host.registry import backend_class
+from pipeline.host.sink_host import SinkHost
+from pipeline.node.identity import ray_node_id
+from pipeline.spool.lane_state import LaneState
+from pipeline.wire.batch import decode_batch
+from pipeline.wire.opening import LaneOpening
+
+
+class LaneActor:
+    """Hosts one sink. Ray calls run one at a time, in submission order."""
+
+    def __init__(self, lane: str, opening: bytes) -> None:
+        spec = LaneOpening.unpack(opening)
+        os.makedirs(spec.state_dir, mode=0o700, exist_ok=True)  # on another node than the trainer's: made here
+        if _in_ray_actor():  # its own process
+            forget_process_bound(os.environ)  # the trainer's tracker sessions are not this lane's (placement.py)
+            # the SDK's own chatter (banners, its warnings) into a file, not the trainer's terminal
+            _stdio_to(os.path.join(spec.state_dir, f"{lane}.out"))
+        self._state = LaneState.load(os.path.join(spec.state_dir, f"{lane}.state"))
+        sink = backend_class(spec.backend)(spec.run, spec.settings)
+        sink.capture_output()  # printed by the trainer (Ack.output), not on this actor's stdout
+        node_id = ray_node_id()
+        self._host = SinkHost(lane, sink, spec.sink_retries, spec.retry_backoff_s, resume=self._state.resume,
+                              counts=self._state.counts, node_id=node_id,
+                              node_note=_node_note(node_id) if spec.trainer_node and node_id != spec.trainer_node else "")
+        if self._state.pending and self._state.mark is not None:  # the previous actor died inside a write
+            self._host.rollback(self._state.mark)
+        self._state.pending, self._state.mark = 0, None
+        # Per source (the trainer "", each producer): the last batch handed to the tracker; the state keeps
+        # the durable one.
+        self._written = {"": self._state.applied, **self._state.sources}
+        self._not_durable: deque[tuple[str, int, Any]] = deque()  # (source, seq, sink's point) not durable yet
+        self._work = Work()
+        if self._host.open():
+            self._save()
+
+    def ready(self, source: str = "") -> bytes:
+        """Whether the tracker opened, and what was applied before (non-zero after a restart)."""
+        return self._answer(source)
+
+    def apply(self, seq: int, prev: int, blob: bytes, final: bool = False, source: str = "") -> bytes:
+        """Write batch ``seq`` of ``source`` if it follows ``prev``, the last batch that source's lane sent
+        before it. ``final``: the lane waited long enough (max_outage_s); count what does not arrive
+        instead of holding it. Each source (the trainer, each producer) numbers its own batches."""
+        written = self._written.get(source, 0)
+        if seq <= written:  # a re-send of what the tracker has already
+            self._settle()
+            return self._answer(source)
+        if prev != written:
+            return self._answer(source, gap=True)
+        started = time.perf_counter()
+        try:
+            return self._apply(seq, blob, final, source)
+        finally:
+            self._work.busy_s += time.perf_counter() - started
+
+    def _apply(self, seq: int, blob: bytes, final: bool, source: str) -> bytes:
+        try:
+            batch = decode_batch(blob)
+        except CodecError as exc:
+            self._host.note_error(f"corrupt batch {seq}{f' of {source}' if source else ''}: {exc}")
+        else:
+            mark = self._host.mark(batch.records)
+            if mark is not None:
+                self._state.pending, self._state.mark = seq, mark
+                self._save()
+            if not self._host.write(batch.records, hold=not final, durable=True, batch=(source, seq)):
+                return self._answer(source, held=True)  # the mark stays: rolling back to it undoes nothing
+            self._work.records += len(batch.records)
+        self._written[source] = seq
+        self._not_durable.append((source, seq, self._host.written()))
+        self._state.pending, self._state.mark = 0, None
+        self._settle()
+        self._save()
+        return self._answer(source)
+
+    def _settle(self) -> None:
+        """Move the durable watermarks over every batch the tracker's store now holds, in order."""
+        while self._not_durable:
+            source, seq, point = self._not_durable[0]
+            if point is not None and not self._host.durable(point):
+                return
+            self._not_durable.popleft()
+            self._set_durable(source, seq)
+
+    def _durable(self, source: str) -> int:
+        return self._state.applied if not source else self._state.sources.get(source, 0)
+
+    def _set_durable(self, source: str, seq: int) -> None:
+        if source:
+            self._state.sources[source] = seq
+        else:
+            self._state.applied = seq
+
+    def flush(self) -> bytes:
+        self._host.flush()
+        self._settle()
+        self._save()
+        return self._answer("")
+
+    def close(self, exit_code: int) -> bytes:
+        """End the tracker run; answers with the final figures."""
+        if self._host.close(exit_code):  # closed cleanly: its store holds everything handed to it
+            self._not_durable.clear()
+            for source, seq in self._written.items():
+                self._set_durable(source, seq)
+        self._save()
+        return self._answer("")
+
+    def _save(self) -> None:
+        self._state.resume = self._host.resume
+        self._state.counts = self._host.counts
+        self._state.save()
+
+    def _answer(self, source: str, gap: bool = False, held: bool = False) -> bytes:
+        """The answer to ``source``'s lane; it also says how far every producer got (rank 0's finish waits on it),
+        and brings the trainer what the sink printed (a producer's lane gets none: it is not the user's terminal)."""
+        self._work.cpu_s = time.process_time()
+        return self._host.ack(self._written.get(source, 0), durable=self._durable(source), gap=gap, held=held,
+                              sources={k: v for k, v in self._written.items() if k}, work=self._work,
+                              output="" if source else self._host.sink.take_output()).pack()
+
+
+def _in_ray_actor() -> bool:
+    try:
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+    except Exception:  # outside Ray
+        return False
+
+
+def _stdio_to(path: str) -> None:
+    """This process's stdout and stderr (file descriptors 1 and 2, so an SDK's subprocesses too) appended to
+    ``path``: Ray forwards an actor's output to the driver's terminal, late and prefixed ``(LaneActor pid=...)``,
+    among the console's lines. What a tracker did is in the lane's report; what its SDK said is here."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _node_note(node_id: str) -> str:
+    """Where the paths in ``where`` are, when that is not the trainer's node."""
+    import socket
+
+    import ray
+
+    return f" [on node {socket.gethostname()} {ray.util.get_node_ip_address()} ({node_id[:12]}), not the trainer's]"
+

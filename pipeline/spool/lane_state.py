@@ -1,0 +1,66 @@
+"""A lane's durable acknowledgement state: the last batch applied, how to re-attach, what was not stored.
+
+Written atomically by the lane actor around every applied batch, so an actor that Ray restarts (or
+the actor of a resumed run, with the spool on) knows what its tracker already holds, skips re-sent
+batches instead of duplicating them, and continues its counts instead of starting again at zero.
+Read on the trainer side too, to know what a resumed run still has to deliver.
+
+``pending``/``mark``: before a batch is written, a sink that can undo a partial write (the file
+logger, TensorBoard: truncate back to a byte offset) records where it stood; if the actor dies
+before ``applied`` moves, its successor rolls the tracker back to that mark and the re-sent batch
+lands exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from pipeline.core.acks import SinkCounts
+
+log = logging.getLogger("tracklane")
+
+
+@dataclass(slots=True, kw_only=True)
+class LaneState:
+    applied: int = 0
+    """Sequence number of the trainer's last batch the tracker holds durably."""
+    sources: dict[str, int] = field(default_factory=dict)
+    """The same for each producer (``Tracking.producer``), by its source id: producers number their own batches."""
+    resume: dict[str, Any] | None = None
+    """What the sink's open() returned (e.g. the tracker run id); None before the first open."""
+    counts: SinkCounts = field(default_factory=SinkCounts)
+    pending: int = 0
+    """A batch being written when this was saved (0: none)."""
+    mark: dict[str, Any] | None = None
+    """Where the sink stood before ``pending`` (its ``mark()``), to roll back to."""
+    path: str = field(default="", repr=False)
+
+    @classmethod
+    def load(cls, path: str) -> LaneState:
+        try:
+            with open(path, "rb") as handle:
+                data = msgpack.unpackb(handle.read(), raw=False)
+            return cls(applied=int(data["applied"]), resume=data.get("resume"),
+                       sources={str(k): int(v) for k, v in (data.get("sources") or {}).items()},
+                       counts=SinkCounts.from_plain(data.get("counts") or {}), pending=int(data.get("pending") or 0),
+                       mark=data.get("mark"), path=path)
+        except FileNotFoundError:
+            return cls(path=path)
+        except Exception as exc:  # a damaged state must not stop the run: start over, say so
+            log.warning("tracklane: lane state %s cannot be read (%s: %s); the lane starts from nothing",
+                        path, type(exc).__name__, exc)
+            return cls(path=path)
+
+    def save(self) -> None:
+        tmp = f"{self.path}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(msgpack.packb({"applied": self.applied, "sources": self.sources, "resume": self.resume,
+                                        "counts": self.counts.to_plain(),
+                                        "pending": self.pending, "mark": self.mark}, use_bin_type=True))
+        os.replace(tmp, self.path)

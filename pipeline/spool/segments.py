@@ -1,0 +1,368 @@
+"""The durable spool: every shipped batch, on local disk, until every lane's tracker has it.
+
+Append-only segment files ``seg-<first seq>.tls`` in one folder, written only by the shipper
+thread. Each batch is one frame::
+
+    magic "TLS1" | length u32 | crc32c u32 | seq u64 | records u32 | oldest log time f64 | payload
+
+``payload`` is the batch exactly as shipped (msgpack + zstd); the CRC32C covers everything after
+itself. A SIGKILL needs no fsync (written bytes stay in the page cache); ``fsync_s`` bounds what a
+power loss can take. Opening a spool repairs it: a torn last frame is cut off, a corrupt frame is
+skipped (the scan resynchronises on the next magic) and counted, an unreadable segment is renamed
+``.bad`` and counted, so recovery never crash-loops. A segment goes once every lane acknowledged all
+of it (after ``retention_s``); when the folder would pass ``max_bytes``, the oldest segment is
+evicted even if unacknowledged, and the caller is told which batches went.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import struct
+import time
+from dataclasses import dataclass, field
+
+import crc32c
+
+from pipeline.core.errors import ConfigError
+
+log = logging.getLogger("tracklane")
+
+MAGIC = b"TLS1"
+_HEADER = struct.Struct("<4sIIQId")  # magic, length, crc, seq, records, oldest log time
+_CHECKED = struct.Struct("<QId")  # the header fields the checksum covers
+_SEGMENT = re.compile(r"seg-(\d{16})\.tls")
+MAX_FRAME_BYTES = 2**31  # a length past this is corruption, not a batch
+_LOCK = "LOCK"
+
+
+@dataclass(slots=True, frozen=True)
+class SpoolEntry:
+    """Where one spooled batch lies, and what the lanes need to know of it without reading it."""
+
+    seq: int
+    records: int
+    oldest_time: float
+    nbytes: int  # payload bytes
+    segment: int  # first seq of its segment (the segment's name)
+    offset: int  # of the frame in the segment
+
+
+@dataclass(slots=True)
+class SpoolStats:
+    """What the spool did, and what it found damaged; cumulative since it was opened."""
+
+    appended_batches: int = 0
+    appended_bytes: int = 0
+    fsyncs: int = 0
+    evicted_batches: int = 0
+    """Batches deleted to stay within ``max_bytes`` (the shipper counts those a lane still needed)."""
+    evicted_records: int = 0
+    corrupt_frames: int = 0
+    """Frames whose checksum, header or length was wrong: skipped."""
+    torn_bytes: int = 0
+    """Bytes cut off the end of the last segment (a write the crash interrupted)."""
+    quarantined_segments: int = 0
+    """Segments that could not be read at all, renamed ``*.bad``."""
+    missing_batches: int = 0
+    """Sequence numbers absent between the first and the last spooled batch (corrupt or deleted)."""
+    unreadable_reads: int = 0
+    """read() calls that found the frame gone or damaged."""
+
+    @property
+    def damaged(self) -> int:
+        return self.corrupt_frames + self.quarantined_segments + self.missing_batches
+
+
+@dataclass(slots=True)
+class _Segment:
+    first: int
+    path: str
+    size: int = 0
+    last: int = 0  # seq of its last frame (0 while empty)
+    entries: list[SpoolEntry] = field(default_factory=list)
+
+
+def frame_header(seq: int, records: int, oldest_time: float, payload: bytes) -> bytes:
+    """One frame's header for ``payload`` (the payload follows it on disk)."""
+    checked = _CHECKED.pack(seq, records, oldest_time)
+    crc = crc32c.crc32c(payload, crc32c.crc32c(checked))
+    return _HEADER.pack(MAGIC, len(payload), crc, seq, records, oldest_time)
+
+
+class Spool:
+    """A spool folder opened by one writer (an exclusive lock), or read-only by anyone."""
+
+    def __init__(self, directory: str, *, max_bytes: int = 2**30, segment_bytes: int = 8 * 2**20,
+                 fsync_s: float = 1.0, retention_s: float = 0.0, readonly: bool = False) -> None:
+        self.directory = os.path.abspath(directory)
+        self._max_bytes = max_bytes
+        self._segment_bytes = segment_bytes
+        self._fsync_s = fsync_s
+        self._retention_s = retention_s
+        self._readonly = readonly
+        self.stats = SpoolStats()
+        self._segments: list[_Segment] = []
+        self._index: dict[int, SpoolEntry] = {}
+        self._last_seq = 0  # the highest seq ever indexed (kept when its segment is deleted)
+        self._bytes = 0  # sum of the segments' sizes
+        self._fd: int | None = None  # the active segment, opened for appending
+        self._last_fsync = time.monotonic()
+        self._dirty = False
+        self._lock_fd: int | None = None
+        if not readonly:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            self._lock()
+        self._scan()
+
+    # -- opening ---------------------------------------------------------------------------
+    def _lock(self) -> None:
+        fd = os.open(os.path.join(self.directory, _LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"spool {self.directory} is in use by another process (another run with this run id?)") from None
+        self._lock_fd = fd  # the lock goes with the process, SIGKILL included
+
+    def _scan(self) -> None:
+        names = sorted(n for n in os.listdir(self.directory) if _SEGMENT.fullmatch(n)) \
+            if os.path.isdir(self.directory) else []
+        for i, name in enumerate(names):
+            path = os.path.join(self.directory, name)
+            segment = _Segment(first=int(name[4:20]), path=path)
+            try:
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            except OSError as exc:
+                self._quarantine(path, exc)
+                continue
+            good_end = self._parse(segment, data)
+            tail = len(data) - good_end
+            if tail and i == len(names) - 1:  # the writer died inside its last write
+                self.stats.torn_bytes += tail
+                if not self._readonly:
+                    os.truncate(path, good_end)
+                data_size = good_end
+            else:
+                data_size = len(data)
+                if tail:
+                    self.stats.corrupt_frames += 1
+            segment.size = data_size
+            if not segment.entries and not self._readonly:  # nothing usable: its name must not block a new one
+                os.remove(path)
+                continue
+            self._segments.append(segment)
+            self._bytes += segment.size
+        seqs = sorted(self._index)
+        if seqs:
+            self.stats.missing_batches = seqs[-1] - seqs[0] + 1 - len(seqs)
+        if self.stats.damaged or self.stats.torn_bytes:
+            log.warning("tracklane: spool %s was damaged: %d corrupt frame(s), %d unreadable segment(s), "
+                        "%d batch(es) missing, %d torn byte(s) cut; the rest is intact",
+                        self.directory, self.stats.corrupt_frames, self.stats.quarantined_segments,
+                        self.stats.missing_batches, self.stats.torn_bytes)
+
+    def _parse(self, segment: _Segment, data: bytes) -> int:
+        """Index every good frame of ``data``; returns the end of the last good frame."""
+        pos, good_end, bad_run = 0, 0, False
+        while pos + _HEADER.size <= len(data):
+            entry = _frame_at(data, pos, segment.first)
+            if entry is None:
+                bad_run = True
+                found = data.find(MAGIC, pos + 1)
+                if found < 0:
+                    break
+                pos = found
+                continue
+            if bad_run:  # a damaged stretch before a good frame counts once; one at the end is the caller's tail
+                self.stats.corrupt_frames += 1
+                bad_run = False
+            if entry.seq in self._index or entry.seq <= segment.last:  # a duplicate or out-of-order frame
+                self.stats.corrupt_frames += 1
+            else:
+                self._add(segment, entry)
+            pos = good_end = entry.offset + _HEADER.size + entry.nbytes
+        return good_end
+
+    def _quarantine(self, path: str, exc: OSError) -> None:
+        self.stats.quarantined_segments += 1
+        log.warning("tracklane: spool segment %s cannot be read (%s); set aside", path, exc)
+        if not self._readonly:
+            try:
+                os.replace(path, path + ".bad")
+            except OSError:
+                pass
+
+    def _add(self, segment: _Segment, entry: SpoolEntry) -> None:
+        segment.entries.append(entry)
+        segment.last = entry.seq
+        self._index[entry.seq] = entry
+        self._last_seq = max(self._last_seq, entry.seq)
+
+    # -- what it holds -------------------------------------------------------------------
+    def entries(self) -> list[SpoolEntry]:
+        """Every spooled batch, in sequence order."""
+        return [entry for segment in self._segments for entry in segment.entries]
+
+    @property
+    def batches(self) -> int:
+        """How many batches it holds."""
+        return len(self._index)
+
+    @property
+    def last_seq(self) -> int:
+        return self._last_seq
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def read(self, seq: int) -> bytes | None:
+        """The payload of batch ``seq``, or None (counted) if it is gone or damaged."""
+        entry = self._index.get(seq)
+        if entry is None:
+            self.stats.unreadable_reads += 1
+            return None
+        try:
+            with open(self._path(entry.segment), "rb") as handle:
+                handle.seek(entry.offset)
+                data = handle.read(_HEADER.size + entry.nbytes)
+        except OSError:
+            data = b""
+        if _frame_at(data, 0, entry.segment) is None:
+            self.stats.unreadable_reads += 1
+            return None
+        return data[_HEADER.size:]
+
+    # -- writing -------------------------------------------------------------------------
+    def append(self, seq: int, records: int, oldest_time: float, payload: bytes) -> list[SpoolEntry]:
+        """Write one batch; returns the batches evicted to stay within ``max_bytes`` (usually none)."""
+        if self._readonly:
+            raise RuntimeError("a read-only spool cannot be appended to")
+        if seq <= self.last_seq:
+            raise ValueError(f"spool sequence numbers must grow: {seq} after {self.last_seq}")
+        if self._fd is None or self._segments[-1].size >= self._segment_bytes:
+            self._roll(seq)
+        segment = self._segments[-1]
+        header = frame_header(seq, records, oldest_time, payload)
+        _write_all(self._fd, header, payload)
+        entry = SpoolEntry(seq=seq, records=records, oldest_time=oldest_time, nbytes=len(payload),
+                           segment=segment.first, offset=segment.size)
+        segment.size += len(header) + len(payload)
+        self._bytes += len(header) + len(payload)
+        self._add(segment, entry)
+        self.stats.appended_batches += 1
+        self.stats.appended_bytes += len(header) + len(payload)
+        self._dirty = True
+        self.sync_if_due()
+        return self._evict()
+
+    def _roll(self, seq: int) -> None:
+        if self._fd is not None:
+            self.sync(force=True)
+            os.close(self._fd)
+        path = self._path(seq)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
+        self._segments.append(_Segment(first=seq, path=path))
+        _sync_dir(self.directory)  # the new name survives a power loss too
+
+    def _evict(self) -> list[SpoolEntry]:
+        evicted: list[SpoolEntry] = []
+        while self.nbytes > self._max_bytes and len(self._segments) > 1:
+            segment = self._segments.pop(0)
+            self._delete(segment)
+            evicted += segment.entries
+        self.stats.evicted_batches += len(evicted)
+        self.stats.evicted_records += sum(e.records for e in evicted)
+        return evicted  # the shipper counts and warns about those a lane still needed
+
+    def release(self, through_seq: int) -> int:
+        """Every lane holds batches up to ``through_seq``: delete segments wholly before it (after the
+        retention time). The segment being written stays while the spool is open. Returns the segments deleted."""
+        if self._readonly:
+            return 0
+        now = time.time()
+        deleted = 0
+        keep = 1 if self._fd is not None else 0
+        while len(self._segments) > keep and self._segments[0].last <= through_seq:
+            segment = self._segments[0]
+            if self._retention_s > 0 and now - _mtime(segment.path) < self._retention_s:
+                break
+            self._segments.pop(0)
+            self._delete(segment)
+            deleted += 1
+        return deleted
+
+    def _delete(self, segment: _Segment) -> None:
+        self._bytes -= segment.size
+        for entry in segment.entries:
+            self._index.pop(entry.seq, None)
+        try:
+            os.remove(segment.path)
+        except FileNotFoundError:
+            pass
+
+    def sync_if_due(self) -> None:
+        if self._dirty and time.monotonic() - self._last_fsync >= self._fsync_s:
+            self.sync(force=True)
+
+    def sync(self, force: bool = False) -> None:
+        """fsync the active segment (for power loss; a process crash needs none)."""
+        if self._fd is not None and (self._dirty or force):
+            os.fdatasync(self._fd)
+            self.stats.fsyncs += 1
+        self._dirty = False
+        self._last_fsync = time.monotonic()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self.sync(force=True)
+            os.close(self._fd)
+            self._fd = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _path(self, first: int) -> str:
+        return os.path.join(self.directory, f"seg-{first:016d}.tls")
+
+
+def _frame_at(data: bytes, pos: int, segment: int) -> SpoolEntry | None:
+    """The frame starting at ``pos`` if it is whole and its checksum holds, else None."""
+    if pos + _HEADER.size > len(data):
+        return None
+    magic, length, crc, seq, records, oldest = _HEADER.unpack_from(data, pos)
+    end = pos + _HEADER.size + length
+    if magic != MAGIC or length > MAX_FRAME_BYTES or end > len(data):
+        return None
+    payload = memoryview(data)[pos + _HEADER.size:end]
+    if crc32c.crc32c(payload, crc32c.crc32c(data[pos + 12:pos + _HEADER.size])) != crc:
+        return None
+    return SpoolEntry(seq=seq, records=records, oldest_time=oldest, nbytes=length, segment=segment, offset=pos)
+
+
+def _write_all(fd: int | None, header: bytes, payload: bytes) -> None:
+    assert fd is not None
+    written = os.writev(fd, [header, payload])
+    total = len(header) + len(payload)
+    while written < total:  # a short write (rare: signals, a full disk about to fail)
+        rest = (header + payload)[written:]
+        written += os.write(fd, rest)
+
+
+def _sync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0

@@ -1,0 +1,1 @@
+"""verl's extra loggers routed through ``Tracking``, and ``install()``: tracklane in place of verl's tracking classes."""

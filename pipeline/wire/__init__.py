@@ -1,0 +1,1 @@
+"""Internal. What travels between processes, as msgpack (+ zstd): batches, metric key tables, openings, acks."""

@@ -1,0 +1,258 @@
+"""Batches on the wire: msgpack inside a zstd frame. Never pickle.
+
+Wire layout (msgpack array)::
+
+    ["TLB", 2, seq, created, [record, ...], [metrics schema, ...]]
+    record = ["m", step, time, schema index, numbers, only, axis]   # metrics by key table (metrics_wire.py)
+           | ["metrics", step, time, {name: number}, only]   # only: [backend, ...] or nil
+           | ["metrics", step, time, {name: number}, only, axis]   # a step on another axis (str)
+           | [kind, {field: value}]                          # every other kind (records.py)
+
+Version 1 (spools of earlier releases) has no schema table and no "m" records.
+
+Decoding treats its input as hostile: sizes are capped before and after
+decompression, msgpack refuses extension types, and every field is type-checked,
+so a corrupt or crafted batch raises ``CodecError`` instead of doing harm.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import msgpack
+import zstandard
+
+from pipeline.core.errors import CodecError
+from pipeline.core.histogram import FIELDS as HISTOGRAM_FIELDS
+from pipeline.core.histogram import HistogramFigures
+from pipeline.core.png import PNG_SIGNATURE
+from pipeline.core.records import (
+    RECORD_TYPES,
+    Artifact,
+    Batch,
+    Generations,
+    Histogram,
+    Image,
+    Metrics,
+    Record,
+    Text,
+    Trajectories,
+    Trajectory,
+)
+from pipeline.wire.metrics import KIND as KEYED_METRICS
+from pipeline.wire.metrics import SchemaTable, is_axis, metrics_from_wire, schemas_from_wire
+
+MAGIC = "TLB"
+VERSION = 2
+VERSIONS = {1: 5, 2: 6}
+"""Version -> fields of the batch array."""
+
+
+@dataclass(slots=True, kw_only=True, frozen=True)
+class DecodeLimits:
+    """Caps applied when decoding a batch that came from elsewhere."""
+
+    max_compressed_bytes: int = 256 * 2**20
+    max_decoded_bytes: int = 1024 * 2**20
+    max_records: int = 1_000_000
+
+
+def encode_batch(batch: Batch, level: int = 3) -> bytes:
+    """msgpack + zstd encoding of one batch (runs on the shipper thread, never the caller's)."""
+    schemas = SchemaTable()
+    records = [(schemas.pack(r) if isinstance(r, Metrics) else None) or _record_to_wire(r) for r in batch.records]
+    wire = [MAGIC, VERSION, batch.seq, batch.created, records, schemas.wire]
+    try:
+        packed = msgpack.packb(wire, use_bin_type=True)
+    except UnicodeEncodeError:  # a lone surrogate (an os.fsdecode'd name, say) has no UTF-8: sent as "?"
+        packed = msgpack.packb(wire, use_bin_type=True, unicode_errors="replace")
+    return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(packed)
+
+
+def _record_to_wire(record: Record) -> list:
+    if isinstance(record, Metrics):  # the common case stays compact
+        if record.axis is None:
+            return [Metrics.kind, record.step, record.time, record.values, record.only]
+        return [Metrics.kind, record.step, record.time, record.values, record.only, record.axis]
+    fields = {name: getattr(record, name) for name in record.__slots__}
+    if isinstance(record, Trajectories):
+        fields["trajectories"] = [{name: getattr(t, name) for name in t.__slots__} for t in record.trajectories]
+    if isinstance(record, Histogram) and record.figures is not None:
+        fields["figures"] = record.figures.to_plain()
+    return [record.kind, fields]
+
+
+def decode_batch(blob: bytes, limits: DecodeLimits = DecodeLimits()) -> Batch:
+    """Decode and validate one batch; raises ``CodecError`` on anything malformed."""
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise CodecError(f"a batch must be bytes, got {type(blob).__name__}")
+    if len(blob) > limits.max_compressed_bytes:
+        raise CodecError(f"batch of {len(blob)} bytes exceeds the {limits.max_compressed_bytes}-byte limit")
+    packed = _decompress(bytes(blob), limits.max_decoded_bytes)
+    try:
+        wire = msgpack.unpackb(packed, raw=False, strict_map_key=True, use_list=True, ext_hook=_refuse_ext)
+    except CodecError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise CodecError(f"batch is not valid msgpack: {exc}") from exc
+    return _batch_from_wire(wire, limits)
+
+
+def _decompress(blob: bytes, limit: int) -> bytes:
+    try:
+        declared = zstandard.frame_content_size(blob)
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"batch is not a zstd frame: {exc}") from exc
+    if declared > limit:
+        raise CodecError(f"batch declares {declared} decoded bytes, over the {limit}-byte limit")
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(blob) as reader:
+            # read() allocates its whole argument up front: ask for what the frame declares, not the cap
+            packed = reader.read((declared if declared >= 0 else limit) + 1)
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"batch is corrupt: {exc}") from exc
+    if len(packed) > limit:
+        raise CodecError(f"batch decodes to more than the {limit}-byte limit")
+    if declared >= 0 and len(packed) != declared:
+        raise CodecError(f"batch is truncated or corrupt: {len(packed)} decoded bytes, {declared} declared")
+    return packed
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise CodecError(f"msgpack extension type {code} is not allowed in a batch")
+
+
+def _batch_from_wire(wire: Any, limits: DecodeLimits) -> Batch:
+    if not (isinstance(wire, list) and len(wire) in VERSIONS.values() and wire[0] == MAGIC):
+        raise CodecError("batch header is missing or wrong")
+    version = wire[1]
+    if type(version) is not int or VERSIONS.get(version) != len(wire):
+        raise CodecError(f"batch version {_short(version)} is not supported (expected {VERSION})")
+    _, _, seq, created, records = wire[:5]
+    schemas = schemas_from_wire(wire[5]) if version >= 2 else []
+    _expect(type(seq) is int and seq >= 0, "sequence number must be a non-negative int")
+    _expect(type(created) in (int, float), "batch time must be a number")
+    _expect(isinstance(records, list), "batch records must be a list")
+    if len(records) > limits.max_records:
+        raise CodecError(f"batch holds {len(records)} records, over the {limits.max_records} limit")
+    return Batch(seq=seq, created=float(created), records=[_record_from_wire(r, schemas) for r in records])
+
+
+def _record_from_wire(wire: Any, schemas: list) -> Record:
+    _expect(isinstance(wire, list) and len(wire) >= 1, "record must be a non-empty list")
+    kind = wire[0]
+    if kind == KEYED_METRICS:
+        return metrics_from_wire(wire, schemas)
+    if kind == Metrics.kind:
+        _expect(len(wire) in (5, 6), "metrics record must have 5 or 6 fields")
+        _, step, when, values, only = wire[:5]
+        axis = wire[5] if len(wire) == 6 else None
+        _expect(is_axis(axis), "metrics axis must be a short string")
+        _expect(type(step) is int, "metrics step must be an int")
+        _expect(type(when) in (int, float), "metrics time must be a number")
+        _expect(isinstance(values, dict), "metrics values must be a map")
+        # Types checked in C (set of map of type): the per-key loop with its messages cost as much as the
+        # rest of decoding. A failure then names the first bad key, as before.
+        if not _str_map_of(values, _NUMERIC):
+            for key, value in values.items():
+                _expect(type(key) is str, "metric names must be strings")
+                _expect(type(value) in _NUMERIC, f"metric {key!r} must be a number")
+        _expect(_is_only(only), "metrics 'only' must be nil or a list of backend names")
+        return Metrics(step=step, time=float(when), values=values, only=only, axis=axis)
+    schema = _SCHEMAS.get(kind) if type(kind) is str else None  # a list or map kind is unhashable
+    if schema is None:
+        raise CodecError(f"malformed batch: unknown record kind {_short(kind)}")
+    _expect(len(wire) == 2 and isinstance(wire[1], dict), f"{kind} record must be [kind, fields]")
+    fields = wire[1]
+    if set(fields) != set(schema):  # keys may mix str and bytes: sort their reprs, and only on failure
+        raise CodecError(f"malformed batch: {kind} record has fields {sorted(map(_short, fields))}, "
+                         f"expected {sorted(schema)}")
+    for name, check in schema.items():
+        _expect(check(fields[name]), f"{kind} field {name!r} is malformed")
+    if kind == Trajectories.kind:
+        fields["trajectories"] = [Trajectory(**t) for t in fields["trajectories"]]
+    if kind == Histogram.kind and fields["figures"] is not None:
+        fields["figures"] = HistogramFigures(**fields["figures"])
+    fields["time"] = float(fields["time"])
+    return RECORD_TYPES[kind](**fields)
+
+
+_STR = frozenset({str})
+_NUMERIC = frozenset({int, float})
+
+
+def _is_only(value: Any) -> bool:
+    return value is None or (isinstance(value, list) and all(type(b) is str for b in value))
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def _is_str(value: Any) -> bool:
+    return type(value) is str
+
+
+def _is_sample(row: Any) -> bool:
+    return isinstance(row, list) and len(row) == 3 and _is_str(row[0]) and _is_str(row[1]) and _is_number(row[2])
+
+
+def _is_figures(f: Any) -> bool:
+    return f is None or (
+        isinstance(f, dict) and set(f) == set(HISTOGRAM_FIELDS)
+        and all(type(f[name]) is int for name in ("count", "nan", "posinf", "neginf"))
+        and all(_is_number(f[name]) for name in ("min", "max", "mean", "std", "sum", "sum_squares"))
+        and isinstance(f["bin_edges"], list) and all(map(_is_number, f["bin_edges"]))
+        and isinstance(f["counts"], list) and all(type(n) is int for n in f["counts"]))
+
+
+_TRAJECTORY_FIELDS = frozenset(Trajectory.__slots__)
+_DICT = frozenset({dict})
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _is_trajectory(t: Any) -> bool:
+    # Types checked in C (sets of maps of type over every message's keys and values at once): checking each
+    # message in Python was three quarters of decoding a batch of trajectories.
+    if not (type(t) is dict and t.keys() == _TRAJECTORY_FIELDS):
+        return False
+    messages, calls = t["messages"], t["tool_calls"]
+    return (type(messages) is list and set(map(type, messages)) <= _DICT
+            and set(map(type, chain.from_iterable(messages))) <= _STR
+            and set(map(type, chain.from_iterable(map(dict.values, messages)))) <= _STR
+            and type(calls) is list and set(map(type, calls)) <= _DICT
+            and set(map(type, chain.from_iterable(calls))) <= _STR
+            and set(map(type, chain.from_iterable(map(dict.values, calls)))) <= _PLAIN
+            and _str_map_of(t["rewards"], _NUMERIC) and _str_map_of(t["meta"], _PLAIN)
+            and type(t["token_ids"]) is bytes and len(t["token_ids"]) % 4 == 0)
+
+
+def _str_map_of(value: Any, kinds: frozenset) -> bool:
+    return type(value) is dict and set(map(type, value)) <= _STR and set(map(type, value.values())) <= kinds
+
+
+_COMMON = {"step": lambda v: type(v) is int, "time": _is_number, "only": _is_only}
+_SCHEMAS: dict[str, dict[str, Any]] = {
+    Generations.kind: {**_COMMON, "key": _is_str,
+                       "samples": lambda v: isinstance(v, list) and all(map(_is_sample, v))},
+    Trajectories.kind: {**_COMMON, "key": _is_str,
+                        "trajectories": lambda v: isinstance(v, list) and all(map(_is_trajectory, v))},
+    Histogram.kind: {**_COMMON, "name": _is_str, "values": lambda v: type(v) is bytes and len(v) % 8 == 0,
+                     "figures": _is_figures},
+    Text.kind: {**_COMMON, "name": _is_str, "text": _is_str},
+    Image.kind: {**_COMMON, "name": _is_str, "png": lambda v: type(v) is bytes and v[:8] == PNG_SIGNATURE},
+    Artifact.kind: {**_COMMON, "path": _is_str, "name": _is_str, "type": _is_str},
+}
+
+
+def _short(value: Any) -> str:
+    """A bounded repr of a hostile value for an error message (depth and length capped, never recursing far)."""
+    return reprlib.repr(value)
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise CodecError(f"malformed batch: {message}")

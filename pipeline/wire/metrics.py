@@ -1,0 +1,106 @@
+"""Metrics on the wire by key table: each batch names a set of keys once, each record sends its numbers.
+
+A verl step logs the same ~100 keys every time; packed as a map, every record carried every key's
+string and the lane actor built each one again (decoding was ~50 us a record, most of a lane's work
+for scalars). Here a batch holds a table of schemas, and a metrics record refers to one::
+
+    schema = [[key, ...], [position of an int value, ...]]
+    record = ["m", step, time, schema index, numbers, only, axis]   # numbers: float64 little-endian
+
+Ints travel as float64 and come back as ints (their positions are part of the schema), so a value is
+given back with its type; a record holding an int beyond 2**53 (not exact in float64) keeps the map
+form (codec.py). Decoding treats the table and the records as hostile, like the rest of the batch.
+"""
+
+from __future__ import annotations
+
+import reprlib
+import struct
+from typing import Any
+
+from pipeline.core.errors import CodecError
+from pipeline.core.records import Metrics
+
+KIND = "m"
+EXACT = 2**53
+_FLOAT = frozenset({float})
+_NUMBERS = frozenset({float, int})
+
+
+class SchemaTable:
+    """The schemas of one batch being encoded: key set (and int positions) -> its index."""
+
+    def __init__(self) -> None:
+        self._index: dict[tuple[tuple[str, ...], tuple[int, ...]], int] = {}
+        self.wire: list[list[list[Any]]] = []
+
+    def pack(self, record: Metrics) -> list[Any] | None:
+        """The record's wire form, or None if it must keep the map form (a huge int, a bool)."""
+        numbers = list(record.values.values())
+        kinds = set(map(type, numbers))
+        if kinds <= _FLOAT:
+            ints: tuple[int, ...] = ()
+        elif kinds <= _NUMBERS:
+            ints = tuple(i for i, value in enumerate(numbers) if type(value) is int)
+            if any(not -EXACT <= numbers[i] <= EXACT for i in ints):
+                return None
+        else:
+            return None
+        key = (tuple(record.values), ints)
+        index = self._index.get(key)
+        if index is None:
+            index = self._index[key] = len(self.wire)
+            self.wire.append([list(key[0]), list(ints)])
+        return [KIND, record.step, record.time, index, struct.pack(f"<{len(numbers)}d", *numbers), record.only,
+                record.axis]
+
+
+Schema = tuple[list[str], list[int]]
+
+
+def is_axis(value: Any) -> bool:
+    """A metrics record's axis on the wire: nil (the trainer's step) or a short string."""
+    return value is None or (type(value) is str and 0 < len(value) <= 256)
+
+
+def schemas_from_wire(wire: Any) -> list[Schema]:
+    """The batch's schema table, checked: unique string keys, int positions in range and increasing."""
+    if not isinstance(wire, list):
+        raise CodecError("malformed batch: the metrics schemas must be a list")
+    schemas = []
+    for schema in wire:
+        if not (isinstance(schema, list) and len(schema) == 2 and isinstance(schema[0], list)
+                and isinstance(schema[1], list)):
+            raise CodecError("malformed batch: a metrics schema must be [keys, int positions]")
+        keys, ints = schema
+        if not all(type(key) is str for key in keys) or len(set(keys)) != len(keys):
+            raise CodecError("malformed batch: a metrics schema's keys must be distinct strings")
+        if not all(type(i) is int for i in ints) or ints != sorted(set(ints)) \
+                or (ints and not (0 <= ints[0] and ints[-1] < len(keys))):
+            raise CodecError("malformed batch: a metrics schema's int positions must increase, within its keys")
+        schemas.append((keys, ints))
+    return schemas
+
+
+def metrics_from_wire(wire: list[Any], schemas: list[Schema]) -> Metrics:
+    if len(wire) != 7:
+        raise CodecError("malformed batch: a keyed metrics record must have 7 fields")
+    _, step, when, index, numbers, only, axis = wire
+    if type(step) is not int or type(when) not in (int, float):
+        raise CodecError("malformed batch: metrics step must be an int and time a number")
+    if type(index) is not int or not 0 <= index < len(schemas):
+        raise CodecError(f"malformed batch: metrics schema index {reprlib.repr(index)} is not in the batch's table")
+    keys, ints = schemas[index]
+    if type(numbers) is not bytes or len(numbers) != 8 * len(keys):
+        raise CodecError(f"malformed batch: metrics numbers must be {8 * len(keys)} bytes")
+    if not (only is None or (isinstance(only, list) and all(type(b) is str for b in only))):
+        raise CodecError("malformed batch: metrics 'only' must be nil or a list of backend names")
+    if not is_axis(axis):
+        raise CodecError("malformed batch: metrics axis must be a short string")
+    values: list[Any] = list(struct.unpack(f"<{len(keys)}d", numbers))
+    for i in ints:
+        number = values[i]
+        if not (-EXACT <= number <= EXACT and number.is_integer()):  # NaN fails the comparison too
+            raise CodecError(f"malformed batch: metric {reprlib.repr(keys[i])} must be an int")
+        values[i] = int(number)
+    return Metrics(step=step, time=float(when), values=dict(zip(keys, values, strict=True)), only=only, axis=axis)

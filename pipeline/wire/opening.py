@@ -1,0 +1,47 @@
+"""What a lane actor is started with, as msgpack bytes (never pickle).
+
+Ray keeps an actor's constructor arguments to restart it, so they hold no secret: settings
+come from each sink's ``resolve()``, which leaves API keys to the actor's own environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from pipeline.core.records import RunSpec
+
+
+@dataclass(slots=True, kw_only=True, frozen=True)
+class LaneOpening:
+    backend: str
+    """Backend name in the registry (backends.py)."""
+    run: RunSpec
+    settings: dict[str, Any]
+    """The sink's resolved settings (plain values)."""
+    state_dir: str
+    """Folder of the lane's durable acknowledgement state."""
+    sink_retries: int
+    retry_backoff_s: float
+    trainer_node: str = ""
+    """Ray node id of the trainer: a lane on another node says so where it reports its paths."""
+
+    def pack(self) -> bytes:
+        run = self.run
+        return msgpack.packb({
+            "backend": self.backend,
+            "run": {"project": run.project, "experiment": run.experiment, "params": run.params,
+                    "run_id": run.run_id, "resume": run.resume},
+            "settings": self.settings, "state_dir": self.state_dir,
+            "sink_retries": self.sink_retries, "retry_backoff_s": self.retry_backoff_s,
+            "trainer_node": self.trainer_node,
+        }, use_bin_type=True)
+
+    @classmethod
+    def unpack(cls, blob: bytes) -> LaneOpening:
+        spec = msgpack.unpackb(blob, raw=False)
+        return cls(backend=spec["backend"], run=RunSpec(**spec["run"]), settings=spec["settings"],
+                   state_dir=spec["state_dir"], sink_retries=int(spec["sink_retries"]),
+                   retry_backoff_s=float(spec["retry_backoff_s"]), trainer_node=str(spec.get("trainer_node") or ""))

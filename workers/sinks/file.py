@@ -1,0 +1,161 @@
+"""File tracker: JSON lines ``{"step": ..., "data": {...}}``, the format of verl's file logger.
+
+Rich records go beside it: validation generations and rollout trajectories as one
+``{step}.jsonl`` per step in ``<name>_generations/`` and ``<name>_rollouts/`` (the shape of verl's
+``validation_data_dir`` / ``rollout_data_dir`` dumps, but never in those folders: verl's trainer writes its own
+``{step}.jsonl`` there, and the two would mix or overwrite each other),
+histograms, text, images and artifacts under ``<name>_media/``: an artifact is copied to
+``artifacts/<type>/<name>/step_<step>/<file or folder name>``, so each step's version of one name is kept.
+
+The first line is a header with the run's config (``"step": null, "data": {}`` so that
+readers of verl's format skip it). NaN and +-Inf are written as the JSON tokens
+``NaN``/``Infinity``, which Python's ``json`` and pandas read back exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
+from pipeline.host.sink import Sink
+from workers.sinks.media import safe_name
+from workers.sinks.steps import merge_by_axis_step
+
+
+class FileSink(Sink):
+    name = "file"
+
+    @classmethod
+    def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
+        path = env.get("VERL_FILE_LOGGER_PATH")
+        if not path:
+            root = os.path.expanduser(env.get("VERL_FILE_LOGGER_ROOT", "."))
+            path = os.path.join(root, run.project, f"{run.experiment}.jsonl")
+        base = os.path.splitext(os.path.abspath(path))[0]
+        # Folders of the file tracker's own, whatever trainer.validation_data_dir / rollout_data_dir say (docstring).
+        return {"path": os.path.abspath(path), "validation_dir": f"{base}_generations", "rollout_dir": f"{base}_rollouts",
+                "media_dir": f"{base}_media"}
+
+    def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
+        path = self.settings["path"]
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        # A fresh run truncates like verl; a restarted actor, or a resumed training run, appends.
+        appending = resume is not None or self.run.resume
+        self._handle = open(path, "a" if appending else "w", encoding="utf-8")
+        if appending and not _ends_a_line(path):  # a kill tore the last line: ours start on a line of their own
+            self._handle.write("\n")
+        if resume is None:
+            header = {"step": None, "data": {}, "project": self.run.project, "experiment": self.run.experiment,
+                      "run_id": self.run.run_id, "resumed": self.run.resume, "config": self.run.params}
+            self._handle.write(json.dumps(header) + "\n")
+            self._handle.flush()
+        return {"path": path}
+
+    def write_metrics(self, records: Sequence[Metrics]) -> None:
+        # verl's line, plus "axis" for a step on another axis (a producer's own, the system metrics')
+        lines = [json.dumps({"step": step, "data": values} if axis is None else {"step": step, "axis": axis, "data": values})
+                 for axis, step, values in merge_by_axis_step(records)]
+        if lines:
+            self._handle.write("\n".join(lines) + "\n")
+            self._handle.flush()  # a crash of the actor loses nothing it acknowledged
+
+    def write_generations(self, records: Sequence[Generations]) -> None:
+        for record in records:
+            lines = [{"input": i, "output": o, "score": score, "step": record.step} for i, o, score in record.samples]
+            self._append_lines(os.path.join(self.settings["validation_dir"], f"{record.step}.jsonl"), lines)
+
+    def write_trajectories(self, records: Sequence[Trajectories]) -> None:
+        for record in records:
+            lines = [{**t.as_dict(), "step": record.step} for t in record.trajectories]
+            self._append_lines(os.path.join(self.settings["rollout_dir"], f"{record.step}.jsonl"), lines)
+
+    def write_histogram(self, records: Sequence[Histogram]) -> None:
+        lines = [{"step": r.step, "name": r.name, **_histogram_line(r)} for r in records]
+        self._append_lines(os.path.join(self.settings["media_dir"], "histograms.jsonl"), lines)
+
+    def write_text(self, records: Sequence[Text]) -> None:
+        for record in records:
+            self._write_file(("text", safe_name(record.name), f"{record.step}.txt"), record.text.encode("utf-8"))
+
+    def write_image(self, records: Sequence[Image]) -> None:
+        for record in records:
+            self._write_file(("images", safe_name(record.name), f"{record.step}.png"), record.png)
+
+    def write_artifact(self, records: Sequence[Artifact]) -> None:
+        for record in records:
+            folder = os.path.join(self.settings["media_dir"], "artifacts", safe_name(record.type), safe_name(record.name),
+                                  f"step_{record.step}")
+            os.makedirs(folder, exist_ok=True)
+            copy = os.path.join(folder, os.path.basename(os.path.normpath(record.path)))
+            if os.path.isdir(record.path):  # a checkpoint folder, a multi-file artifact: its files, under its name
+                shutil.copytree(record.path, copy, dirs_exist_ok=True)
+            else:
+                shutil.copy2(record.path, copy)
+
+    def _append_lines(self, path: str, lines: list[dict[str, Any]]) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+
+    def _write_file(self, parts: tuple[str, ...], data: bytes) -> None:
+        path = os.path.join(self.settings["media_dir"], *parts)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
+
+    # -- exactly once: the files a batch appends to are cut back to where they stood --------
+    def mark(self, records: Sequence[Record]) -> dict[str, Any]:
+        paths = {self.settings["path"]}
+        for record in records:
+            if isinstance(record, Generations):
+                paths.add(os.path.join(self.settings["validation_dir"], f"{record.step}.jsonl"))
+            elif isinstance(record, Trajectories):
+                paths.add(os.path.join(self.settings["rollout_dir"], f"{record.step}.jsonl"))
+            elif isinstance(record, Histogram):
+                paths.add(os.path.join(self.settings["media_dir"], "histograms.jsonl"))
+        # text, images and artifacts are written whole under their step's name: writing them again is harmless
+        return {"sizes": {path: _size(path) for path in sorted(paths)}}
+
+    def rollback(self, mark: Mapping[str, Any]) -> None:
+        for path, size in dict(mark.get("sizes") or {}).items():
+            now = _size(path)
+            if size < 0 and now >= 0:
+                os.remove(path)
+            elif 0 <= size < now:
+                os.truncate(path, size)
+
+    def close(self, exit_code: int) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle is not None and not handle.closed:
+            handle.close()
+
+    def where(self) -> str:
+        return f"file: {self.settings['path']}"
+
+
+def _size(path: str) -> int:
+    """Bytes in ``path``, -1 if it does not exist."""
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return -1
+
+
+def _histogram_line(record: Histogram) -> dict[str, Any]:
+    figures = record.summary()
+    return {"count": figures.count, "nonfinite": figures.nonfinite, "min": figures.min, "max": figures.max,
+            "mean": figures.mean, "std": figures.std, "bin_edges": figures.bin_edges, "counts": figures.counts}
+
+
+def _ends_a_line(path: str) -> bool:
+    """Whether the file is empty or its last byte ends a line."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        if handle.tell() == 0:
+            return True
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) == b"\n"
