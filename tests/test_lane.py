@@ -9,7 +9,8 @@ import pytest
 import ray
 
 from pipeline.core.acks import Ack, SinkCounts
-from pipeline.shipping.lane import Entry, Lane
+from pipeline.shipping.lane import Entry, Lane, LaneSettings
+from pipeline.wire.ack import pack_ack
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -55,8 +56,8 @@ class FakeSink:
         self._failed_per_batch = failed_per_batch
 
     def _ack(self, gap: bool = False) -> bytes:
-        return Ack(applied=self.applied, gap=gap, pid=os.getpid(), node_id="fake-node",
-                   counts=SinkCounts(failed_records=self._failed_per_batch * len(self.order))).pack()
+        return pack_ack(Ack(applied=self.applied, gap=gap, pid=os.getpid(), node_id="fake-node",
+                   counts=SinkCounts(failed_records=self._failed_per_batch * len(self.order))))
 
     def ready(self) -> bytes:
         time.sleep(self._ready_sleep)
@@ -91,8 +92,8 @@ class FakeSink:
 
 
 def _lane(actor, max_inflight: int = 2, max_bytes: int = 1 << 20, startup_timeout_s: float = 60.0) -> Lane:
-    return Lane("fake", actor, max_bytes=max_bytes, max_inflight=max_inflight, dead_after_s=60.0,
-                startup_timeout_s=startup_timeout_s)
+    return Lane("fake", actor, LaneSettings(max_bytes=max_bytes, max_inflight=max_inflight, dead_after_s=60.0,
+                                            startup_timeout_s=startup_timeout_s))
 
 
 def _entry(seq: int, records: int = 1, nbytes: int = 10) -> Entry:
@@ -286,7 +287,7 @@ class RaisingReady:
         raise ValueError("tracker init exploded")
 
     def apply(self, seq, prev, blob):
-        return Ack(applied=seq).pack()
+        return pack_ack(Ack(applied=seq))
 
 
 def test_probe_that_raises_is_retried_then_the_lane_dies():
@@ -339,7 +340,7 @@ class LaggingStore:
             handle.write(word + "\n")
 
     def _ack(self, gap: bool = False) -> bytes:
-        return Ack(applied=self.handed, durable=self.durable, gap=gap, pid=os.getpid()).pack()
+        return pack_ack(Ack(applied=self.handed, durable=self.durable, gap=gap, pid=os.getpid()))
 
     def ready(self) -> bytes:
         return self._ack()
@@ -376,8 +377,8 @@ def test_batches_not_durable_yet_are_sent_again_from_the_spool_after_a_crash(tmp
         reloaded.append(seq)
         return ray.put(f"batch-{seq}".encode())
 
-    lane = Lane("lagging", actor, max_bytes=1 << 20, max_inflight=1, dead_after_s=60.0, startup_timeout_s=60.0,
-                reload=reload)
+    settings = LaneSettings(max_bytes=1 << 20, max_inflight=1, dead_after_s=60.0, startup_timeout_s=60.0)
+    lane = Lane("lagging", actor, settings, reload=reload)
     try:
         for seq in range(1, 9):
             lane.offer(_entry(seq, records=seq))

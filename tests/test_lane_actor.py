@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 
 from pipeline.core.acks import Ack
+from pipeline.core.records import Batch, Metrics, RunSpec
+from pipeline.shipping.lane_actor import LaneActor
+from pipeline.wire.ack import pack_ack, unpack_ack
 from pipeline.wire.batch import encode_batch
 from pipeline.wire.opening import LaneOpening
-from pipeline.core.records import Batch, Metrics, RunSpec
 from workers.testing.memory import memory_records
-from pipeline.shipping.lane_actor import LaneActor
 
 RUN = RunSpec(project="p", experiment="e", run_id="lane-actor-test")
 
@@ -29,7 +30,7 @@ def _actor(tmp_path, **trainer) -> LaneActor:
 
 
 def _apply(actor: LaneActor, seq: int, prev: int, blob: bytes) -> Ack:
-    return Ack.unpack(actor.apply(seq, prev, blob))
+    return unpack_ack(actor.apply(seq, prev, blob))
 
 
 def _steps(actor: LaneActor, tmp_path) -> list[int]:
@@ -55,7 +56,7 @@ def test_restart_resumes_from_saved_state(tmp_path):
     first = _actor(tmp_path)
     first.apply(1, 0, _blob(1, range(0, 2)))
     second = _actor(tmp_path)
-    assert Ack.unpack(second.ready()).applied == 1
+    assert unpack_ack(second.ready()).applied == 1
     assert _apply(second, 1, 0, _blob(1, range(0, 2))).applied == 1  # skipped, not written again
     assert _apply(second, 2, 1, _blob(2, range(2, 4))).applied == 2
     assert _steps(second, tmp_path) == [0, 1, 2, 3]  # one sink file across both actors, no duplicate
@@ -81,7 +82,7 @@ def test_failing_tracker_is_retried_then_counted(tmp_path):
 def test_failed_open_is_retried_on_next_batch(tmp_path):
     """A tracker that cannot open is reported by ready() and does not crash the actor."""
     actor = _actor(tmp_path, fail_open=True)
-    info = Ack.unpack(actor.ready())
+    info = unpack_ack(actor.ready())
     assert info.opened is False and "fail on open" in info.error
     assert _apply(actor, 1, 0, _blob(1, range(3))).counts.failed_records == 3
 
@@ -98,17 +99,18 @@ def test_lane_gives_up_after_repeated_actor_errors(ray_session):
     """A lane whose actor raises on every call re-sends a few times, then counts its records as dropped."""
     import ray
 
-    from pipeline.shipping.lane import Entry, Lane
+    from pipeline.shipping.lane import Entry, Lane, LaneSettings
 
     @ray.remote(num_cpus=0)
     class Broken:
         def ready(self):
-            return Ack(applied=0).pack()
+            return pack_ack(Ack(applied=0))
 
         def apply(self, seq, prev, blob):
             raise OSError("disk full")
 
-    lane = Lane("broken", Broken.remote(), max_bytes=1 << 20, max_inflight=1, dead_after_s=10, startup_timeout_s=30)
+    settings = LaneSettings(max_bytes=1 << 20, max_inflight=1, dead_after_s=10, startup_timeout_s=30)
+    lane = Lane("broken", Broken.remote(), settings)
     lane.offer(Entry(seq=1, ref=ray.put(b"x"), nbytes=1, records=3, oldest_log_time=time.time()))
     deadline = time.monotonic() + 30
     while not lane.dead and time.monotonic() < deadline:
@@ -123,7 +125,7 @@ def test_restarted_actor_continues_its_counts(tmp_path):
     first = _actor(tmp_path, fail_writes=True)
     first.apply(1, 0, _blob(1, range(4)))
     second = _actor(tmp_path, fail_writes=True)
-    assert Ack.unpack(second.ready()).counts.failed_records == 4
+    assert unpack_ack(second.ready()).counts.failed_records == 4
     assert _apply(second, 2, 1, _blob(2, range(4, 6))).counts.failed_records == 6
 
 
@@ -136,10 +138,10 @@ def test_a_lagging_store_gives_two_watermarks_and_a_successor_starts_from_the_du
     assert _apply(actor, 4, 3, _blob(4, range(4, 5))).applied == 4  # a re-send of what it was handed: skipped
 
     successor = _actor(tmp_path, store_lag=2)
-    assert Ack.unpack(successor.ready()).applied == 2  # what the store held; batches 3 and 4 come again
+    assert unpack_ack(successor.ready()).applied == 2  # what the store held; batches 3 and 4 come again
     assert _apply(successor, 4, 3, _blob(4, range(4, 5))).gap
     assert (_apply(successor, 3, 2, _blob(3, range(3, 4))).applied, _apply(successor, 4, 3, _blob(4, range(4, 5))).applied) \
         == (3, 4)
-    closed = Ack.unpack(successor.close(0))
+    closed = unpack_ack(successor.close(0))
     assert (closed.applied, closed.durable_seq) == (4, 4)
-    assert Ack.unpack(_actor(tmp_path, store_lag=2).ready()).applied == 4
+    assert unpack_ack(_actor(tmp_path, store_lag=2).ready()).applied == 4

@@ -174,7 +174,7 @@ def test_steps_out_of_order_from_two_producers_all_reach_wandb_and_tensorboard(o
     orders = [random.Random(seed).sample(range(200), 200) for seed in (1, 2)]
     workers = [LateWorker.remote(tracking.producer("behind")),
                LateWorker.remote(tracking.producer("rollout", axis="rollout/step"))]
-    ray.get([worker.run.remote(order) for worker, order in zip(workers, orders)])  # flushed (handed on)
+    ray.get([worker.run.remote(order) for worker, order in zip(workers, orders, strict=True)])  # flushed (handed on)
     report = tracking.finish()
     assert report.complete, report.summary()
     assert report.lanes["wandb"].cuts == {}

@@ -10,14 +10,17 @@ import pytest
 import ray
 from ray.exceptions import RayActorError
 
+from pipeline.capture.captured import Captured
+from pipeline.capture.convert import Converter
+from pipeline.capture.rich import RecordLimits
+from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.acks import Ack, SinkCounts
 from pipeline.shipping.buffer import RecordBuffer
-from pipeline.capture.captured import Captured
-from pipeline.wire.batch import decode_batch
-from pipeline.config.async_log import AsyncLogConfig
-from pipeline.shipping.lane import Lane
-from pipeline.capture.rich import RecordLimits
+from pipeline.shipping.lane import Lane, LaneSettings
 from pipeline.shipping.shipper import Shipper
+from pipeline.shipping.tracker_calls import TrackerCalls
+from pipeline.wire.ack import pack_ack
+from pipeline.wire.batch import decode_batch
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -37,7 +40,7 @@ class FakeTracker:
         self._where = where
 
     def _ack(self, gap: bool = False, **extra) -> bytes:
-        return Ack(applied=self.applied, gap=gap, pid=os.getpid(), **extra).pack()
+        return pack_ack(Ack(applied=self.applied, gap=gap, pid=os.getpid(), **extra))
 
     def ready(self) -> bytes:
         return self._ack()
@@ -95,10 +98,11 @@ def _config(**overrides) -> AsyncLogConfig:
 
 
 def _shipper(cfg: AsyncLogConfig, actors: dict) -> Shipper:
-    lanes = {name: Lane(name, actor, cfg.lane_max_bytes, cfg.max_inflight_batches, dead_after_s=60.0,
-                        startup_timeout_s=cfg.startup_timeout_s) for name, actor in actors.items()}
+    settings = LaneSettings(max_bytes=cfg.lane_max_bytes, max_inflight=cfg.max_inflight_batches, dead_after_s=60.0,
+                            startup_timeout_s=cfg.startup_timeout_s)
+    lanes = {name: Lane(name, actor, settings) for name, actor in actors.items()}
     buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
-    shipper = Shipper(cfg, RecordLimits(), buffer, lanes)
+    shipper = Shipper(cfg, buffer, lanes, Converter(RecordLimits(), backends=list(lanes)), tracker_calls=TrackerCalls())
     shipper.start()
     return shipper
 
@@ -132,8 +136,8 @@ def _wait_for(condition, what: str) -> None:
 def test_close_keeps_a_quarter_of_the_deadline_at_most_15_s(timeout, close_share):
     """close() drains until its deadline less min(25 %, 15 s) of it; flush() drains until its whole deadline."""
     cfg = _config()
-    shipper = Shipper(cfg, RecordLimits(), RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow,
-                                                        cfg.block_timeout_s), {})  # not started: requests stay posted
+    buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
+    shipper = Shipper(cfg, buffer, {}, Converter(RecordLimits()))  # not started: requests stay posted
     before = time.monotonic()
     report = shipper.close(0, timeout)
     assert report.timed_out  # no thread to answer: answered at once, as timed out
@@ -272,19 +276,19 @@ class SlowTracker:
         self.applied = 0
 
     def ready(self):
-        return Ack(applied=0).pack()
+        return pack_ack(Ack(applied=0))
 
     def apply(self, seq, prev, blob):
         time.sleep(1.0)
         self.applied = seq
-        return Ack(applied=seq).pack()
+        return pack_ack(Ack(applied=seq))
 
     def flush(self):
         time.sleep(0.5)
-        return Ack(applied=self.applied).pack()
+        return pack_ack(Ack(applied=self.applied))
 
     def close(self, exit_code):
-        return Ack(applied=self.applied).pack()
+        return pack_ack(Ack(applied=self.applied))
 
 
 def test_first_flush_is_not_blamed_for_records_logged_after_it():

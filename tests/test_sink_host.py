@@ -6,11 +6,12 @@ import logging
 
 import pytest
 
-from pipeline.core.acks import Ack, SinkCounts
+from pipeline.core.acks import SinkCounts
 from pipeline.core.errors import CodecError, SinkError
 from pipeline.core.records import Metrics, RunSpec
 from pipeline.host.sink import Sink
 from pipeline.host.sink_host import SinkHost
+from pipeline.wire.ack import unpack_ack
 
 RUN = RunSpec(project="p", experiment="e", run_id="host")
 
@@ -106,7 +107,7 @@ def test_counts_of_an_earlier_actor_are_continued():
     sink = Flaky(fail_writes=100)
     host = SinkHost("flaky", sink, 0, 0.0, counts=SinkCounts(failed_records=7, unsupported={"image": 2}))
     host.write(_records(1))
-    ack = Ack.unpack(host.ack(applied=4).pack())
+    ack = unpack_ack(host.ack(applied=4).pack())
     assert ack.applied == 4 and ack.counts.failed_records == 8 and ack.counts.unsupported == {"image": 2}
     assert ack.where == "flaky" and ack.pid > 0
 
@@ -114,6 +115,6 @@ def test_counts_of_an_earlier_actor_are_continued():
 def test_malformed_ack_is_refused():
     """An acknowledgement that is not what a host packs raises CodecError, never anything else."""
     with pytest.raises(CodecError):
-        Ack.unpack(b"\x93\x01\x02")
+        unpack_ack(b"\x93\x01\x02")
     with pytest.raises(CodecError):
-        Ack.unpack(b"not msgpack at all \xc1")
+        unpack_ack(b"not msgpack at all \xc1")

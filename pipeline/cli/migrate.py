@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.cli.migrate_check import Holdings, compare_targets, comparison_table
 from pipeline.cli.replay import deliver_spool, undelivered
-from pipeline.core.errors import CodecError, ConfigError
+from pipeline.core.errors import ConfigError
 from pipeline.core.params import plain_config
 from pipeline.core.records import Batch, Generations, Metrics, Record, RunSpec, Trajectories
 from pipeline.spool.manifest import RunManifest, default_spool_dir, holds_a_spool, lanes_dir
 from pipeline.spool.segments import Spool
-from pipeline.wire.batch import decode_batch, encode_batch
+from pipeline.wire.batch import encode_batch, encode_what_encodes
 
 if TYPE_CHECKING:
     from pipeline.host.source import Source
@@ -177,18 +177,8 @@ def _size(record: Record) -> int:
 def _encodable(batch: list[Record]) -> list[Record]:
     """The batch's records that the lanes can decode (a source bug must not make a lane refuse a whole batch):
     the batch as it is when it decodes, else each record tried alone, the bad ones skipped with a warning."""
-    try:
-        decode_batch(encode_batch(Batch(seq=1, created=0.0, records=batch), 1))
-        return batch
-    except (CodecError, TypeError, ValueError, OverflowError):
-        pass
-    kept = []
-    for record in batch:
-        try:
-            decode_batch(encode_batch(Batch(seq=1, created=0.0, records=[record]), 1))
-        except (CodecError, TypeError, ValueError, OverflowError) as exc:
-            log.warning("tracklane: migrate: a %s record at step %s cannot be carried (%s); skipped",
-                        record.kind, record.step, exc)
-        else:
-            kept.append(record)
+    _, kept, refused = encode_what_encodes(batch, 1, 0.0, level=1, check=True)
+    for record, exc in refused:
+        log.warning("tracklane: migrate: a %s record at step %s cannot be carried (%s); skipped",
+                    record.kind, record.step, exc)
     return kept

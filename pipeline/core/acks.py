@@ -1,7 +1,7 @@
 """What a sink host answers: how far its tracker got and what it could not store.
 
 The lane actor sends an ``Ack`` back for every call, as msgpack of its plain fields (never
-pickle); the trainer side reads it in ``Lane`` and merges it into a ``LaneReport`` in exactly
+pickle: pipeline/wire/ack.py); the trainer side reads it in ``Lane`` and merges it into a ``LaneReport`` in exactly
 one place (``LaneReport.take``). The synchronous path builds the same ``Ack`` in-process.
 """
 
@@ -10,8 +10,6 @@ from __future__ import annotations
 import reprlib
 from dataclasses import dataclass, field
 from typing import Any
-
-import msgpack
 
 from pipeline.core.errors import CodecError
 
@@ -42,8 +40,8 @@ class SinkCounts:
     def from_plain(cls, data: Any) -> SinkCounts:
         if not isinstance(data, dict):
             raise CodecError(f"sink counts must be a map, got {type(data).__name__}")
-        return cls(failed_records=_int(data.get("failed_records", 0)), unsupported=_counts(data.get("unsupported")),
-                   artifacts_missing=_int(data.get("artifacts_missing", 0)), cuts=_counts(data.get("cuts")))
+        return cls(failed_records=_int(data.get("failed_records", 0)), unsupported=plain_counts(data.get("unsupported")),
+                   artifacts_missing=_int(data.get("artifacts_missing", 0)), cuts=plain_counts(data.get("cuts")))
 
     def add(self, table: dict[str, int], what: str, n: int) -> None:
         """Add ``n`` to ``table[what]`` (``table`` is ``self.unsupported`` or ``self.cuts``)."""
@@ -112,27 +110,6 @@ class Ack:
     def durable_seq(self) -> int:
         return self.applied if self.durable is None else min(self.durable, self.applied)
 
-    def pack(self) -> bytes:
-        return msgpack.packb([self.applied, self.gap, self.opened, self.error, self.counts.to_plain(), self.where,
-                              self.pid, self.node_id, self.held, self.durable, self.sources, self.work.to_plain(),
-                              self.output],
-                             use_bin_type=True)
-
-    @classmethod
-    def unpack(cls, blob: bytes) -> Ack:
-        try:
-            applied, gap, opened, error, counts, where, pid, node_id, held, durable, sources, work, output = \
-                msgpack.unpackb(blob, raw=False)
-        except Exception as exc:  # msgpack raises several unrelated types for bad input
-            raise CodecError(f"malformed acknowledgement: {exc}") from exc
-        if type(applied) is not int or type(pid) is not int or (error is not None and type(error) is not str) \
-                or type(where) is not str or type(node_id) is not str or type(output) is not str \
-                or (durable is not None and type(durable) is not int):  # int() or str() of a hostile value would raise
-            raise CodecError("malformed acknowledgement: bad applied, durable, pid, error, where, node_id or output field")
-        return cls(applied=applied, durable=durable, gap=bool(gap), held=bool(held), opened=bool(opened), error=error,
-                   counts=SinkCounts.from_plain(counts), where=where, pid=pid, node_id=node_id, sources=_counts(sources),
-                   work=Work.from_plain(work), output=output)
-
 
 def _int(value: Any) -> int:
     if type(value) is not int:
@@ -140,7 +117,8 @@ def _int(value: Any) -> int:
     return value
 
 
-def _counts(value: Any) -> dict[str, int]:
+def plain_counts(value: Any) -> dict[str, int]:
+    """A name -> count map read from plain data (CodecError for anything else)."""
     if value is None:
         return {}
     if not isinstance(value, dict):

@@ -1,4 +1,4 @@
-"""The one small protocol every tracker implements.
+"""The one small contract every tracker implements, and the optional capabilities some have.
 
 A sink is a plain class, one per tracker, one file each, registered by name in
 ``pipeline/host/registry.py``. The same object runs in-process (``log_async: false``) and inside a
@@ -17,6 +17,14 @@ lane's Ray actor (``log_async: true``), always behind a ``SinkHost`` (sink_host.
 
 After an actor restart the sink is built again and ``open(resume)`` re-attaches to
 the same tracker run without logging the hyper-parameters a second time.
+
+A sink with more to offer implements one of the ``typing.Protocol``s below as well (torchtitan's
+checkpoint storage does the same); the host asks ``isinstance`` once and uses it when it is there:
+
+    BatchPositions   begin_batch(source, seq, records)   rows keyed by their place in a lane's batch
+    LaggingStore     written() / durable(point)          a store that lands in the background (wandb-core)
+    Undoable         mark(records) / rollback(mark)      a partial write undone by the next actor
+    CapturedOutput   capture_output() / take_output()    printed lines sent to the trainer's terminal
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import importlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pipeline.core.acks import SinkCounts
 from pipeline.core.errors import MissingExtraError
@@ -35,7 +43,8 @@ log = logging.getLogger("tracklane")
 
 
 class Sink:
-    """Base class with the defaults; subclasses override the hooks their tracker stores."""
+    """The narrow base: open, write (each record kind to its hook), flush, close. Subclasses override the hooks
+    their tracker stores; a kind whose hook is not overridden is counted unsupported."""
 
     name: ClassVar[str] = ""
     sdk_module: ClassVar[str | None] = None
@@ -126,32 +135,6 @@ class Sink:
     def close(self, exit_code: int) -> None:
         pass
 
-    def begin_batch(self, source: str, seq: int, records: Sequence[Record]) -> None:
-        """Batch ``seq`` of ``source`` (the trainer "", a producer) is about to be written: ``records`` is
-        the whole batch, in its order, before a lane's ``only`` filter (positions stay the same when it is
-        sent again). Not called on the synchronous path."""
-
-    # -- durability: what a sink whose tracker stores in the background overrides -----------
-    def written(self) -> Any:
-        """A point standing for everything handed to the tracker so far, to ask ``durable`` about
-        later; None (the default) when ``flush()`` returning already made it durable."""
-        return None
-
-    def durable(self, point: Any) -> bool:
-        """Whether the tracker's own store now holds everything handed to it up to ``point`` (a value
-        ``written()`` returned). After a clean ``close()`` everything is."""
-        return True
-
-    # -- exactly once: what a sink that can undo a partial write overrides ------------------
-    def mark(self, records: Sequence[Record]) -> dict[str, Any] | None:
-        """Where the tracker stands before ``records`` are written (plain values), or None if a partial
-        write cannot be undone. Saved with the lane's state before the write."""
-        return None
-
-    def rollback(self, mark: Mapping[str, Any]) -> None:
-        """Undo whatever was written after ``mark`` (the actor died before acknowledging it); called
-        before ``open()`` by the actor that takes over."""
-
     @classmethod
     def is_outage(cls, exc: BaseException) -> bool:
         """True if ``exc`` says the tracker cannot be reached (retry later, count nothing) rather than
@@ -163,14 +146,51 @@ class Sink:
         """One line saying where this sink wrote, for the end-of-run summary."""
         return self.name
 
-    # -- output for the trainer's terminal: what a sink that prints overrides -----------------
+
+@runtime_checkable
+class BatchPositions(Protocol):
+    def begin_batch(self, source: str, seq: int, records: Sequence[Record]) -> None:
+        """Batch ``seq`` of ``source`` (the trainer "", a producer) is about to be written: ``records`` is
+        the whole batch, in its order, before a lane's ``only`` filter (positions stay the same when it is
+        sent again). Not called on the synchronous path."""
+
+
+@runtime_checkable
+class LaggingStore(Protocol):
+    """A tracker whose store lands in the background: ``flush()`` returning does not make a write durable."""
+
+    def written(self) -> Any:
+        """A point standing for everything handed to the tracker so far, to ask ``durable`` about later
+        (None: already durable)."""
+
+    def durable(self, point: Any) -> bool:
+        """Whether the tracker's own store now holds everything handed to it up to ``point`` (a value
+        ``written()`` returned). After a clean ``close()`` everything is."""
+
+
+@runtime_checkable
+class Undoable(Protocol):
+    """A tracker whose partial write can be undone, so a batch an actor died in is applied exactly once."""
+
+    def mark(self, records: Sequence[Record]) -> dict[str, Any] | None:
+        """Where the tracker stands before ``records`` are written (plain values), or None if this write
+        cannot be undone. Saved with the lane's state before the write."""
+
+    def rollback(self, mark: Mapping[str, Any]) -> None:
+        """Undo whatever was written after ``mark`` (the actor died before acknowledging it); called
+        before ``open()`` by the actor that takes over."""
+
+
+@runtime_checkable
+class CapturedOutput(Protocol):
+    """A sink that prints (the console): in a lane actor its lines go to the trainer's terminal instead."""
+
     def capture_output(self) -> None:
         """Keep what this sink would print for ``take_output()`` instead (the lane actor sends it to the
         trainer, whose stdout is the user's; the actor's own reaches it late, through Ray, prefixed)."""
 
     def take_output(self) -> str:
         """The text kept since the last call (whole lines), and forget it."""
-        return ""
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline.core.acks import Ack, SinkCounts, Work
 from pipeline.core.records import Record
-from pipeline.host.sink import Sink
+from pipeline.host.sink import BatchPositions, CapturedOutput, LaggingStore, Sink, Undoable
 
 log = logging.getLogger("tracklane")
 
@@ -33,6 +33,11 @@ class SinkHost:
         ``node_note`` is added to ``where`` (the node the paths are on, when it is not the trainer's)."""
         self.lane = lane
         self.sink = sink
+        # The optional capabilities (sink.py), asked once: None where the sink has none.
+        self._positions = sink if isinstance(sink, BatchPositions) else None
+        self._lagging = sink if isinstance(sink, LaggingStore) else None
+        self._undoable = sink if isinstance(sink, Undoable) else None
+        self._printing = sink if isinstance(sink, CapturedOutput) else None
         if counts is not None:
             sink.counts = counts
         self.resume: dict[str, Any] | None = dict(resume) if resume is not None else None
@@ -82,8 +87,8 @@ class SinkHost:
         mine = [r for r in records if r.only is None or self.lane in r.only]
         if not mine or self._closed:
             return True
-        if batch is not None:
-            self.sink.begin_batch(batch[0], batch[1], records)
+        if batch is not None and self._positions is not None:
+            self._positions.begin_batch(batch[0], batch[1], records)
         exc = self._attempt(mine, durable=durable)
         if exc is None:
             return True
@@ -147,17 +152,21 @@ class SinkHost:
         return clean
 
     def written(self) -> Any:
-        """The sink's durability point for what it was handed so far (``Sink.written``)."""
+        """The sink's durability point for what it was handed so far (``LaggingStore.written``; None: durable)."""
+        if self._lagging is None:
+            return None
         try:
-            return self.sink.written()
+            return self._lagging.written()
         except Exception as exc:  # no point: the batch counts as durable once flushed, as in most trackers
             self.error = f"written: {type(exc).__name__}: {exc}"
             return None
 
     def durable(self, point: Any) -> bool:
         """Whether the sink's store holds what was handed to it up to ``point``; False if it cannot tell."""
+        if self._lagging is None:
+            return True
         try:
-            return self.sink.durable(point)
+            return self._lagging.durable(point)
         except Exception as exc:  # cannot tell: the batch waits (in the spool) until close
             self.error = f"durable: {type(exc).__name__}: {exc}"
             return False
@@ -173,17 +182,27 @@ class SinkHost:
 
     def mark(self, records: Sequence[Record]) -> dict[str, Any] | None:
         """The sink's undo point before ``records`` (None if it has none, or is not open)."""
-        if not self._opened:
+        if not self._opened or self._undoable is None:
             return None
         try:
-            return self.sink.mark(records)
+            return self._undoable.mark(records)
         except Exception as exc:  # no undo point: the batch is still written, only not undoable
             self.error = f"mark: {type(exc).__name__}: {exc}"
             return None
 
     def rollback(self, mark: Mapping[str, Any]) -> None:
         """Undo a write the previous actor did not acknowledge (before this host opens)."""
-        self._guard("rollback", self.sink.rollback, mark)
+        if self._undoable is not None:
+            self._guard("rollback", self._undoable.rollback, mark)
+
+    def capture_output(self) -> None:
+        """What the sink prints is kept for ``take_output`` (in a lane actor: the trainer prints it)."""
+        if self._printing is not None:
+            self._printing.capture_output()
+
+    def take_output(self) -> str:
+        """The lines the sink printed since the last call ("" for a sink that does not print)."""
+        return self._printing.take_output() if self._printing is not None else ""
 
     def ack(self, applied: int, durable: int | None = None, gap: bool = False, held: bool = False,
             sources: dict[str, int] | None = None, work: Work | None = None, output: str = "") -> Ack:

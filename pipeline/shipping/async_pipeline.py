@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline.capture.convert import Converter
 from pipeline.capture.rich import RecordLimits
 from pipeline.config.async_log import AsyncLogConfig
 from pipeline.config.placement import lane_actor_options
@@ -18,9 +19,11 @@ from pipeline.node.system_metrics import start_node_sampling
 from pipeline.node.terminal import TERMINAL
 from pipeline.shipping.buffer import RecordBuffer
 from pipeline.shipping.hub import ProducerHub, ProducerSpec
-from pipeline.shipping.lane import Lane
+from pipeline.shipping.lane import Lane, LaneSettings
 from pipeline.shipping.lane_actor import LaneActor
-from pipeline.shipping.shipper import Shipper, SpoolReloader
+from pipeline.shipping.shipper import Shipper
+from pipeline.shipping.spool_stage import SpoolReloader, SpoolStage
+from pipeline.shipping.tracker_calls import TrackerCalls
 from pipeline.spool.recovery import open_spooling
 from pipeline.wire.opening import LaneOpening
 
@@ -47,13 +50,15 @@ class AsyncPipeline:
                                   sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
                                   trainer_node=trainer_node)
             actor = actor_class.options(**options).remote(name, opening.pack())
-            lane = Lane.configured(name, actor, cfg, reload=reload, on_output=TERMINAL.write)
+            lane = Lane(name, actor, LaneSettings.of(cfg), reload=reload, on_output=TERMINAL.write)
             if spooling is not None:
                 lane.preload(spooling.pending.get(name, ()))
             self._lanes[name] = lane
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
-        self._shipper = Shipper(cfg, limits, self.buffer, self._lanes, spooling,
-                                first_seq=spooling.first_seq if spooling is not None else 0)
+        # Rank 0's shipper: the whole run's converter, the spool, and the calls that flush and close the trackers.
+        self._shipper = Shipper(cfg, self.buffer, self._lanes, Converter(limits, backends=list(self._lanes)),
+                                spool=SpoolStage(spooling, cfg.spool_max_bytes) if spooling is not None else None,
+                                tracker_calls=TrackerCalls())
         self._switch_interval = sys.getswitchinterval()
         if cfg.gil_switch_interval_s is not None:
             sys.setswitchinterval(cfg.gil_switch_interval_s)
@@ -71,7 +76,7 @@ class AsyncPipeline:
 
         if self._hub is None:  # made with the first producer: a run without producers costs no actor
             self._hub = ray.remote(num_cpus=0, max_restarts=0)(ProducerHub).remote()
-            self._shipper.hub = self._hub
+            self._shipper.watch_producers(self._hub)
         actors = {name: lane.actor for name, lane in self._lanes.items()}
         return ProducerSpec(lanes=actors, hub=self._hub, cfg=self._cfg, limits=self._limits,
                             run=(self._run_id, self._started))

@@ -8,6 +8,7 @@ shipped before it was called, and to count what they lost. Everything crosses Ra
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ import msgpack
 from pipeline.capture.rich import RecordLimits
 from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.report import ProducerReport
+
+log = logging.getLogger("tracklane")
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,7 +82,7 @@ class ProducerFigures:
         return msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
 
 
-def producer_reports(snapshot: bytes, lanes: dict[str, Any]) -> dict[str, Any]:
+def producer_reports(snapshot: bytes, lanes: dict[str, Any]) -> dict[str, ProducerReport]:
     """Rank 0's view of every producer at finish: ``ProducerReport`` by source id."""
     figures: dict[str, dict[str, Any]] = msgpack.unpackb(snapshot, raw=False)
     out = {}
@@ -97,3 +100,46 @@ def targets(snapshot: bytes) -> dict[str, int]:
     hub snapshot. A dead producer's calls in flight died with it: nothing to wait for."""
     return {source: int(f["seq"]) for source, f in msgpack.unpackb(snapshot, raw=False).items()
             if f["closed"] or f["age_s"] < GONE_AFTER_S}
+
+
+class HubWatch:
+    """Rank 0's view of its producers' hub, read by the shipper thread: polled without blocking while a close
+    waits for what live producers shipped, and read once more (a wait of a few ms) for the final report."""
+
+    def __init__(self, hub: Any) -> None:
+        self.hub = hub
+        self._ref: Any = None  # a snapshot() call in flight
+        self._view: bytes | None = None  # the latest snapshot
+
+    def targets(self) -> dict[str, int] | None:
+        """source id -> the last batch each live producer handed its lanes; None until the hub has answered."""
+        view = self._poll()
+        return targets(view) if view is not None else None
+
+    def _poll(self) -> bytes | None:
+        """The hub's latest snapshot, asking again when the last answer came (never blocks)."""
+        import ray
+
+        if self.hub is None:
+            return self._view
+        if self._ref is None:
+            self._ref = self.hub.snapshot.remote()
+        if ray.wait([self._ref], timeout=0)[0]:
+            try:
+                self._view = ray.get(self._ref)
+            except Exception as exc:  # the hub died: producers cannot be waited for
+                log.warning("tracklane: the producers' hub cannot be read (%s); not waiting for producers", exc)
+                self.hub, self._view = None, b"\x80"
+            self._ref = None
+        return self._view
+
+    def reports(self, lanes: dict[str, Any], final: bool) -> dict[str, ProducerReport]:
+        """Every producer as the hub last said; ``final``: ask it for the producers' last words first."""
+        import ray
+
+        if final and self.hub is not None:
+            try:
+                self._view = ray.get(self.hub.snapshot.remote(), timeout=2.0)
+            except Exception as exc:
+                log.warning("tracklane: the producers' hub cannot be read (%s)", exc)
+        return producer_reports(self._view, lanes) if self._view is not None else {}

@@ -33,6 +33,7 @@ from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.acks import Ack
 from pipeline.core.report import LaneInfo, LaneReport
 from pipeline.spool.segments import SpoolEntry
+from pipeline.wire.ack import unpack_ack
 
 _LAGS_KEPT = 10_000
 _TASK_ERRORS_TOLERATED = 5  # consecutive failed apply() calls before the lane gives up
@@ -53,25 +54,50 @@ Reload = Callable[[int], Any]
 """seq -> a Ray object of that batch read back from the spool, or None if the spool lost it."""
 
 
+@dataclass(slots=True, kw_only=True, frozen=True)
+class LaneSettings:
+    """A lane's bounds, deadlines and backoff; ``LaneSettings.of(cfg)`` takes them from ``trainer.async_log``."""
+
+    max_bytes: int
+    """Encoded bytes of unacknowledged batches held in Ray for this lane (beyond it they wait in the spool)."""
+    max_inflight: int
+    """Batches submitted to the actor and not answered yet."""
+    dead_after_s: float
+    """An actor silent this long (its calls unanswered) is taken for dead and the lane recovers."""
+    startup_timeout_s: float
+    """How long the actor may take to open its tracker before the lane gives up on it."""
+    backoff_s: float = 0.5
+    """First wait before sending again to a tracker that is down (doubling)."""
+    max_backoff_s: float = 30.0
+    max_outage_s: float | None = None
+    """A tracker down this long makes the lane give up (None: never)."""
+
+    @classmethod
+    def of(cls, cfg: AsyncLogConfig) -> LaneSettings:
+        return cls(max_bytes=cfg.lane_max_bytes, max_inflight=cfg.max_inflight_batches,
+                   dead_after_s=max(30.0, cfg.startup_timeout_s / 2), startup_timeout_s=cfg.startup_timeout_s,
+                   backoff_s=max(cfg.retry_backoff_s, 0.05), max_backoff_s=cfg.max_retry_backoff_s,
+                   max_outage_s=cfg.max_outage_s)
+
+
 class Lane:
-    def __init__(self, name: str, actor: Any, max_bytes: int, max_inflight: int, dead_after_s: float,
-                 startup_timeout_s: float, reload: Reload | None = None, backoff_s: float = 0.5,
-                 max_backoff_s: float = 30.0, max_outage_s: float | None = None, source: str = "",
-                 on_output: Callable[[str], None] | None = None) -> None:
-        """``source``: "" for the trainer's lane; a producer's source id for a producer's lane (its own
-        sequence numbers at the same actor). ``on_output``: where the lines the tracker printed go (the
-        console's, in the order its answers arrive: batch order)."""
+    def __init__(self, name: str, actor: Any, settings: LaneSettings, *, reload: Reload | None = None,
+                 source: str = "", on_output: Callable[[str], None] | None = None) -> None:
+        """``reload``: reads a batch back from the spool (rank 0's lanes). ``source``: "" for the trainer's lane;
+        a producer's source id for a producer's lane (its own sequence numbers at the same actor). ``on_output``:
+        where the lines the tracker printed go (the console's, in the order its answers arrive: batch order)."""
         self.name = name
         self.actor = actor
         self._source = source
         self._on_output = on_output
-        self._max_bytes = max_bytes
-        self._max_inflight = max_inflight
-        self._dead_after_s = dead_after_s
+        self._max_bytes = settings.max_bytes
+        self._max_inflight = settings.max_inflight
+        self._dead_after_s = settings.dead_after_s
         self._reload = reload
-        self._backoff_s = backoff_s
-        self._max_backoff_s = max_backoff_s
-        self._max_outage_s = max_outage_s
+        self._backoff_s = settings.backoff_s
+        self._max_backoff_s = settings.max_backoff_s
+        self._max_outage_s = settings.max_outage_s
+        startup_timeout_s = settings.startup_timeout_s
         self._hold_s = 0.0  # current backoff while the tracker is down
         self._hold_until = 0.0  # monotonic time before which nothing is submitted
         self._down_since: float | None = None  # monotonic time of the first "held" of this outage
@@ -98,15 +124,6 @@ class Lane:
         """How far each producer's batches got at this lane's actor, as of its latest answer."""
         self.answered = False
         """Its actor answered at least once (it is up, its tracker opened or failed to); read by other threads."""
-
-    @classmethod
-    def configured(cls, name: str, actor: Any, cfg: AsyncLogConfig, reload: Reload | None = None,
-                   source: str = "", on_output: Callable[[str], None] | None = None) -> Lane:
-        """A lane with the bounds, deadlines and backoff of ``trainer.async_log`` (rank 0's or a producer's)."""
-        return cls(name, actor, cfg.lane_max_bytes, cfg.max_inflight_batches,
-                   dead_after_s=max(30.0, cfg.startup_timeout_s / 2), startup_timeout_s=cfg.startup_timeout_s,
-                   reload=reload, backoff_s=max(cfg.retry_backoff_s, 0.05), max_backoff_s=cfg.max_retry_backoff_s,
-                   max_outage_s=cfg.max_outage_s, source=source, on_output=on_output)
 
     # -- feeding -------------------------------------------------------------------------
     def has_room(self, nbytes: int) -> bool:
@@ -180,7 +197,7 @@ class Lane:
     def _answer(self, ref: Any) -> None:
         del self._calls[ref]
         try:
-            ack = Ack.unpack(ray.get(ref))
+            ack = unpack_ack(ray.get(ref))
         except RayActorError as exc:
             self._actor_lost(exc)
             return
@@ -272,7 +289,7 @@ class Lane:
                 self._die("actor did not answer before its deadline")
             return
         try:
-            ack = Ack.unpack(ray.get(self._probe))
+            ack = unpack_ack(ray.get(self._probe))
         except ActorDiedError as exc:
             self._die(f"actor died: {type(exc).__name__}")
             return

@@ -29,6 +29,7 @@ from pipeline.host.registry import backend_class
 from pipeline.host.sink_host import SinkHost
 from pipeline.node.identity import ray_node_id
 from pipeline.spool.lane_state import LaneState
+from pipeline.wire.ack import pack_ack
 from pipeline.wire.batch import decode_batch
 from pipeline.wire.opening import LaneOpening
 
@@ -45,11 +46,11 @@ class LaneActor:
             _stdio_to(os.path.join(spec.state_dir, f"{lane}.out"))
         self._state = LaneState.load(os.path.join(spec.state_dir, f"{lane}.state"))
         sink = backend_class(spec.backend)(spec.run, spec.settings)
-        sink.capture_output()  # printed by the trainer (Ack.output), not on this actor's stdout
         node_id = ray_node_id()
         self._host = SinkHost(lane, sink, spec.sink_retries, spec.retry_backoff_s, resume=self._state.resume,
                               counts=self._state.counts, node_id=node_id,
                               node_note=_node_note(node_id) if spec.trainer_node and node_id != spec.trainer_node else "")
+        self._host.capture_output()  # printed by the trainer (Ack.output), not on this actor's stdout
         if self._state.pending and self._state.mark is not None:  # the previous actor died inside a write
             self._host.rollback(self._state.mark)
         self._state.pending, self._state.mark = 0, None
@@ -143,9 +144,9 @@ class LaneActor:
         """The answer to ``source``'s lane; it also says how far every producer got (rank 0's finish waits on it),
         and brings the trainer what the sink printed (a producer's lane gets none: it is not the user's terminal)."""
         self._work.cpu_s = time.process_time()
-        return self._host.ack(self._written.get(source, 0), durable=self._durable(source), gap=gap, held=held,
-                              sources={k: v for k, v in self._written.items() if k}, work=self._work,
-                              output="" if source else self._host.sink.take_output()).pack()
+        return pack_ack(self._host.ack(self._written.get(source, 0), durable=self._durable(source), gap=gap, held=held,
+                                       sources={k: v for k, v in self._written.items() if k}, work=self._work,
+                                       output="" if source else self._host.take_output()))
 
 
 def _in_ray_actor() -> bool:

@@ -12,11 +12,12 @@ import time
 import uuid
 from typing import Any
 
+from pipeline.capture.convert import Converter
 from pipeline.node.identity import ray_node_id
 from pipeline.node.system_metrics import start_node_sampling
 from pipeline.shipping.buffer import RecordBuffer
 from pipeline.shipping.hub import REPORT_EVERY_S, ProducerFigures, ProducerSpec
-from pipeline.shipping.lane import Lane
+from pipeline.shipping.lane import Lane, LaneSettings
 from pipeline.shipping.shipper import Shipper
 
 
@@ -27,13 +28,16 @@ class ProducerPipeline:
         actors, hub, cfg, limits, run = spec.lanes, spec.hub, spec.cfg, spec.limits, spec.run
         self.source = f"{name}#{uuid.uuid4().hex[:10]}"
         cfg = dataclasses.replace(cfg, health_metrics=False, spool=False)  # rank 0 reports the pipeline's figures
-        lanes = {lane: Lane.configured(lane, actor, cfg, source=self.source) for lane, actor in actors.items()}
+        settings = LaneSettings.of(cfg)
+        lanes = {lane: Lane(lane, actor, settings, source=self.source) for lane, actor in actors.items()}
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
         self._figures = ProducerFigures(name=name)
         self._hub = hub
         self._last_report = 0.0
-        self._shipper = Shipper(cfg, limits, self.buffer, lanes, owns_trackers=False, progress=self._progress,
-                                key_prefix=key_prefix, axis=axis)
+        # A producer's shipper: its own converter (its name before every key, its axis), no spool, no tracker
+        # calls (its lanes settling is enough), and its figures told to the hub after each round.
+        converter = Converter(limits, key_prefix, axis, backends=list(lanes))
+        self._shipper = Shipper(cfg, self.buffer, lanes, converter, progress=self._progress)
         self.put = self.buffer.put
         self._shipper.start()
         self._sampling = start_node_sampling(self.put, run[0], cfg.system_metrics_s, run[1], ray_node_id() or None) \

@@ -6,6 +6,11 @@ acknowledgements, re-sending after an actor restart, and the flush/close barrier
 Shutdown is a request like a flush, with a deadline: drain, close each tracker, kill
 the actors. A batch is in the spool before any lane sees it, and leaves it once every
 lane's tracker acknowledged it.
+
+The shipper is the loop and the barriers; what differs between rank 0 and a producer is
+the stages it is handed, wired in one place each (async_pipeline.py, producer_pipeline.py):
+the converter, the spool (spool_stage.py), the calls that flush and close the trackers
+(tracker_calls.py), the producers' hub (hub.py) and a progress callback.
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,17 +26,17 @@ import ray
 
 from pipeline.capture.captured import Captured
 from pipeline.capture.convert import Converter
-from pipeline.capture.rich import RecordLimits
 from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.acks import Ack
-from pipeline.core.records import Batch, Metrics, Record, Text
-from pipeline.core.report import PipelineReport, SpoolReport
+from pipeline.core.records import Metrics, Record, Text
+from pipeline.core.report import PipelineReport
 from pipeline.shipping.buffer import RecordBuffer
-from pipeline.shipping.hub import producer_reports, targets
+from pipeline.shipping.health import health_figures
+from pipeline.shipping.hub import HubWatch
 from pipeline.shipping.lane import Entry, Lane
-from pipeline.spool.recovery import Spooling
-from pipeline.spool.segments import Spool, SpoolEntry
-from pipeline.wire.batch import encode_batch
+from pipeline.shipping.spool_stage import SpoolStage
+from pipeline.shipping.tracker_calls import TrackerCalls
+from pipeline.wire.batch import encode_what_encodes
 
 log = logging.getLogger("tracklane")
 
@@ -56,53 +60,27 @@ class _Barrier:
     report: PipelineReport | None = None
 
 
-class SpoolReloader:
-    """Reads a batch that waited on disk back into Ray; lanes asking for the same batch share one object."""
-
-    _KEPT = 4  # recent objects kept: lanes catching up read the same batches one after another
-
-    def __init__(self, spool: Spool) -> None:
-        self._spool = spool
-        self._recent: OrderedDict[int, Any] = OrderedDict()
-
-    def __call__(self, seq: int) -> Any:
-        ref = self._recent.get(seq)
-        if ref is None:
-            blob = self._spool.read(seq)
-            if blob is None:
-                return None
-            ref = self._recent[seq] = ray.put(blob)
-            while len(self._recent) > self._KEPT:
-                self._recent.popitem(last=False)
-        return ref
-
-
 class Shipper:
-    def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, buffer: RecordBuffer, lanes: dict[str, Lane],
-                 spooling: Spooling | None = None, first_seq: int = 0, owns_trackers: bool = True,
-                 progress: Callable[[Shipper, bool], None] | None = None, hub: Any = None,
-                 key_prefix: str = "", axis: str | None = None) -> None:
-        """``owns_trackers``: rank 0's shipper closes the trackers at its close; a producer's only drains.
-        ``key_prefix``: put before every key and record name (a producer's name), here, off the caller's thread;
-        ``axis``: what the metrics' steps count (a producer's own axis).
+    def __init__(self, cfg: AsyncLogConfig, buffer: RecordBuffer, lanes: dict[str, Lane], converter: Converter, *,
+                 spool: SpoolStage | None = None, tracker_calls: TrackerCalls | None = None,
+                 progress: Callable[[Shipper, bool], None] | None = None) -> None:
+        """``converter``: captured calls -> records (a producer's puts its name before every key).
+        ``spool``: rank 0's; batches are numbered after what an earlier process of the run used.
+        ``tracker_calls``: rank 0's, to flush and close the trackers at barriers; a producer's shipper only drains.
         ``progress(shipper, force)`` runs after each round (a producer tells the hub how far it got).
-        ``hub``: rank 0's ``ProducerHub`` handle, if producers were made: its close waits for them."""
+        ``hub`` (set with ``watch_producers``): rank 0's view of its producers; its close waits for them."""
         self._cfg = cfg
-        self._owns_trackers = owns_trackers
+        self._tracker_calls = tracker_calls
         self._progress = progress
-        self.hub = hub
-        self._hub_ref: Any = None  # a snapshot() call in flight
-        self._hub_view: bytes | None = None  # the latest snapshot
+        self.hub: HubWatch | None = None
         self.shipped_records = 0  # records handed to the lanes (health records included)
         self.taken = 0  # items taken out of the buffer
         self._buffer = buffer
         self._lanes = lanes
-        self._converter = Converter(limits, key_prefix, axis, backends=list(lanes))
-        self._spooling = spooling
-        self._released = 0  # every lane acknowledged batches up to here
-        self._evicted_lost = 0  # records the spool's bound deleted before the slowest lane had them
+        self._converter = converter
+        self._spool = spool
         self._dead_told: set[str] = set()  # lanes whose giving up was logged to the others
-        self._seq = first_seq
+        self._seq = spool.first_seq if spool is not None else 0
         self._barriers: list[_Barrier] = []  # guarded by the buffer's lock
         self._finished = False
         self._closing = False  # set once trackers are being closed: nothing more is shipped
@@ -114,6 +92,10 @@ class Shipper:
 
     def start(self) -> None:
         self._thread.start()
+
+    def watch_producers(self, hub: Any) -> None:
+        """Rank 0 made its first producer: its close waits for what they shipped (``hub``: the ProducerHub actor)."""
+        self.hub = HubWatch(hub)
 
     @property
     def seq(self) -> int:
@@ -204,36 +186,19 @@ class Shipper:
                 if getattr(record, "axis", None) is None:  # the health figures go at the trainer's step
                     self._last_step = record.step
         if records:
-            self.health = self._health()
+            self.health = health_figures(self._buffer, self._converter, self._lanes.values(), self.late_drops,
+                                         self._spool.spool.nbytes if self._spool is not None else None)
             if self._cfg.health_metrics:
                 records.append(Metrics(step=self._last_step, values=dict(self.health), time=time.time()))
         return records
-
-    def _health(self) -> dict[str, float | int]:
-        lanes = self._lanes.values()
-        figures: dict[str, float | int] = {
-            "tracklane/queue_bytes": self._buffer.nbytes,
-            "tracklane/dropped_records": self._buffer.dropped + self.late_drops
-            + sum(lane.report.dropped_records for lane in lanes),
-            "tracklane/skipped_values": self._converter.metrics.skipped,
-            "tracklane/rejected_records": self._converter.rejected,
-            "tracklane/lag_s": max((lane.lag_s() for lane in lanes), default=0.0),
-        }
-        if self._spooling is not None:
-            figures["tracklane/spool_bytes"] = self._spooling.spool.nbytes
-        for lane in lanes:
-            figures[f"tracklane/lane/{lane.name}/lag_s"] = lane.lag_s()
-            figures[f"tracklane/lane/{lane.name}/unacked_bytes"] = lane.unacked_bytes
-            figures[f"tracklane/lane/{lane.name}/failed_records"] = lane.report.failed_records
-        return figures
 
     def _send(self, records: list[Record]) -> None:
         blob = self._encode(records)
         if blob is None:
             return
         oldest = min(r.time for r in records)
-        if self._spooling is not None:  # on disk before any lane can see it
-            self._evicted(self._spooling.spool.append(self._seq, len(records), oldest, blob))
+        if self._spool is not None:  # on disk before any lane can see it
+            self._spool.append(self._seq, len(records), oldest, blob, self._lanes.values())
         entry = Entry(seq=self._seq, ref=ray.put(blob), nbytes=len(blob), records=len(records), oldest_log_time=oldest)
         self.shipped_records += len(records)
         for lane in self._lanes.values():
@@ -244,25 +209,14 @@ class Shipper:
     def _encode(self, records: list[Record]) -> bytes | None:
         """The batch's bytes (its seq taken). A record msgpack cannot take (an int past 64 bits, say) is
         rejected and counted alone, not with the batch around it; the records list is trimmed in place."""
-        level = self._cfg.compression_level
-        try:
-            blob = encode_batch(Batch(seq=self._seq + 1, created=time.time(), records=records), level)
-        except Exception:
-            kept = []
-            for record in records:
-                try:
-                    encode_batch(Batch(seq=0, created=0.0, records=[record]), level)
-                except Exception:
-                    self._converter.rejected += 1
-                    log.warning("tracklane: a %s record at step %s cannot be encoded; skipped (counted)",
-                                record.kind, record.step, exc_info=True)
-                else:
-                    kept.append(record)
-            records[:] = kept
-            if not kept:
-                return None
-            blob = encode_batch(Batch(seq=self._seq + 1, created=time.time(), records=records), level)
-        self._seq += 1
+        blob, kept, refused = encode_what_encodes(records, self._seq + 1, time.time(), self._cfg.compression_level)
+        for record, exc in refused:
+            self._converter.rejected += 1
+            log.warning("tracklane: a %s record at step %s cannot be encoded; skipped (counted)", record.kind,
+                        record.step, exc_info=exc)
+        records[:] = kept
+        if blob is not None:
+            self._seq += 1
         return blob
 
     def _wait_for_room(self, lane: Lane, nbytes: int) -> None:
@@ -288,50 +242,13 @@ class Shipper:
             self._send(records)
 
     # -- the spool -----------------------------------------------------------------------
-    def _evicted(self, entries: list[SpoolEntry]) -> None:
-        if not entries:
-            return
-        seqs = {e.seq for e in entries}
-        lost = {lane.name: lane.evicted(seqs) for lane in self._lanes.values()}
-        self._evicted_lost += max(lost.values(), default=0)
-        if any(lost.values()):
-            log.warning("tracklane: the spool reached spool_max_bytes=%d and evicted batches %d-%d; records lost "
-                        "that a tracker did not have yet: %s", self._cfg.spool_max_bytes, entries[0].seq,
-                        entries[-1].seq, ", ".join(f"{name} {n}" for name, n in lost.items() if n))
-
     def _release(self) -> None:
-        if self._spooling is None:
-            return
-        floor = self._acked_by_all()
-        if floor > self._released:
-            self._spooling.spool.release(floor)
-            self._released = floor
-        self._spooling.spool.sync_if_due()
+        if self._spool is not None:
+            self._spool.release(self._acked_by_all())
 
     def _acked_by_all(self) -> int:
         """Every lane's tracker holds the batches up to here: the spool may forget them."""
         return min((lane.acked for lane in self._lanes.values()), default=self._seq)
-
-    def _spool_report(self) -> SpoolReport | None:
-        if self._spooling is None:
-            return None
-        spool = self._spooling.spool
-        stats = spool.stats
-        return SpoolReport(directory=spool.directory, nbytes=spool.nbytes, batches=spool.batches,
-                           evicted_records=self._evicted_lost, damaged=stats.damaged, torn_bytes=stats.torn_bytes,
-                           recovered_batches=self._spooling.recovered)
-
-    def _close_spool(self, exit_code: int) -> None:
-        """The runs are closed: record how, and delete what every tracker has (the last segment too)."""
-        if self._spooling is None:
-            return
-        spool = self._spooling.spool
-        self._spooling.manifest.exit_code = exit_code
-        try:
-            self._spooling.manifest.save(spool.directory)
-        finally:
-            spool.close()
-            spool.release(self._acked_by_all())
 
     # -- barriers ------------------------------------------------------------------------
     def _serve_barriers(self) -> None:
@@ -355,48 +272,30 @@ class Shipper:
         """Closing: every live lane has what each producer handed it before finish() (as the hub knew it)."""
         if not barrier.closing or self.hub is None:
             return True
-        view = self._poll_hub()
         if barrier.producer_targets is None:
-            if view is None:
+            barrier.producer_targets = self.hub.targets()
+            if barrier.producer_targets is None:
                 return False
-
-            barrier.producer_targets = targets(view)
         behind = [lane for lane in self._lanes.values() if not lane.dead
                   and any(lane.sources.get(source, 0) < seq for source, seq in barrier.producer_targets.items())]
         for lane in behind:
             lane.refresh()  # ask its actor how far each producer got
         return not behind
 
-    def _poll_hub(self) -> bytes | None:
-        """The hub's latest snapshot, asking again when the last answer came (never blocks)."""
-        if self._hub_ref is None:
-            self._hub_ref = self.hub.snapshot.remote()
-        if ray.wait([self._hub_ref], timeout=0)[0]:
-            try:
-                self._hub_view = ray.get(self._hub_ref)
-            except Exception as exc:  # the hub died: producers cannot be waited for
-                log.warning("tracklane: the producers' hub cannot be read (%s); not waiting for producers", exc)
-                self.hub, self._hub_view = None, b"\x80"
-            self._hub_ref = None
-        return self._hub_view
-
     def _call_lanes(self, barrier: _Barrier) -> dict[str, Any]:
-        calls = {}
-        for name, lane in self._lanes.items():
-            if barrier.closing:
-                self._closing = True
+        if barrier.closing:
+            self._closing = True
+            for lane in self._lanes.values():
                 lane.freeze()  # nothing may reach a tracker after its close
-            if not lane.dead and self._owns_trackers:  # a producer's lanes settled: nothing to ask the trackers
-                method = lane.actor.close if barrier.closing else lane.actor.flush
-                calls[name] = method.remote(barrier.exit_code) if barrier.closing else method.remote()
+        calls = {} if self._tracker_calls is None else \
+            self._tracker_calls.call(self._lanes, barrier.closing, barrier.exit_code)
         return calls or {"": None}  # nothing to call: the barrier is answered at once
 
     def _calls_done(self, barrier: _Barrier) -> bool:
-        refs = [ref for ref in barrier.calls.values() if ref is not None]
-        return not refs or len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) == len(refs)
+        return TrackerCalls.all_answered({name: ref for name, ref in barrier.calls.items() if ref is not None})
 
     def _answer(self, barrier: _Barrier, timed_out: bool) -> None:
-        results = self._collect(barrier.calls)
+        results = TrackerCalls.collect({name: ref for name, ref in barrier.calls.items() if ref is not None})
         for name, result in results.items():
             if isinstance(result, Ack):
                 self._lanes[name].accept(result)
@@ -406,38 +305,18 @@ class Shipper:
             if name and name not in results and barrier.closing:  # a flush that timed out is only late (timed_out)
                 self._lanes[name].report.error = "did not answer before the deadline"
         unsettled = not self._all_settled(barrier.target if barrier.target is not None else self._seq)
-        if barrier.closing:
-            self._close_spool(barrier.exit_code)
+        if barrier.closing and self._spool is not None:
+            self._spool.close(barrier.exit_code, self._acked_by_all())
         barrier.report = self._report(barrier, timed_out=timed_out or unsettled)
         if self._progress is not None:
             self._progress(self, True)
         if barrier.closing:
-            if self._owns_trackers:
-                self._kill_actors()
+            if self._tracker_calls is not None:
+                self._tracker_calls.end(self._lanes)
             self._finished = True
         with self._buffer.ready:
             self._barriers.remove(barrier)
         barrier.done.set()
-
-    def _collect(self, calls: dict[str, Any]) -> dict[str, Ack | str]:
-        """Each answered call's ``Ack``, or the error that stood in for it."""
-        results: dict[str, Ack | str] = {}
-        for name, ref in calls.items():
-            if ref is None:
-                continue
-            if ray.wait([ref], timeout=0)[0]:
-                try:
-                    results[name] = Ack.unpack(ray.get(ref))
-                except Exception as exc:  # the actor died while closing
-                    results[name] = f"{type(exc).__name__} while closing"
-        return results
-
-    def _kill_actors(self) -> None:
-        for lane in self._lanes.values():
-            try:
-                ray.kill(lane.actor, no_restart=True)
-            except Exception:  # already gone
-                pass
 
     def _report(self, barrier: _Barrier, timed_out: bool) -> PipelineReport:
         return self._converter.counted(PipelineReport(
@@ -446,17 +325,6 @@ class Shipper:
             dropped_records=self._buffer.dropped + self.late_drops,
             elapsed_s=time.monotonic() - barrier.started,
             timed_out=timed_out,
-            spool=self._spool_report(),
-            producers=self._producer_reports(barrier.closing),
+            spool=self._spool.report() if self._spool is not None else None,
+            producers=self.hub.reports(self._lanes, final=barrier.closing) if self.hub is not None else {},
         ))
-
-    def _producer_reports(self, closing: bool) -> dict[str, Any]:
-        if closing and self.hub is not None:  # the producers' last words (a wait of a few ms)
-            try:
-                self._hub_view = ray.get(self.hub.snapshot.remote(), timeout=2.0)
-            except Exception as exc:
-                log.warning("tracklane: the producers' hub cannot be read (%s)", exc)
-        if self._hub_view is None:
-            return {}
-
-        return producer_reports(self._hub_view, self._lanes)

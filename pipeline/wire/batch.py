@@ -72,6 +72,33 @@ def encode_batch(batch: Batch, level: int = 3) -> bytes:
     return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(packed)
 
 
+def encode_what_encodes(records: list[Record], seq: int, created: float, level: int = 3, check: bool = False,
+                        ) -> tuple[bytes | None, list[Record], list[tuple[Record, Exception]]]:
+    """A batch of the records that encode (and, with ``check``, decode back): the whole batch when it does,
+    else each record tried alone and the bad ones left out, so one bad record never costs the others.
+    Returns (the batch's bytes, or None when no record is left; the records in it; each refused record with
+    its error)."""
+    try:
+        blob = encode_batch(Batch(seq=seq, created=created, records=records), level)
+        if check:
+            decode_batch(blob)
+        return blob, records, []
+    except Exception:  # msgpack, zstd and the checks raise several unrelated types
+        pass
+    kept: list[Record] = []
+    refused: list[tuple[Record, Exception]] = []
+    for record in records:
+        try:
+            alone = encode_batch(Batch(seq=0, created=0.0, records=[record]), level)
+            if check:
+                decode_batch(alone)
+        except Exception as exc:
+            refused.append((record, exc))
+        else:
+            kept.append(record)
+    return (encode_batch(Batch(seq=seq, created=created, records=kept), level) if kept else None), kept, refused
+
+
 def _record_to_wire(record: Record) -> list:
     if isinstance(record, Metrics):  # the common case stays compact
         if record.axis is None:

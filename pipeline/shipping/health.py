@@ -1,0 +1,29 @@
+"""``tracklane/*``: the pipeline's own health figures, logged with each batch at the trainer's step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pipeline.capture.convert import Converter
+from pipeline.shipping.buffer import RecordBuffer
+from pipeline.shipping.lane import Lane
+
+
+def health_figures(buffer: RecordBuffer, converter: Converter, lanes: Iterable[Lane], late_drops: int,
+                   spool_bytes: int | None) -> dict[str, float | int]:
+    """The figures as they stand: the buffer, what was dropped, skipped and rejected, each lane's lag and backlog."""
+    lanes = list(lanes)
+    figures: dict[str, float | int] = {
+        "tracklane/queue_bytes": buffer.nbytes,
+        "tracklane/dropped_records": buffer.dropped + late_drops + sum(lane.report.dropped_records for lane in lanes),
+        "tracklane/skipped_values": converter.metrics.skipped,
+        "tracklane/rejected_records": converter.rejected,
+        "tracklane/lag_s": max((lane.lag_s() for lane in lanes), default=0.0),
+    }
+    if spool_bytes is not None:
+        figures["tracklane/spool_bytes"] = spool_bytes
+    for lane in lanes:
+        figures[f"tracklane/lane/{lane.name}/lag_s"] = lane.lag_s()
+        figures[f"tracklane/lane/{lane.name}/unacked_bytes"] = lane.unacked_bytes
+        figures[f"tracklane/lane/{lane.name}/failed_records"] = lane.report.failed_records
+    return figures

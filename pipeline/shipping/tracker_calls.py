@@ -1,0 +1,48 @@
+"""Rank 0's part at a barrier: ask each live lane's actor to flush or close its tracker, read the answers,
+and after the close end the actors. A producer's shipper has none of this: its lanes settling is enough."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from pipeline.core.acks import Ack
+from pipeline.shipping.lane import Lane
+from pipeline.wire.ack import unpack_ack
+
+
+class TrackerCalls:
+    def call(self, lanes: dict[str, Lane], closing: bool, exit_code: int) -> dict[str, Any]:
+        """lane -> the ref of its actor's ``close(exit_code)`` or ``flush()``; dead lanes are not asked."""
+        calls = {}
+        for name, lane in lanes.items():
+            if not lane.dead:
+                calls[name] = lane.actor.close.remote(exit_code) if closing else lane.actor.flush.remote()
+        return calls
+
+    @staticmethod
+    def collect(calls: dict[str, Any]) -> dict[str, Ack | str]:
+        """Each answered call's ``Ack``, or the error that stood in for it."""
+        results: dict[str, Ack | str] = {}
+        for name, ref in calls.items():
+            if ray.wait([ref], timeout=0)[0]:
+                try:
+                    results[name] = unpack_ack(ray.get(ref))
+                except Exception as exc:  # the actor died while closing
+                    results[name] = f"{type(exc).__name__} while closing"
+        return results
+
+    @staticmethod
+    def all_answered(calls: dict[str, Any]) -> bool:
+        refs = list(calls.values())
+        return not refs or len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) == len(refs)
+
+    @staticmethod
+    def end(lanes: dict[str, Lane]) -> None:
+        """The trackers are closed: end the lane actors (no restart)."""
+        for lane in lanes.values():
+            try:
+                ray.kill(lane.actor, no_restart=True)
+            except Exception:  # already gone
+                pass

@@ -1,0 +1,30 @@
+"""An ``Ack`` (core/acks.py) on the wire: msgpack of its plain fields, checked field by field when read."""
+
+from __future__ import annotations
+
+import msgpack
+
+from pipeline.core.acks import Ack, SinkCounts, Work, plain_counts
+from pipeline.core.errors import CodecError
+
+
+def pack_ack(ack: Ack) -> bytes:
+    return msgpack.packb([ack.applied, ack.gap, ack.opened, ack.error, ack.counts.to_plain(), ack.where, ack.pid,
+                          ack.node_id, ack.held, ack.durable, ack.sources, ack.work.to_plain(), ack.output],
+                         use_bin_type=True)
+
+
+def unpack_ack(blob: bytes) -> Ack:
+    """The ``Ack`` in ``blob``; CodecError for anything that is not one (a hostile value never reaches int() or str())."""
+    try:
+        applied, gap, opened, error, counts, where, pid, node_id, held, durable, sources, work, output = \
+            msgpack.unpackb(blob, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise CodecError(f"malformed acknowledgement: {exc}") from exc
+    if type(applied) is not int or type(pid) is not int or (error is not None and type(error) is not str) \
+            or type(where) is not str or type(node_id) is not str or type(output) is not str \
+            or (durable is not None and type(durable) is not int):
+        raise CodecError("malformed acknowledgement: bad applied, durable, pid, error, where, node_id or output field")
+    return Ack(applied=applied, durable=durable, gap=bool(gap), held=bool(held), opened=bool(opened), error=error,
+               counts=SinkCounts.from_plain(counts), where=where, pid=pid, node_id=node_id, sources=plain_counts(sources),
+               work=Work.from_plain(work), output=output)
