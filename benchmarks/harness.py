@@ -16,8 +16,9 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from benchmarks.readback import RunPlace
 
@@ -42,7 +43,7 @@ class BenchEnv:
         self._server = None
         self._runs = 0
 
-    def __enter__(self) -> "BenchEnv":
+    def __enter__(self) -> BenchEnv:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so __exit__ still stops the server
         if self.mlflow_uri is None:
             from pipeline.testing.mlflow_server import start_server
@@ -160,6 +161,7 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     """A plain aligned text table."""
     cells = [headers] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+             for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

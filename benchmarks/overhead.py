@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from benchmarks.harness import ALL_TRACKERS, BenchEnv, Clock, common_args, machine, p50_p99, proc_kib, quiet_stdout, write_json
 from benchmarks.loop import call_costs, gpu_steps
 from benchmarks.modes import MODES, make_mode, verl_unavailable
-from benchmarks.overhead_report import TARGET_SCENARIO, print_report, plot_report
+from benchmarks.overhead_report import TARGET_SCENARIO, plot_report, print_report
 from benchmarks.readback import read_back
 from benchmarks.workloads import WORKLOADS, verl_scalars
 

@@ -89,8 +89,9 @@ def _print_call_cost(cc: dict) -> None:
         if "skipped" in m:
             rows.append([mode, "skipped", "", "", "", ""])
             continue
-        rows.append([mode, m["warm_us"]["n"] + m["cold_us"]["n"]] + [f"{fmt(m[k]['p50'], 1)}/{fmt(m[k]['p99'], 1)}"
-                                                                     for k in ("warm_us", "floor_warm_us", "cold_us", "floor_cold_us")])
+        kinds = ("warm_us", "floor_warm_us", "cold_us", "floor_cold_us")
+        rows.append([mode, m["warm_us"]["n"] + m["cold_us"]["n"]]
+                    + [f"{fmt(m[k]['p50'], 1)}/{fmt(m[k]['p99'], 1)}" for k in kinds])
     print(f"\n== log() on the caller's thread: ~100 scalars, {cc['gap_ms']:g} ms apart, every 10th after "
           f"{cc['idle_ms']:g} ms idle (cold caches); trackers {', '.join(cc['trackers'])}; after the steps of "
           "each run (async: once its backlog is drained) ==")
@@ -127,8 +128,8 @@ def evaluate_targets(result: dict) -> list[dict]:
         out.append({"name": f"{TARGET_SCENARIO}: async step-time ratio", "value": fmt(a["ratio"], 4),
                     "target": "<= 1.01 (goal 1.005)", "met": a["ratio"] <= 1.01,
                     "why": (f"the step's logging calls hold the caller p50 {fmt(a['logging_us']['p50'], 0)} us, p99 "
-                            f"{fmt(a['logging_us']['p99'], 0)} us, and the shipper's msgpack packing of ~1 MB a step holds the GIL "
-                            "(~3.6 ms per MB) when the loop wants to wake; six actors, Ray and the MLflow server share "
+                            f"{fmt(a['logging_us']['p99'], 0)} us, and the shipper's msgpack packing of ~1 MB a step holds "
+                            "the GIL (~3.6 ms per MB) when the loop wants to wake; six actors, Ray and the MLflow server share "
                             f"the 2 cores (load average at start {_load(result)})")})
         for mode in ("sync", "verl"):
             m = modes[mode]

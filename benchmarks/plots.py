@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
@@ -48,7 +48,7 @@ def lines(path: Path, title: str, xs: Sequence[float], series: dict[str, Sequenc
           ylabel: str, log_x: bool = False, log_y: bool = False) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for name, values in series.items():
-        points = [(x, v) for x, v in zip(xs, values) if _finite(v)]
+        points = [(x, v) for x, v in zip(xs, values, strict=True) if _finite(v)]
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
     ax.set_xlabel(xlabel)
     if log_x:

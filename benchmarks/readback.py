@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 TRAJ_KEY, GEN_KEY = "rollout/trajectories", "val/generations"
 
@@ -70,7 +70,12 @@ def _swanlab(place: RunPlace) -> dict[str, int]:
 
 
 def _mlflow(place: RunPlace) -> dict[str, int]:
-    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, list_mlflow_artifacts, read_mlflow_run, read_mlflow_steps
+    from workers.testing.readers.mlflow_reader import (
+        find_mlflow_run_ids,
+        list_mlflow_artifacts,
+        read_mlflow_run,
+        read_mlflow_steps,
+    )
 
     [run_id] = find_mlflow_run_ids(place.mlflow_uri, place.project, place.experiment)
     files = list_mlflow_artifacts(place.mlflow_uri, run_id)

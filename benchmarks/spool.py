@@ -71,8 +71,8 @@ def shipper_costs(seconds: float) -> dict[str, float]:
     """What the shipper already pays per batch of one 100-scalar step: encode, and ray.put."""
     import ray
 
-    from pipeline.wire.batch import encode_batch
     from pipeline.core.records import Batch, Metrics
+    from pipeline.wire.batch import encode_batch
 
     batch = Batch(seq=1, created=time.time(), records=[Metrics(step=1, values={f"k{i}": i * 0.5 for i in range(100)},
                                                                time=time.time())])

@@ -12,12 +12,11 @@ import time
 
 import numpy as np
 import pytest
-import ray
 
 from pipeline import Tracking
+from tests.conftest import log_verl_steps, same_value
 from workers.testing.memory import memory_records
 from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
-from tests.conftest import log_verl_steps, same_value
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -203,6 +202,7 @@ def test_backend_argument_routes_records(offline_trackers):
         tracking.log({"both": 1.0}, step=0)
         tracking.log({"file_only": 2.0}, step=1, backend=["file"])
     report = tracking.finish()
+    assert report.complete, report.summary()
     memory_keys = set().union(*(r.values for r in memory_records(tracking.run_id)))
     assert "both" in memory_keys and "file_only" not in memory_keys
     file_keys = set().union(*(line["data"] for line in _file_steps(offline_trackers["file"])))

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TRACKERS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file"]
@@ -31,7 +30,8 @@ def _assert_pngs(result: dict) -> None:
 
 
 def test_overhead_quick(tmp_path, mlflow_server_uri, ray_join):
-    """Every mode, tracker and figure is present, what was logged was read back from every tracker, verl skipped with a reason when absent."""
+    """Every mode, tracker and figure is present, what was logged was read back from every tracker, verl skipped with a
+    reason when absent."""
     result = _run("overhead", tmp_path, mlflow_server_uri, ray_join)
     verl_present = result["verl"]["available"]
     if importlib.util.find_spec("verl") is None:

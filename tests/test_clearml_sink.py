@@ -28,9 +28,9 @@ from PIL import Image as PILImage
 from pipeline.core.errors import SinkError
 from pipeline.core.params import REDACTED, plain_config
 from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
-from workers.testing.readers.clearml_reader import read_clearml_run, read_clearml_session
 from tests.conftest import same_value, verl_metrics
 from workers.sinks.clearml import CONFIG_NAME, GENERATION_COLUMNS, TRAJECTORY_COLUMNS, ClearmlSink
+from workers.testing.readers.clearml_reader import read_clearml_run, read_clearml_session
 
 # clearml 2.1.12 bundles a pyhocon that calls pyparsing's old names: ~25 warnings per config it reads or writes.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:clearml.utilities.pyhocon.config_parser",

@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.wire.batch import encode_batch
-from pipeline.spool.lane_state import LaneState
 from pipeline.core.records import Batch, Metrics, RunSpec, Text
-from pipeline.spool.segments import Spool
+from pipeline.spool.lane_state import LaneState
 from pipeline.spool.manifest import RunManifest, lanes_dir, state_path
+from pipeline.spool.segments import Spool
+from pipeline.wire.batch import encode_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -50,7 +50,8 @@ def test_omegaconf_config():
 
 def test_unknown_backend_names_valid_ones():
     """An unknown backend raises ValueError listing the valid backend names."""
-    with pytest.raises(ValueError, match="unknown backend 'neptune'; valid backends are: console, wandb, mlflow, swanlab, tensorboard, file"):
+    valid = "console, wandb, mlflow, swanlab, tensorboard, file"
+    with pytest.raises(ValueError, match=f"unknown backend 'neptune'; valid backends are: {valid}"):
         Tracking("p", "e", ["console", "neptune"])
 
 

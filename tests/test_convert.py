@@ -11,9 +11,9 @@ from PIL import Image as PILImage
 
 from pipeline.capture.captured import Captured
 from pipeline.capture.convert import Converter
+from pipeline.capture.rich import RecordLimits
 from pipeline.core.records import Trajectory
 from pipeline.core.report import PipelineReport
-from pipeline.capture.rich import RecordLimits
 
 
 def _item(kind, payload, step=3, backend=None):
@@ -106,8 +106,8 @@ def test_backend_limits_are_merged_over_the_defaults_and_checked():
     """trainer.record_limits.backends overrides a backend's own sample limits (null: all); bad ones are refused."""
     import pytest
 
-    from pipeline.core.errors import ConfigError
     from pipeline.capture.rich import record_limits
+    from pipeline.core.errors import ConfigError
 
     limits = record_limits({"max_trajectories": 16, "backends": {"wandb": {"max_trajectories": 4},
                                                                   "file": {"max_generations": 10}}})

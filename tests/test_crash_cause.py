@@ -16,10 +16,10 @@ import textwrap
 
 import pytest
 
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
 from pipeline.tracking import CRASH_TEXT, _capped
 from workers.sinks.media import safe_name
 from workers.sinks.tensorboard import TEXT_SUFFIX
+from workers.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
 
 STEPS = 5
 MARKER = "boom-marker"

@@ -179,8 +179,8 @@ def test_two_versions_of_one_mlflow_artifact_name_migrate_with_both(offline_trac
     from mlflow.tracking import MlflowClient
 
     from pipeline.core.records import Artifact, Metrics, RunSpec
-    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_artifact_dir
     from workers.sinks.mlflow import MlflowSink
+    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_artifact_dir
 
     uri = f"sqlite:///{tmp_path / 'source.db'}"
     MlflowClient(uri).create_experiment("ckpt-project", artifact_location=(tmp_path / "src-artifacts").as_uri())

@@ -10,18 +10,22 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mlflow")
-PIL_Image = pytest.importorskip("PIL.Image")
-
+pytest.importorskip("PIL.Image")
 from mlflow.tracking import MlflowClient
+from PIL import Image as PIL_Image
 
 from pipeline.core.png import encode_png
-from pipeline.core.records import (Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories,
-                              Trajectory)
-from workers.testing.readers.mlflow_reader import (list_mlflow_artifacts, read_mlflow_artifact, read_mlflow_images,
-                                         read_mlflow_run, read_mlflow_steps)
+from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
+from tests.conftest import write_two_artifact_versions
 from workers.sinks.mlflow import MlflowSink
 from workers.sources.mlflow import MlflowSource
-from tests.conftest import write_two_artifact_versions
+from workers.testing.readers.mlflow_reader import (
+    list_mlflow_artifacts,
+    read_mlflow_artifact,
+    read_mlflow_images,
+    read_mlflow_run,
+    read_mlflow_steps,
+)
 
 LONG = "长" * 16_384  # as long as record_limits.max_chars lets a string be
 SAMPLES = [["q: 2+2?", "4", 1.0], ["", "", 0.0], ["naïve 🤖 \"quoted\" | pipe\nnew line", "ответ", math.nan],

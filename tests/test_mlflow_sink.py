@@ -16,8 +16,8 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.core.params import REDACTED, flatten_params, plain_config
 from pipeline.core.records import Metrics, RunSpec
-from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 from workers.sinks.mlflow import MAX_PARAM_VALUE_LENGTH, MlflowSink, absolute_tracking_uri, mlflow_key
+from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
 STEPS = 300
 MAX_FLOAT64 = 1.7976931348623157e308  # what MLflow stores for +Inf

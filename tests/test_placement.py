@@ -14,8 +14,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline import ConfigError
 from pipeline.config.placement import lane_actor_options
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 from tests.conftest import same_value, verl_metrics
+from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"WANDB_MODE": "offline", "WANDB_API_KEY": "sk-secret"}

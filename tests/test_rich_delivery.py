@@ -1,8 +1,8 @@
 """Rich records reach every real tracker, sync and async, read back from each store.
 
 Every backend at once (console, wandb offline, MLflow through a real server, SwanLab offline,
-TensorBoard, file, trackio's local store, ClearML offline): generations at two validations (unicode, an empty string, a 1 MB string cut
-to max_chars, a NaN score, an empty list), 200 trajectories thinned to max_trajectories (but in the file dump), a
+TensorBoard, file, trackio's local store, ClearML offline): generations at two validations (unicode, an empty string, a 1 MB
+string cut to max_chars, a NaN score, an empty list), 200 trajectories thinned to max_trajectories (but in the file dump), a
 histogram, text, an image and an artifact.
 """
 
@@ -19,10 +19,15 @@ from PIL import Image as PILImage
 
 from pipeline import Tracking, ValidationGenerationsLogger
 from workers.testing.readers.clearml_reader import read_clearml_run
-from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_artifact_dir, read_mlflow_run, read_mlflow_steps
+from workers.testing.readers.mlflow_reader import (
+    find_mlflow_run_ids,
+    read_mlflow_artifact_dir,
+    read_mlflow_run,
+    read_mlflow_steps,
+)
 from workers.testing.readers.swanlab_reader import read_swanlab_media
-from workers.testing.readers.trackio_reader import read_trackio_run
 from workers.testing.readers.tensorboard_reader import read_tensorboard_rich
+from workers.testing.readers.trackio_reader import read_trackio_run
 from workers.testing.readers.wandb_reader import read_wandb_media
 
 BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio", "clearml"]

@@ -12,8 +12,8 @@ import pytest
 from PIL import Image as PILImage
 
 from pipeline import Tracking, ValidationGenerationsLogger
-from workers.testing.memory import memory_records
 from tests.conftest import write_two_artifact_versions
+from workers.testing.memory import memory_records
 
 SAMPLES = [("2+2=", "4", 1.0), ("héllo ✓ 世界", "", 0.0), ("long", "y" * 1_000_000, float("nan"))]
 

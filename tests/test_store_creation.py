@@ -43,8 +43,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.host.registry import backend_class
 from pipeline.core.records import Metrics, RunSpec
+from pipeline.host.registry import backend_class
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = os.environ.get("TRACKLANE_FAULT_SWEEP") == "1"
@@ -432,8 +432,8 @@ def open_tensorboard(root: Path) -> str:
 
 def open_wandb(root: Path) -> str:
     """Every run file: each record CRC-checked and parsed with wandb's own schema (wandb ships no reader)."""
-    from workers.testing.readers.wandb_reader import read_run_file
     from workers.sinks.wandb_store import run_files
+    from workers.testing.readers.wandb_reader import read_run_file
 
     files = [path for run_id in {path.stem[4:] for path in (root / "wandb").glob("wandb/*run-*/run-*.wandb")}
              for path in run_files(root / "wandb", run_id)]

@@ -14,11 +14,19 @@ pytest.importorskip("swanlab")
 from PIL import Image as PILImage
 
 from pipeline.core.records import (
-    Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory,
+    Artifact,
+    Generations,
+    Histogram,
+    Image,
+    Metrics,
+    RunSpec,
+    Text,
+    Trajectories,
+    Trajectory,
 )
-from workers.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
 from tests.conftest import same_value
 from workers.sinks.swanlab import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, SwanlabSink
+from workers.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
 
 LONG = "é🚀x" * 333_334  # ~1 MB of characters, as if the converter had kept it whole
 
@@ -81,7 +89,7 @@ def test_generations_are_one_table_per_step_holding_that_steps_rows(sink, logdir
         headers, got = tables[step]
         assert headers == GENERATION_COLUMNS
         assert [row[:3] for row in got] == [row[:3] for row in rows]
-        assert all(same_value(number(g[3]), w[3]) for g, w in zip(got, rows))
+        assert all(same_value(number(g[3]), w[3]) for g, w in zip(got, rows, strict=True))
     assert media.tables("val/other") == {3: (GENERATION_COLUMNS, [[3, "other", "key", 2.0]])}
     # Tables add no scalar: the metrics read back exactly as written.
     assert read_swanlab_run(logdir, run_id="rich1").points == [(s, "val/score", float(s)) for s in steps]
@@ -107,7 +115,7 @@ def test_trajectories_keep_messages_tool_calls_rewards_and_token_counts(sink, lo
     for step, items in written.items():
         headers, got = tables[step]
         assert headers == TRAJECTORY_COLUMNS and len(got) == len(items)
-        for row, item in zip((dict(zip(headers, row)) for row in got), items):
+        for row, item in zip((dict(zip(headers, row, strict=True)) for row in got), items, strict=True):
             assert row["step"] == step and number(row["score"]) == item.score()
             assert (row["sample_index"], row["rollout_index"], row["validation"]) == (
                 item.meta["sample_index"], item.meta["rollout_index"], item.meta["validation"])

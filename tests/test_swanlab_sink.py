@@ -19,8 +19,8 @@ pytest.importorskip("swanlab")
 from pipeline.core.errors import SinkError
 from pipeline.core.params import REDACTED, plain_config
 from pipeline.core.records import Metrics, RunSpec
-from workers.testing.readers.swanlab_reader import list_swanlab_runs, read_swanlab_media, read_swanlab_run
 from workers.sinks.swanlab import SwanlabSink
+from workers.testing.readers.swanlab_reader import list_swanlab_runs, read_swanlab_media, read_swanlab_run
 
 REPO = Path(__file__).resolve().parents[1]
 API_KEY = "swl-key-must-not-leak-0123456789"

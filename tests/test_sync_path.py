@@ -7,8 +7,8 @@ import json
 import pytest
 
 from pipeline import ConfigError, Tracking
-from workers.testing.memory import memory_records
 from tests.conftest import log_verl_steps, same_value
+from workers.testing.memory import memory_records
 
 
 def test_console_prints_verl_lines(capsys):

@@ -14,15 +14,14 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tensorboard")
-PIL_Image = pytest.importorskip("PIL.Image")
-
+pytest.importorskip("PIL.Image")
+from PIL import Image as PIL_Image
 from tensorboard.plugin_util import markdown_to_safe_html
 
 from pipeline.core.png import encode_png
-from pipeline.core.records import (Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories,
-                              Trajectory)
-from workers.testing.readers.tensorboard_reader import parse_markdown_table, read_tensorboard_dir, read_tensorboard_rich
+from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
 from workers.sinks.tensorboard import TensorboardSink
+from workers.testing.readers.tensorboard_reader import parse_markdown_table, read_tensorboard_dir, read_tensorboard_rich
 
 LONG = "长" * 16_384  # as long as record_limits.max_chars lets a string be
 SAMPLES = [["q: 2+2?", "4", 1.0], ["", "", 0.0],

@@ -18,8 +18,8 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 
 from pipeline.core.params import REDACTED, flatten_params, plain_config
 from pipeline.core.records import Metrics, RunSpec
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 from workers.sinks.tensorboard import TensorboardSink
+from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
 STEPS = 300
 CONFIG = {

@@ -49,8 +49,8 @@ import pytest
 from PIL import Image as PILImage
 
 from pipeline import Tracking
-from workers.testing.readers.tensorboard_reader import parse_markdown_table
 from pipeline.testing.tensorboard_server import start_server, stop_server
+from workers.testing.readers.tensorboard_reader import parse_markdown_table
 
 BACKENDS = ["tensorboard", "mlflow", "wandb"]
 EXPERIMENT = "exp"

@@ -25,9 +25,9 @@ from pipeline.core.errors import ConfigError, SinkError
 from pipeline.core.histogram import histogram_figures
 from pipeline.core.params import REDACTED, plain_config
 from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
-from workers.testing.readers.trackio_reader import list_trackio_runs, read_trackio_run
 from tests.conftest import same_value, verl_metrics
 from workers.sinks.trackio import EXIT_ALERT_TITLE, REMOTE_VARIABLES, TrackioSink
+from workers.testing.readers.trackio_reader import list_trackio_runs, read_trackio_run
 
 REPO = Path(__file__).resolve().parents[1]
 HF_TOKEN = "hf_token-must-not-leak-0123456789"

@@ -9,16 +9,16 @@ import pytest
 import torch
 
 from pipeline import ConfigError
-from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
-from workers.testing.readers.swanlab_reader import read_swanlab_run
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
-from workers.testing.readers.wandb_reader import read_wandb_run, run_files
 from trainer.batch import Batch, log_probs
 from trainer.config import load_config
 from trainer.main import fit, main
 from trainer.model import GPT
 from trainer.rollout import RolloutUnavailable, make_engine
 from trainer.task import AdditionTask, score
+from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from workers.testing.readers.swanlab_reader import read_swanlab_run
+from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+from workers.testing.readers.wandb_reader import read_wandb_run, run_files
 
 QUIET = ["trainer.progress=false", "trainer.log_val_generations=2", "trainer.log_rollouts=2"]
 

@@ -14,11 +14,19 @@ pytest.importorskip("wandb")
 from PIL import Image as PILImage
 
 from pipeline.core.records import (
-    Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory,
+    Artifact,
+    Generations,
+    Histogram,
+    Image,
+    Metrics,
+    RunSpec,
+    Text,
+    Trajectories,
+    Trajectory,
 )
-from workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
 from tests.conftest import same_value
 from workers.sinks.wandb import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, WandbSink
+from workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
 
 LONG = "é🚀x" * 333_334  # ~1 MB of characters, as if the converter had kept it whole
 
@@ -42,8 +50,8 @@ def sink(wandb_dir):
 def same_rows(got: list[list], want: list[list]) -> bool:
     """Row lists equal cell by cell, NaN equal to NaN."""
     return len(got) == len(want) and all(
-        len(a) == len(b) and all(same_value(x, y) if isinstance(y, float) else x == y for x, y in zip(a, b))
-        for a, b in zip(got, want))
+        len(a) == len(b) and all(same_value(x, y) if isinstance(y, float) else x == y for x, y in zip(a, b, strict=True))
+        for a, b in zip(got, want, strict=True))
 
 
 def png(array: np.ndarray) -> bytes:
@@ -107,9 +115,9 @@ def test_trajectories_keep_messages_tool_calls_rewards_and_token_counts(sink, wa
     got = media.table_rows("rollout/trajectories")
     assert sorted(got) == [5, 6]
     for step, items in written.items():
-        rows = [dict(zip(TRAJECTORY_COLUMNS, row)) for row in got[step]]
+        rows = [dict(zip(TRAJECTORY_COLUMNS, row, strict=True)) for row in got[step]]
         assert len(rows) == len(items)
-        for row, item in zip(rows, items):
+        for row, item in zip(rows, items, strict=True):
             assert row["step"] == step and row["score"] == item.score()
             assert (row["sample_index"], row["rollout_index"], row["validation"]) == (
                 item.meta["sample_index"], item.meta["rollout_index"], item.meta["validation"])

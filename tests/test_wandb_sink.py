@@ -17,12 +17,15 @@ pytest.importorskip("wandb")
 from pipeline.core.errors import MissingExtraError
 from pipeline.core.params import REDACTED, plain_config
 from pipeline.core.records import Metrics, RunSpec
-from workers.testing.readers.wandb_reader import (
-    iter_payloads, read_run_file, read_wandb_run, run_files,
-)
 from tests.conftest import same_value
 from workers.sinks.wandb import WandbSink
 from workers.sinks.wandb_store import CorruptRunFileError
+from workers.testing.readers.wandb_reader import (
+    iter_payloads,
+    read_run_file,
+    read_wandb_run,
+    run_files,
+)
 
 STEPS = 300
 CONFIG = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 
@@ -24,13 +25,13 @@ class Batch:
     prompt_width: int
 
     @classmethod
-    def from_rollout(cls, rollout: Rollout) -> "Batch":
+    def from_rollout(cls, rollout: Rollout) -> Batch:
         key_valid = torch.cat([rollout.prompt_valid, torch.ones_like(rollout.responses, dtype=torch.bool)], 1)
         return cls(input_ids=torch.cat([rollout.prompts, rollout.responses], 1), key_valid=key_valid,
                    positions=positions_of(key_valid), responses=rollout.responses,
                    response_mask=rollout.response_mask, response_valid=rollout.valid, prompt_width=rollout.prompts.shape[1])
 
-    def rows(self, index: slice | torch.Tensor) -> "Batch":
+    def rows(self, index: slice | torch.Tensor) -> Batch:
         return Batch(input_ids=self.input_ids[index], key_valid=self.key_valid[index], positions=self.positions[index],
                      responses=self.responses[index], response_mask=self.response_mask[index],
                      response_valid=self.response_valid[index], prompt_width=self.prompt_width)
@@ -45,6 +46,16 @@ def response_hidden(model: GPT, batch: Batch) -> torch.Tensor:
     mask = attention_mask(batch.key_valid, 0, batch.input_ids.shape[1])
     hidden = model(batch.input_ids, batch.positions, mask)
     return hidden[:, batch.prompt_width - 1:-1]
+
+
+@overload
+def log_probs(model: GPT, batch: Batch, temperature: float, with_entropy: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]:
+    ...
+
+
+@overload
+def log_probs(model: GPT, batch: Batch, temperature: float, with_entropy: Literal[False] = ...) -> tuple[torch.Tensor, None]:
+    ...
 
 
 def log_probs(model: GPT, batch: Batch, temperature: float, with_entropy: bool = False

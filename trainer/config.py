@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -43,7 +43,7 @@ class TaskConfig:
     name: str = "tool_addition"
     min_digits: int = 1
     """Fewest digits in an operand."""
-    max_digits: Optional[int] = None
+    max_digits: int | None = None
     """Most digits in an operand; default: the task's (tool_addition 2, addition 1)."""
     val_size: int = 128
     """Problems in the fixed validation set."""
@@ -142,7 +142,7 @@ class RolloutConfig:
     n: int = 8
     """Samples per prompt (the GRPO group)."""
     temperature: float = 1.0
-    response_length: Optional[int] = None
+    response_length: int | None = None
     """Most tokens of a response, every turn and tool reply included; default: the task's (tool_addition 2 calls
     and their replies and an answer: 28 with two-digit operands; addition 5)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
@@ -243,22 +243,22 @@ class TrainerConfig:
     """Every this many steps, when log_gradients is on."""
     text_freq: int = 10
     """Log a Markdown prompt/response sample every this many steps; <= 0: never."""
-    validation_data_dir: Optional[str] = None
+    validation_data_dir: str | None = None
     """Where the file tracker writes validation samples (default: beside its JSON-lines file)."""
-    rollout_data_dir: Optional[str] = None
+    rollout_data_dir: str | None = None
     """Where the file tracker writes rollout trajectories (default: beside its JSON-lines file)."""
     save_freq: int = 50
     """Save a checkpoint every this many steps (and at the last); <= 0: never."""
     default_local_dir: str = "tracklane_runs/checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     resume: bool = False
     """Resume from the latest checkpoint in default_local_dir (or resume_from_path)."""
-    resume_from_path: Optional[str] = None
+    resume_from_path: str | None = None
     n_gpus_per_node: int = 8
     """Data-parallel ranks the batch is balanced over in verl; here only the global_seqlen/* figures use it."""
     seed: int = 1
     device: str = "auto"
     """"auto" (cuda when available), "cpu" or "cuda"."""
-    cpu_threads: Optional[int] = None
+    cpu_threads: int | None = None
     """torch's CPU threads for the run; default: every core but one, which is left to the tracker actors and
     Ray (on 2 cores with both busy training, the lanes fell 20 s behind by step 100; with one, they kept pace)."""
     print_config: bool = False
@@ -308,7 +308,9 @@ def load_config(overrides: list[str]) -> Config:
     schema = OmegaConf.structured(Config)
     try:
         merged = OmegaConf.merge(schema, OmegaConf.from_dotlist(overrides))
-        return OmegaConf.to_object(merged)
+        config = OmegaConf.to_object(merged)
+        assert isinstance(config, Config)  # a structured Config schema converts back to a Config
+        return config
     except ConfigKeyError as exc:
         raise ConfigError(_unknown_key_message(exc)) from None
     except ValidationError as exc:
@@ -323,7 +325,8 @@ def _unknown_key_message(exc: ConfigKeyError) -> str:
     node: Any = Config
     for part in parent.split(".") if parent else []:
         fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
-        node = fields[part].default_factory() if part in fields and fields[part].default_factory is not dataclasses.MISSING else None
+        factory = fields[part].default_factory if part in fields else dataclasses.MISSING
+        node = None if factory is dataclasses.MISSING else factory()
     valid = ", ".join(f.name for f in dataclasses.fields(node)) if dataclasses.is_dataclass(node) else ""
     where = f"in {parent}" if parent else "at the top level"
     return f"unknown config key {key}" + (f"; valid keys {where}: {valid}" if valid else "")

@@ -162,6 +162,7 @@ def _fit(cfg: Config) -> FitResult:
                         returns = advantages
 
                 if models.critic is not None:
+                    assert models.critic_optim is not None  # built together with the critic
                     with timer("update_critic", timings):
                         set_lr(models.critic_optim, cfg.critic.optim, step)
                         metrics.update(update_critic(models.critic, models.critic_optim, batch, old_values, returns,
@@ -350,8 +351,10 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(_score_summary(result, cfg.trainer))
-    print(where_summary(result.report))
-    return 0 if result.report.complete else 1
+    report = result.report
+    assert report is not None  # fit() sets it when it returns
+    print(where_summary(report))
+    return 0 if report.complete else 1
 
 
 def _score_summary(result: FitResult, t: TrainerConfig) -> str:

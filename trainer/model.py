@@ -19,7 +19,7 @@ from .config import ModelConfig
 class KVCache:
     """Keys and values of every layer, preallocated for ``max_len`` positions."""
 
-    def __init__(self, model: "GPT", batch: int, max_len: int) -> None:
+    def __init__(self, model: GPT, batch: int, max_len: int) -> None:
         cfg, p = model.cfg, next(model.parameters())
         shape = (cfg.n_layer, batch, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
         self.k = torch.zeros(shape, device=p.device, dtype=p.dtype)
@@ -85,19 +85,25 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class Transformer(nn.Module):
+    """GPT-2's ``transformer`` submodule: embeddings, blocks and final norm, named as Hugging Face names them."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, block_size: int) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(block_size, cfg.n_embd)
+        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+
+
 class GPT(nn.Module):
     """Token ids -> hidden states; ``logits()`` (tied embeddings) and ``values()`` (value head) on top."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, block_size: int, value_head: bool = False) -> None:
         super().__init__()
         self.cfg, self.vocab_size, self.block_size = cfg, vocab_size, block_size
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab_size, cfg.n_embd),
-            wpe=nn.Embedding(block_size, cfg.n_embd),
-            h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
-            ln_f=nn.LayerNorm(cfg.n_embd),
-        ))
-        self.value_head = nn.Linear(cfg.n_embd, 1) if value_head else None
+        self.transformer = Transformer(cfg, vocab_size, block_size)
+        self.value_head: nn.Linear | None = nn.Linear(cfg.n_embd, 1) if value_head else None
         self.apply(self._init)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
@@ -124,4 +130,6 @@ class GPT(nn.Module):
         return hidden @ self.transformer.wte.weight.T
 
     def values(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.value_head is None:
+            raise TypeError("values() needs a model built with value_head=True")
         return self.value_head(hidden).squeeze(-1)

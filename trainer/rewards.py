@@ -33,11 +33,11 @@ class Scored:
 def score_episodes(task: Task, problems: list[Problem], episodes: list[Episode], device: torch.device) -> Scored:
     """``problems[i]`` is episode ``i``'s problem."""
     components: dict[str, list[float]] = {name: [] for name in task.components}
-    for problem, episode in zip(problems, episodes):
+    for problem, episode in zip(problems, episodes, strict=True):
         for name, value in task.rewards(problem, episode).items():
             components[name].append(value)
     totals = np.sum([components[name] for name in task.components], axis=0) if episodes else np.zeros(0)
-    exact = [episode.answer(task.tokenizer) == problem.answer for problem, episode in zip(problems, episodes)]
+    exact = [episode.answer(task.tokenizer) == problem.answer for problem, episode in zip(problems, episodes, strict=True)]
     return Scored(components=components, scores=torch.tensor(totals, dtype=torch.float32, device=device),
                   sources=[task.data_source(p) for p in problems], exact=exact)
 

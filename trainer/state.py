@@ -14,7 +14,8 @@ from .task import Task
 
 
 def _adamw(model: GPT, cfg: OptimConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
+    b1, b2 = cfg.betas  # OptimConfig checks there are two
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(b1, b2))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, cfg: OptimConfig, step: int) -> None:
@@ -34,7 +35,7 @@ class Models:
     critic_optim: torch.optim.Optimizer | None
 
     @classmethod
-    def build(cls, cfg: Config, task: Task, device: torch.device, warmed_up: GPT) -> "Models":
+    def build(cls, cfg: Config, task: Task, device: torch.device, warmed_up: GPT) -> Models:
         """Reference and critic start from the warmed-up actor (the critic with a fresh value head)."""
         critic = None
         if cfg.algorithm.adv_estimator == "gae":
@@ -50,6 +51,7 @@ class Models:
                  "actor_optim": self.actor_optim.state_dict(), "task_rng": task.rng.bit_generator.state,
                  "torch_rng": torch.get_rng_state()}
         if self.critic is not None:
+            assert self.critic_optim is not None  # built together with the critic
             state.update(critic=self.critic.state_dict(), critic_optim=self.critic_optim.state_dict())
         return state
 
@@ -61,6 +63,7 @@ class Models:
             if "critic" not in state:
                 raise ValueError("the checkpoint has no critic: it was saved with algorithm.adv_estimator=grpo")
             self.critic.load_state_dict(state["critic"])
+            assert self.critic_optim is not None  # built together with the critic
             self.critic_optim.load_state_dict(state["critic_optim"])
         task.rng.bit_generator.state = state["task_rng"]
         torch.set_rng_state(state["torch_rng"].cpu())

@@ -80,7 +80,7 @@ def score(response: str, answer: str) -> float:
         return 1.0
     if not response.isdigit():
         return 0.0
-    right = sum(r == a for r, a in zip(reversed(response), reversed(answer)))
+    right = sum(r == a for r, a in zip(reversed(response), reversed(answer), strict=False))
     return right / max(len(response), len(answer))
 
 

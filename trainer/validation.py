@@ -36,7 +36,7 @@ def validate(engine: RolloutEngine, task: Task, cfg: RolloutConfig, max_response
             family = "val-core" if var == "acc" else "val-aux"
             metrics[f"{family}/{group}/{var}/mean@1"] = float(values[rows].mean())
     rows_out = [(p.prompt, transcript(task, e), float(s))
-                for p, e, s in zip(problems[:samples], out.episodes, scored.scores.tolist())]
+                for p, e, s in zip(problems[:samples], out.episodes, scored.scores.tolist(), strict=False)]
     return metrics, rows_out
 
 

@@ -109,7 +109,7 @@ class VllmRollout:
             for j, sample in enumerate(output.outputs):
                 row, token_ids = i * n + j, list(sample.token_ids)[:limits[i]]
                 responses[row, :len(token_ids)] = torch.tensor(token_ids, dtype=torch.long)
-                for t, (token, entry) in enumerate(zip(token_ids, sample.logprobs or [])):
+                for t, (token, entry) in enumerate(zip(token_ids, sample.logprobs or [], strict=False)):
                     logprobs[row, t] = entry[token].logprob
         responses, logprobs = responses.to(device), logprobs.to(device)
         mask = response_mask(responses, [tok.EOS, *stop_ids], torch.tensor(limits, device=device).repeat_interleave(n))
