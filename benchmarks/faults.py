@@ -421,8 +421,8 @@ def hung_finish_then_replay(work: Path, mlflow_uri: str, steps: int = 200, keys:
 # -- damage: the spool is corrupted, truncated and partly deleted before the recovery ------------
 def damaged_spool(work: Path, steps: int = 300, keys: int = 20) -> dict[str, Any]:
     from pipeline import Tracking
-    from pipeline.spool.segments import Spool
-    from pipeline.wire.batch import decode_batch
+    from pipeline.spool import Spool
+    from pipeline.wire import decode_batch
 
     run_id, experiment = uuid.uuid4().hex[:12], f"damage-{uuid.uuid4().hex[:6]}"
     down = work / "memory-down"

@@ -40,7 +40,7 @@ def _timed(append: Callable[[int, bytes], None], payload: bytes, seconds: float)
 
 
 def segments(folder: Path, payload: bytes, seconds: float, fsync_s: float) -> dict[str, float]:
-    from pipeline.spool.segments import Spool
+    from pipeline.spool import Spool
 
     spool = Spool(str(folder), fsync_s=fsync_s, max_bytes=2**40)
     try:
@@ -71,8 +71,7 @@ def shipper_costs(seconds: float) -> dict[str, float]:
     """What the shipper already pays per batch of one 100-scalar step: encode, and ray.put."""
     import ray
 
-    from pipeline.core.records import Batch, Metrics
-    from pipeline.wire.batch import encode_batch
+    from pipeline.wire import Batch, Metrics, encode_batch
 
     batch = Batch(seq=1, created=time.time(), records=[Metrics(step=1, values={f"k{i}": i * 0.5 for i in range(100)},
                                                                time=time.time())])

@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
     common_args(parser, "sweep")
     args = parser.parse_args(argv)
     clock, g = Clock(), grid(args.quick)
-    from pipeline.config.async_log import AsyncLogConfig
+    from pipeline import AsyncLogConfig
 
     defaults = {k: getattr(AsyncLogConfig(), k) for k in ("queue_max_bytes", "lane_max_bytes", "flush_interval_s",
                                                           "max_batch_bytes", "overflow")}

@@ -1,4 +1,4 @@
-"""``python -m pipeline inspect|replay SPOOL_DIR``: the same as the ``tracklane`` command (cli.py)."""
+"""``python -m pipeline inspect|replay SPOOL_DIR``: the same as the ``tracklane`` command (pipeline/cli/main.py)."""
 
 import sys
 

@@ -110,7 +110,7 @@ def test_drop_oldest_bounds_a_slow_lane(offline_trackers):
     rng = np.random.default_rng(0)
     for step in range(300):
         tracking.log({f"k{i}": float(v) for i, v in enumerate(rng.random(100))}, step=step)
-        time.sleep(0.005)
+        time.sleep(0.02)  # the file lane keeps up even on a loaded machine; the slow one still overflows
     report = tracking.finish(timeout=60)
     memory, file = report.lanes["memory"], report.lanes["file"]
     assert memory.dropped_records > 0

@@ -7,7 +7,6 @@ audit hook to show that nothing reaches the network, forks, or writes elsewhere.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -23,13 +22,23 @@ import numpy as np
 import pytest
 
 pytest.importorskip("clearml")
-from PIL import Image as PILImage
 
 from pipeline.core.errors import SinkError
 from pipeline.core.params import REDACTED, plain_config
-from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
+from pipeline.core.records import Image, Metrics, RunSpec
 from tests.conftest import same_value, verl_metrics
-from workers.sinks.clearml import CONFIG_NAME, GENERATION_COLUMNS, TRAJECTORY_COLUMNS, ClearmlSink
+from tests.rich_setup import (
+    GENERATION_STEPS,
+    RUN_ID,
+    assert_generation_tables,
+    assert_trajectory_tables,
+    media,
+    png,
+    write_artifacts,
+    write_generations,
+    write_trajectories,
+)
+from workers.sinks.clearml import CONFIG_NAME, GENERATION_COLUMNS, ClearmlSink
 from workers.testing.readers.clearml_reader import read_clearml_run, read_clearml_session
 
 # clearml 2.1.12 bundles a pyhocon that calls pyparsing's old names: ~25 warnings per config it reads or writes.
@@ -38,7 +47,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:clearml.util
 REPO = Path(__file__).resolve().parents[1]
 SECRET_KEY = "clearml-secret-must-not-leak-0123456789"
 STEPS = 300
-LONG = "é🚀x" * 333_334  # ~1 MB of characters
 # Variables that would send ClearML to a server, make it think an agent runs it, or shift iterations.
 _CLEARML_UNSET = ("CLEARML_API_HOST", "CLEARML_WEB_HOST", "CLEARML_FILES_HOST", "CLEARML_API_ACCESS_KEY",
                   "CLEARML_AUTH_TOKEN", "CLEARML_TASK_ID", "CLEARML_PROC_MASTER_ID", "CLEARML_SET_ITERATION_OFFSET",
@@ -87,12 +95,6 @@ def _open(sinks: list, params: dict | None = None, resume: dict | None = None, r
 def _plain(values: dict) -> dict:
     """verl's dict as ``Tracking`` hands it over: plain Python numbers."""
     return {key: float(value) if isinstance(value, np.floating) else value for key, value in values.items()}
-
-
-def png(array: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    PILImage.fromarray(array).save(out, format="PNG")
-    return out.getvalue()
 
 
 # -- settings ---------------------------------------------------------------------------------
@@ -440,7 +442,7 @@ def test_no_server_no_process_nothing_outside_tmp(cache, tmp_path):
 @pytest.fixture
 def sink(cache, sinks):
     """An opened sink on run "rich1"; closed at the end if the test did not."""
-    opened, _ = _open(sinks, params={"lr": 0.1}, run_id="rich1")
+    opened, _ = _open(sinks, params={"lr": 0.1}, run_id=RUN_ID)
     return opened
 
 
@@ -452,28 +454,13 @@ def number(cell) -> float:
 def test_generations_are_one_table_per_key_and_step(sink, cache):
     """Each step's table holds exactly that step's rows under verl's title/series split (unicode, "", NaN, full
     float precision, 1 MB kept); a step without samples stores nothing; metrics read back unchanged."""
-    steps = {0: [["héllo 中文 🚀", "", math.nan], ["", "out", 0.12345678901234567]], 1: [[LONG, "ok", -0.5]], 2: [],
-             3: [["q3", "a3", 0.25]]}
-    records = []
-    for step, samples in steps.items():
-        records += [Metrics(step=step, values={"val/score": float(step)}, time=0.0),
-                    Generations(step=step, samples=samples, time=0.0)]
-    records.append(Generations(step=3, samples=[["q3b", "a3b", math.inf]], time=0.0))  # same step, same key
-    records.append(Generations(step=3, samples=[["other", "key", 2.0]], time=0.0, key="val/other"))
-    sink.write(records[:3])
-    sink.write(records[3:])
+    steps = {**GENERATION_STEPS, 0: [["héllo 中文 🚀", "", math.nan], ["", "out", 0.12345678901234567]]}
+    want = write_generations(sink, steps)
     sink.close(0)
 
-    back = read_clearml_run(cache, run_id="rich1")
-    want = {step: [[step, *row] for row in rows] for step, rows in steps.items() if rows}
-    want[3].append([3, "q3b", "a3b", math.inf])
+    back = read_clearml_run(cache, run_id=RUN_ID)
     tables = back.tables("val", "generations")
-    assert sorted(tables) == [0, 1, 3]
-    for step, rows in want.items():
-        headers, got = tables[step]
-        assert headers == GENERATION_COLUMNS
-        assert [row[:3] for row in got] == [row[:3] for row in rows]
-        assert all(same_value(number(g[3]), w[3]) for g, w in zip(got, rows, strict=True))
+    assert_generation_tables(tables, want, score=number)
     assert tables[0][1][0][3] == "NaN" and tables[3][1][1][3] == "Inf"
     assert back.tables("val", "other") == {3: (GENERATION_COLUMNS, [[3, "other", "key", 2.0]])}
     assert back.points == [(s, "val/score", float(s)) for s in steps]
@@ -481,62 +468,24 @@ def test_generations_are_one_table_per_key_and_step(sink, cache):
 
 def test_trajectories_keep_messages_tool_calls_rewards_and_token_counts(sink, cache):
     """Each trajectory is one row of its step's table whose JSON cells parse back to what was written."""
-    def trajectory(i: int, step: int) -> Trajectory:
-        return Trajectory(
-            messages=[{"role": "user", "content": f"question {i} ü"}, {"role": "assistant", "content": ""}],
-            tool_calls=[{"name": "search", "arguments": '{"q": "中文"}', "result": "r" * 100, "latency_s": 0.25}],
-            rewards={"score": float(i), "format": math.nan},
-            meta={"sample_index": i, "rollout_index": step, "validation": i % 2 == 0, "uid": f"u{i}"},
-            token_ids=np.arange(10 * i, dtype="<i4").tobytes(),
-        )
-    written = {step: [trajectory(i, step) for i in range(3)] for step in (5, 6)}
-    sink.write([Trajectories(step=step, trajectories=items, time=0.0) for step, items in written.items()])
-    sink.write([Trajectories(step=7, trajectories=[], time=0.0)])
+    written = write_trajectories(sink)
     sink.close(0)
 
-    tables = read_clearml_run(cache, run_id="rich1").tables("rollout", "trajectories")
-    assert sorted(tables) == [5, 6]
-    for step, items in written.items():
-        headers, got = tables[step]
-        assert headers == TRAJECTORY_COLUMNS and len(got) == len(items)
-        for row, item in zip((dict(zip(headers, row, strict=True)) for row in got), items, strict=True):
-            assert row["step"] == step and number(row["score"]) == item.score()
-            assert (row["sample_index"], row["rollout_index"], row["validation"]) == (
-                item.meta["sample_index"], item.meta["rollout_index"], item.meta["validation"])
-            assert json.loads(row["messages"]) == item.messages
-            assert json.loads(row["tool_calls"]) == item.tool_calls
-            rewards = json.loads(row["rewards"])
-            assert rewards["score"] == item.rewards["score"] and math.isnan(rewards["format"])
-            assert json.loads(row["meta"]) == {"uid": item.meta["uid"]}
-            assert row["num_tokens"] == item.token_array().size
+    assert_trajectory_tables(read_clearml_run(cache, run_id=RUN_ID).tables("rollout", "trajectories"), written, score=number)
 
 
 def test_histogram_text_and_image_come_back_as_written(sink, cache):
     """Bars are np.histogram of the finite values at the bin centres, with summary scalars and the non-finite
     values counted; text bytes are equal; the PNG bytes are stored as given; no kind is unsupported."""
-    rng = np.random.default_rng(0)
-    values = {step: rng.normal(step, 1.0, 1000) for step in (1, 2)}
-    values[2][:4] = [math.nan, math.inf, -math.inf, math.nan]
-    pngs = {1: png(rng.integers(0, 256, (12, 20, 3), dtype=np.uint8)),
-            2: png(rng.integers(0, 256, (9, 7, 4), dtype=np.uint8))}
-    texts = {1: "première ligne\n第二行 🚀", 2: "", 3: LONG}
-    records = []
-    for step in (1, 2, 3):
-        if step in values:
-            records += [Histogram(step=step, name="rollout/kl", values=values[step].tobytes(), time=0.0),
-                        Image(step=step, name="samples/picture", png=pngs[step], time=0.0)]
-        records.append(Text(step=step, name="notes/prompt", text=texts[step], time=0.0))
-    grey = png(rng.integers(0, 256, (5, 6), dtype=np.uint8))
-    records += [Histogram(step=3, name="rollout/empty", values=np.array([math.nan]).tobytes(), time=0.0),
-                Image(step=3, name="grey", png=grey, time=0.0)]
-    sink.write(records)
+    written = media([math.nan, math.inf, -math.inf, math.nan])
+    sink.write(written.records(grey_name="grey"))
     sink.close(0)
 
-    back = read_clearml_run(cache, run_id="rich1")
+    back = read_clearml_run(cache, run_id=RUN_ID)
     bars = back.bars("rollout", "kl")
     scalars = back.scalars()
     assert sorted(bars) == [1, 2]
-    for step, array in values.items():
+    for step, array in written.values.items():
         finite = array[np.isfinite(array)]
         counts, edges = np.histogram(finite, bins=30)
         assert bars[step] == (((edges[:-1] + edges[1:]) / 2).tolist(), counts.tolist())
@@ -547,32 +496,20 @@ def test_histogram_text_and_image_come_back_as_written(sink, cache):
     assert sink.counts.cuts == {"histogram_nonfinite": 5} and sink.counts.unsupported == {}  # 4 at step 2, 1 empty
 
     stored_texts = {step: [s.content for s in items] for step, items in back.samples_of("notes", "prompt").items()}
-    assert stored_texts == {step: [text.encode("utf-8")] for step, text in texts.items()}
+    assert stored_texts == {step: [text.encode("utf-8")] for step, text in written.texts.items()}
     stored_pngs = {step: [s.content for s in items] for step, items in back.samples_of("samples", "picture").items()}
-    assert stored_pngs == {step: [content] for step, content in pngs.items()}
-    assert [s.content for s in back.samples_of("grey", "grey")[3]] == [grey]
+    assert stored_pngs == {step: [png(array)] for step, array in written.images.items()}
+    assert [s.content for s in back.samples_of("grey", "grey")[3]] == [png(written.grey)]
     assert all(s.key.endswith((".png", ".txt")) for s in back.samples)
 
 
 def test_artifacts_are_copied_into_the_session(sink, cache, tmp_path):
     """A file and a directory (zipped by ClearML) are stored under "<type>/<name>/step_<N>" with their bytes and
     metadata, the copy outlives the source, and a missing path is counted."""
-    checkpoint = tmp_path / "model[1].bin"
-    checkpoint.write_bytes(os.urandom(100_000))
-    folder = tmp_path / "tokenizer"
-    (folder / "sub").mkdir(parents=True)
-    (folder / "vocab.json").write_text('{"a": 1}', encoding="utf-8")
-    (folder / "sub" / "merges.txt").write_text("a b\n", encoding="utf-8")
-    sink.write([
-        Artifact(step=10, path=str(checkpoint), name="actor ckpt/step:10", type="model", time=0.0),
-        Artifact(step=10, path=str(folder), name="tokenizer", type="dataset", time=0.0),
-        Artifact(step=11, path=str(tmp_path / "gone.bin"), name="gone", type="model", time=0.0),
-    ])
-    content = checkpoint.read_bytes()
-    checkpoint.unlink()  # the trainer may rotate its checkpoints away: the session kept a copy
+    content = write_artifacts(sink, tmp_path)  # the file is gone afterwards: the session kept a copy
     sink.close(0)
 
-    artifacts = read_clearml_run(cache, run_id="rich1").artifacts
+    artifacts = read_clearml_run(cache, run_id=RUN_ID).artifacts
     assert sorted(artifacts) == ["dataset/tokenizer/step_10", "model/actor ckpt/step:10/step_10"]
     model = artifacts["model/actor ckpt/step:10/step_10"]
     assert model.files() == {"model[1].bin": content}

@@ -167,6 +167,16 @@ def test_trainer_uses_only_the_public_face():
     assert offenders == []
 
 
+def test_benchmarks_use_public_faces():
+    """The benchmarks import tracklane through its faces (``pipeline``, and ``pipeline.spool`` / ``pipeline.wire``
+    for reading a spool's batches) and its shipped test helpers, never an internal module."""
+    graph = import_graph()
+    public = {"pipeline", "pipeline.spool", "pipeline.wire"}
+    offenders = [f"{m} -> {t}" for m in graph if m.split(".")[0] == "benchmarks" for t in graph[m]
+                 if t.split(".")[0] == "pipeline" and t not in public and room(t) != "testing"]
+    assert offenders == []
+
+
 def test_benchmarks_never_import_tests():
     """benchmarks/ is installed and tests/ is not: nothing in benchmarks imports tests, even inside a function."""
     offenders = []

@@ -26,7 +26,9 @@ class ConsoleConfig:
     format: str = "verl"
     """"verl": verl's own line per step; "compact": ``keys`` aligned on one line, the rest every ``every`` steps."""
     keys: list[str] = field(default_factory=lambda: list(COMPACT_KEYS))
+    """compact: the keys of each step's line, fnmatch patterns, in this order."""
     every: int = 10
+    """compact: the other keys too, every this many steps (0: never)."""
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:

@@ -13,6 +13,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from pipeline.core.errors import CodecError
 from pipeline.core.histogram import HistogramFigures, histogram_figures
 
 SYSTEM_AXIS = "system/elapsed_s"
@@ -189,3 +190,22 @@ class RunSpec:
     resume: bool = False
     """This process continues an earlier run with the same ``run_id`` (training resumed from a
     checkpoint): each sink appends to that run where its tracker allows it."""
+
+    def to_plain(self) -> dict[str, Any]:
+        """Its fields as a msgpack-able map (a lane actor's opening, a spool's manifest); ``from_plain`` reads it."""
+        return {"project": self.project, "experiment": self.experiment, "params": self.params,
+                "run_id": self.run_id, "resume": self.resume}
+
+    @classmethod
+    def from_plain(cls, data: Any) -> RunSpec:
+        """``to_plain``'s map back; CodecError unless project, experiment and run_id are strings and params a map
+        (``resume``, a bool, may be missing: a manifest written before it was kept reads as False)."""
+        if not isinstance(data, dict):
+            raise CodecError(f"a run must be a map, got {type(data).__name__}")
+        for name, kind in (("project", str), ("experiment", str), ("params", dict), ("run_id", str)):
+            if not isinstance(data.get(name), kind):
+                raise CodecError(f"a run's {name} must be a {kind.__name__}, got {type(data.get(name)).__name__}")
+        if not isinstance(data.get("resume", False), bool):
+            raise CodecError(f"a run's resume must be a bool, got {type(data['resume']).__name__}")
+        return cls(project=data["project"], experiment=data["experiment"], params=data["params"],
+                   run_id=data["run_id"], resume=data.get("resume", False))

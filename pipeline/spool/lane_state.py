@@ -14,13 +14,13 @@ lands exactly once.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
 from pipeline.core.acks import SinkCounts
+from pipeline.core.files import write_atomically
 
 log = logging.getLogger("tracklane")
 
@@ -57,10 +57,6 @@ class LaneState:
             return cls(path=path)
 
     def save(self) -> None:
-        tmp = f"{self.path}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(msgpack.packb({"applied": self.applied, "sources": self.sources, "resume": self.resume,
-                                        "counts": self.counts.to_plain(),
-                                        "pending": self.pending, "mark": self.mark}, use_bin_type=True))
-        os.replace(tmp, self.path)
+        write_atomically(self.path, msgpack.packb({"applied": self.applied, "sources": self.sources, "resume": self.resume,
+                                                   "counts": self.counts.to_plain(),
+                                                   "pending": self.pending, "mark": self.mark}, use_bin_type=True))

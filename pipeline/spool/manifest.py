@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgpack
 
 from pipeline.core.errors import ConfigError
+from pipeline.core.files import write_atomically
 from pipeline.core.records import RunSpec
 
 MANIFEST = "run.msgpack"
@@ -34,17 +35,10 @@ class RunManifest:
     """What finish() closed the trackers with; None while the run is live, or if it crashed."""
 
     def save(self, directory: str) -> None:
-        run = self.run
-        blob = msgpack.packb({
+        write_atomically(os.path.join(directory, MANIFEST), msgpack.packb({
             "version": VERSION, "created": self.created, "exit_code": self.exit_code, "backends": self.backends,
-            "run": {"project": run.project, "experiment": run.experiment, "params": run.params, "run_id": run.run_id},
-        }, use_bin_type=True)
-        path = os.path.join(directory, MANIFEST)
-        tmp = f"{path}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(blob)
-        os.replace(tmp, path)
+            "run": self.run.to_plain(),
+        }, use_bin_type=True))
 
     @classmethod
     def load(cls, directory: str) -> RunManifest:
@@ -52,9 +46,7 @@ class RunManifest:
         try:
             with open(path, "rb") as handle:
                 data = msgpack.unpackb(handle.read(), raw=False)
-            run = data["run"]
-            return cls(run=RunSpec(project=run["project"], experiment=run["experiment"], params=run["params"],
-                                   run_id=run["run_id"], resume=True),
+            return cls(run=replace(RunSpec.from_plain(data["run"]), resume=True),  # delivering it again continues it
                        backends={str(k): dict(v) for k, v in data["backends"].items()},
                        created=float(data["created"]), exit_code=data.get("exit_code"))
         except FileNotFoundError:

@@ -14,23 +14,14 @@ process group so stopping it also ends the workers it forked.
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
+
+from pipeline.testing.server_process import START_TIMEOUT_S, free_port, start, stop_group
 
 URI_ENV = "TRACKLANE_TEST_MLFLOW_URI"
 """When set, the URI of a running server that the tests reuse instead of starting their own."""
-START_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_server(root: Path, timeout: float = START_TIMEOUT_S) -> tuple[subprocess.Popen, str]:
@@ -47,58 +38,12 @@ def start_server(root: Path, timeout: float = START_TIMEOUT_S) -> tuple[subproce
     ]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    log = open(root / "server.log", "wb")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            cwd=root, start_new_session=True)
-    log.close()
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(proc, uri, root / "server.log", timeout)
-    except BaseException:
-        stop_server(proc.pid)
-        raise
-    return proc, uri
-
-
-def _wait_healthy(proc: subprocess.Popen, uri: str, log_path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    state = f"exited with {proc.returncode}" if proc.poll() is not None else f"not healthy after {timeout:.0f} s"
-    log_tail = log_path.read_text(errors="replace")[-4000:]
-    raise RuntimeError(f"mlflow server at {uri} {state}; its log ({log_path}):\n{log_tail}")
+    return start("mlflow server", command, port, "/health", root / "server.log", timeout=timeout, env=env, cwd=root)
 
 
 def stop_server(pid: int, timeout: float = 10.0) -> None:
     """Kill the server's process group: SIGTERM, then SIGKILL after ``timeout``."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            break
-        try:  # reap the leader if it is our child, so the group can disappear
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        time.sleep(0.1)
-    else:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    stop_group(pid, timeout)
 
 
 def main(argv: list[str]) -> int:

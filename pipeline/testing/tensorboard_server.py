@@ -24,14 +24,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
-from pipeline.testing.mlflow_server import free_port
-from pipeline.testing.mlflow_server import stop_server as stop_group
+from pipeline.testing.server_process import START_TIMEOUT_S, free_port, start, stop
 
-START_TIMEOUT_S = 60.0
 SAMPLES_PER_PLUGIN = "scalars=100000,histograms=10000,images=10000,text=10000"
 LOADER_FLAGS = {
     "python": ["--load_fast=false", "--reload_interval=0", "--reload_task=blocking"],
@@ -51,35 +47,9 @@ def start_server(logdir: Path, loader: str = "python", timeout: float = START_TI
     command = [str(cli) if cli.exists() else "tensorboard", "--logdir", str(logdir), "--host", "127.0.0.1",
                "--port", str(port), f"--samples_per_plugin={SAMPLES_PER_PLUGIN}", *LOADER_FLAGS[loader]]
     log_path = logdir.with_name(logdir.name + ".tensorboard.log")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_answering(proc, url, log_path, timeout)
-    except BaseException:
-        stop_server(proc)
-        raise
-    return proc, url
-
-
-def _wait_answering(proc: subprocess.Popen, url: str, log_path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{url}/data/plugins_listing", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    state = f"exited with {proc.returncode}" if proc.poll() is not None else f"not answering after {timeout:.0f} s"
-    raise RuntimeError(f"tensorboard at {url} {state}; its log ({log_path}):\n{log_path.read_text(errors='replace')[-4000:]}")
+    return start("tensorboard", command, port, "/data/plugins_listing", log_path, timeout=timeout, probe_timeout=5)
 
 
 def stop_server(proc: subprocess.Popen) -> None:
     """End the server's process group (SIGTERM, then SIGKILL) and reap the server."""
-    stop_group(proc.pid)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
+    stop(proc)

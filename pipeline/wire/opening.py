@@ -29,11 +29,8 @@ class LaneOpening:
     """Ray node id of the trainer: a lane on another node says so where it reports its paths."""
 
     def pack(self) -> bytes:
-        run = self.run
         return msgpack.packb({
-            "backend": self.backend,
-            "run": {"project": run.project, "experiment": run.experiment, "params": run.params,
-                    "run_id": run.run_id, "resume": run.resume},
+            "backend": self.backend, "run": self.run.to_plain(),
             "settings": self.settings, "state_dir": self.state_dir,
             "sink_retries": self.sink_retries, "retry_backoff_s": self.retry_backoff_s,
             "trainer_node": self.trainer_node,
@@ -42,6 +39,6 @@ class LaneOpening:
     @classmethod
     def unpack(cls, blob: bytes) -> LaneOpening:
         spec = msgpack.unpackb(blob, raw=False)
-        return cls(backend=spec["backend"], run=RunSpec(**spec["run"]), settings=spec["settings"],
+        return cls(backend=spec["backend"], run=RunSpec.from_plain(spec["run"]), settings=spec["settings"],
                    state_dir=spec["state_dir"], sink_retries=int(spec["sink_retries"]),
                    retry_backoff_s=float(spec["retry_backoff_s"]), trainer_node=str(spec.get("trainer_node") or ""))

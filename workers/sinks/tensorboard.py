@@ -194,12 +194,13 @@ def _cell(value: Any) -> str:
 def parse_params_table(markdown: str) -> dict[str, str]:
     """The ``| parameter | value |`` table ``_write_params`` writes -> {flattened key: value as text} (its inverse;
     ``tracklane migrate --from tensorboard`` reads a tracklane run's params with it)."""
-    rows = [_cells(line) for line in markdown.split("\n")[2:]]  # after the header and the |---| line
+    rows = [table_cells(line) for line in markdown.split("\n")[2:]]  # after the header and the |---| line
     return {cells[0]: cells[1] for cells in rows if len(cells) == 2}
 
 
-def _cells(line: str) -> list[str]:
-    """A row split on unescaped pipes, ``_cell``'s escapes undone ("\\x" -> "x", "<br>" -> line break, entities)."""
+def table_cells(line: str) -> list[str]:
+    """A row of a table ``_table`` writes, split on unescaped pipes, ``_cell``'s escapes undone ("\\x" -> "x", "<br>" ->
+    line break, entities): ``| a | b\\|c |`` -> ["a", "b|c"]."""
     cells, cell, chars = [], [], iter(line)
     for char in chars:
         if char == "\\":

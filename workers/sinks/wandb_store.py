@@ -225,6 +225,21 @@ def row_tag(history: Any) -> tuple[str, int, int] | None:
     return None
 
 
+def apply_config(params: dict[str, Any], config: Any) -> None:
+    """Apply one config record (a ``run`` record's ``config``, or a ``config`` record) to ``params``: nested,
+    one JSON value per key, wandb's own ``_wandb`` left out; the record's removals popped."""
+    for item in config.update:
+        path = list(item.nested_key) or [item.key]
+        if path[0] == "_wandb":
+            continue
+        target = params
+        for part in path[:-1]:
+            target = target.setdefault(part, {})
+        target[path[-1]] = json.loads(item.value_json)
+    for item in config.remove:
+        params.pop(item.key or "/".join(item.nested_key), None)
+
+
 def metadata_step(metadata_json: str) -> Any:
     """The ``step`` in an artifact record's metadata (the wandb sink puts it there), or None."""
     try:

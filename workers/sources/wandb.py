@@ -43,7 +43,7 @@ from pipeline.core.values import as_number
 from pipeline.host.sink import import_sdk
 from pipeline.host.source import Source, SourceRun, option
 from workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, safe_name
-from workers.sinks.wandb_store import iter_payloads, run_files
+from workers.sinks.wandb_store import apply_config, iter_payloads, run_files
 from workers.sources.shaping import binned_histogram, in_step_order, png, score
 
 STEP_AXIS = "tracklane/step"  # workers/sinks/wandb.py: the trainer's step
@@ -118,9 +118,9 @@ class WandbSource(Source):
             self._run.project = self._run.project or record.run.project
             self._run.experiment = self._run.experiment or record.run.display_name
             self._time = self._time or float(record.run.start_time.ToSeconds())
-            _apply_config(self._run.params, record.run.config)
+            apply_config(self._run.params, record.run.config)
         elif kind == "config":
-            _apply_config(self._run.params, record.config)
+            apply_config(self._run.params, record.config)
         elif kind == "metric":
             self._define(record.metric)
         elif kind == "history":
@@ -263,19 +263,6 @@ def _number(value: Any) -> float | int | None:
     if isinstance(value, (int, float)):
         return as_number(value)
     return None
-
-
-def _apply_config(params: dict[str, Any], config: Any) -> None:
-    for item in config.update:
-        path = list(item.nested_key) or [item.key]
-        if path[0] == "_wandb":
-            continue
-        target = params
-        for part in path[:-1]:
-            target = target.setdefault(part, {})
-        target[path[-1]] = json.loads(item.value_json)
-    for item in config.remove:
-        params.pop(item.key or "/".join(item.nested_key), None)
 
 
 def _verl_generations(columns: list[str]) -> bool:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from workers.sinks.tensorboard import parse_params_table, table_cells
 from workers.testing.readers import ReadBack
 
 PARAMS_TAG = "hyperparameters"
@@ -69,27 +69,7 @@ def _add(out: dict[str, dict[int, list[Any]]], tag: str, step: int, value: Any) 
     out.setdefault(tag, {}).setdefault(step, []).append(value)
 
 
-def parse_params_table(markdown: str) -> dict[str, str]:
-    """The markdown table the sink writes -> {flattened key: value as text}."""
-    return {cells[0]: cells[1] for cells in parse_markdown_table(markdown) if len(cells) == 2}
-
-
 def parse_markdown_table(markdown: str) -> list[list[str]]:
     """The rows (header left out) of a table the sink writes, each cell unescaped (backslash escapes, "<br>"
-    -> newline, HTML entities)."""
-    lines = markdown.split("\n")[2:]  # after the header and the |---| line; only "\n" ends a row
-    return [[html.unescape(cell.replace("<br>", "\n")) for cell in _cells(line)] for line in lines]
-
-
-def _cells(line: str) -> list[str]:
-    """Split a row on unescaped pipes and undo the escapes: ``| a | b\\|c |`` -> ["a", "b|c"]."""
-    cells, cell, chars = [], [], iter(line)
-    for char in chars:
-        if char == "\\":
-            cell.append(next(chars, ""))
-        elif char == "|":
-            cells.append("".join(cell))
-            cell = []
-        else:
-            cell.append(char)
-    return [cell[1:-1] for cell in cells[1:]]  # drop the padding space each side
+    -> newline, HTML entities): ``workers.sinks.tensorboard.table_cells`` of each line."""
+    return [table_cells(line) for line in markdown.split("\n")[2:]]  # after the header and the |---| line; only "\n" ends a row

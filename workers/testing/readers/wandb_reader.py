@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.sinks.wandb_store import apply_config
 from workers.testing.readers import ReadBack
 
 
@@ -68,9 +69,9 @@ def read_run_file(path: str | Path, axes: dict[str, str] | None = None) -> ReadB
         elif kind == "history":
             back.points.extend(_history_points(record.history, axes))
         elif kind == "run":
-            _apply_config(back.params, record.run.config)
+            apply_config(back.params, record.run.config)
         elif kind == "config":
-            _apply_config(back.params, record.config)
+            apply_config(back.params, record.config)
         elif kind == "exit":
             back.status = f"exit_code={record.exit.exit_code}"
     return back
@@ -128,19 +129,6 @@ def _item_value(item: Any) -> Any:
     if typed is not None:
         return None if typed == "none" else getattr(item, typed)
     return json.loads(item.value_json)  # Python's json reads NaN, Infinity and -Infinity
-
-
-def _apply_config(params: dict[str, Any], config: Any) -> None:
-    for item in config.update:
-        path = list(item.nested_key) or [item.key]
-        if path[0] == "_wandb":
-            continue
-        target = params
-        for part in path[:-1]:
-            target = target.setdefault(part, {})
-        target[path[-1]] = json.loads(item.value_json)
-    for item in config.remove:
-        params.pop(item.key or "/".join(item.nested_key), None)
 
 
 @dataclass
