@@ -61,7 +61,7 @@ class BenchEnv:
         import ray
 
         if not ray.is_initialized():
-            if os.environ.get("RAY_ADDRESS"):  # join that Ray (the smoke tests pass the test session's): ~4 s less
+            if os.environ.get("RAY_ADDRESS", "local") != "local":  # join that Ray (the smoke tests pass the test session's)
                 ray.init(log_to_driver=False)
             else:  # the lane actors take no CPU slot; 2 leaves room for the trainer's own
                 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -11,6 +11,10 @@ from pipeline.testing.mlflow_server import URI_ENV, start_server, stop_server
 
 # Every Ray process the tests start (here, in Tracking, in subprocesses) binds 127.0.0.1.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# A ray.init() without an address (here, and in every child process a test starts) starts its own Ray: without
+# this it joins the cluster named in /tmp/ray/ray_current_cluster, which a two-node test's Cluster writes while it
+# runs (with pytest-xdist, beside the other workers' tests). A child meant to join names its address (ray_join).
+os.environ.setdefault("RAY_ADDRESS", "local")
 # Spools of runs whose config names no folder go under one temp folder, not the checkout.
 os.environ.setdefault("TRACKLANE_SPOOL_ROOT", tempfile.mkdtemp(prefix="tracklane-test-spools-"))
 # Tests compare every point logged; system metrics (on by default, every 10 s) are checked by the tests

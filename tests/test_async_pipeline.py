@@ -36,6 +36,7 @@ def _user_values(values: dict) -> dict:
     return {k: v for k, v in values.items() if not k.startswith("tracklane/")}
 
 
+@pytest.mark.slow
 def test_every_record_arrives_once_in_order(offline_trackers):
     """300 steps x ~100 keys reach the memory and file lanes exactly, in order, NaN included."""
     with Tracking("proj", "exp", ["memory", "file"], config=_config()) as tracking:
@@ -81,6 +82,7 @@ def test_failing_tracker_does_not_stop_the_others(offline_trackers):
     assert not report.complete and "memory" in report.summary()
 
 
+@pytest.mark.slow
 def test_killed_actors_are_restarted_without_duplicates(offline_trackers):
     """Actors killed mid-run are restarted; the file and TensorBoard still hold every step exactly once."""
     tracking = Tracking("proj", "exp", ["file", "tensorboard"], config=_config())
@@ -100,6 +102,7 @@ def test_killed_actors_are_restarted_without_duplicates(offline_trackers):
     assert sorted(step for step, key, _ in board.points if key == "x") == list(range(400))
 
 
+@pytest.mark.slow
 def test_drop_oldest_bounds_a_slow_lane(offline_trackers):
     """Without the spool, a slow tracker with a small lane drops its oldest batches, counts every one, and never
     exceeds its bound."""
@@ -153,6 +156,7 @@ def test_a_record_msgpack_cannot_take_is_rejected_alone(offline_trackers):
     assert steps == [1, 2]
 
 
+@pytest.mark.slow
 def test_with_the_spool_a_slow_lane_waits_on_disk_and_loses_nothing(offline_trackers, tmp_path):
     """With the spool, a slow tracker's lane keeps its memory bound by leaving batches on disk only, and every record
     arrives, in order, once; the spool is emptied as the trackers acknowledge."""
@@ -180,6 +184,7 @@ def test_with_the_spool_a_slow_lane_waits_on_disk_and_loses_nothing(offline_trac
     assert report.spool is not None and report.spool.batches <= 2  # acknowledged segments were deleted
 
 
+@pytest.mark.slow
 def test_block_policy_waits_no_longer_than_the_deadline(offline_trackers):
     """Under "block", a full buffer makes log() wait at most block_timeout_s, then drops and counts."""
     config = _config(overflow="block", block_timeout_s=0.3, queue_max_bytes=8 * 1024, lane_max_bytes=8 * 1024,
@@ -229,6 +234,7 @@ def test_flush_is_a_barrier(offline_trackers):
     tracking.finish()
 
 
+@pytest.mark.slow
 def test_unfinished_tracking_is_finished_at_exit(tmp_path):
     """A script that never calls finish() still delivers every step before the interpreter exits."""
     path = tmp_path / "metrics.jsonl"

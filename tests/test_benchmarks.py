@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TRACKERS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file"]
@@ -29,6 +31,7 @@ def _assert_pngs(result: dict) -> None:
         assert Path(path).read_bytes()[:8] == PNG_SIGNATURE, path
 
 
+@pytest.mark.slow
 def test_overhead_quick(tmp_path, mlflow_server_uri, ray_join):
     """Every mode, tracker and figure is present, what was logged was read back from every tracker, verl skipped with a
     reason when absent."""
@@ -61,6 +64,7 @@ def test_overhead_quick(tmp_path, mlflow_server_uri, ray_join):
     _assert_pngs(result)
 
 
+@pytest.mark.slow
 def test_sweep_quick(tmp_path, mlflow_server_uri, ray_join):
     """Every grid cell has its figures, both loads and both overflow policies ran, and defaults are recommended."""
     result = _run("sweep", tmp_path, mlflow_server_uri, ray_join)
@@ -77,6 +81,7 @@ def test_sweep_quick(tmp_path, mlflow_server_uri, ray_join):
     _assert_pngs(result)
 
 
+@pytest.mark.slow
 def test_scaling_quick(tmp_path, mlflow_server_uri, ray_join):
     """Payload, rate and tracker-count series each have their points and figures."""
     result = _run("scaling", tmp_path, mlflow_server_uri, ray_join)
@@ -97,6 +102,7 @@ def test_scaling_quick(tmp_path, mlflow_server_uri, ray_join):
     _assert_pngs(result)
 
 
+@pytest.mark.slow
 def test_capacity_quick(tmp_path, mlflow_server_uri, ray_join):
     """Every tracker has a bare and a lane figure for scalars (SwanLab has no bare trajectories), and every
     record the lanes were given was read back from the tracker's own store."""

@@ -124,6 +124,7 @@ def test_resolve_is_offline_unless_a_server_is_configured(tmp_path):
 
 
 # -- metrics -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_300_verl_steps_round_trip_record_by_record(cache, sinks):
     """300 verl-shaped steps in batches cut across steps come back once per (step, key) with the value sent;
     NaN is skipped and counted (ClearML would chart it as 0.0); events carry ClearML's report time."""
@@ -420,6 +421,7 @@ print(json.dumps({{"seen": seen, "import_s": import_s, "open_s": open_s, "flush_
 """
 
 
+@pytest.mark.slow
 def test_no_server_no_process_nothing_outside_tmp(cache, tmp_path):
     """A whole sink life (open, metrics, text, artifacts, flush, close) contacts no network, starts no process,
     writes nothing outside tmp_path, and leaves no thread, child, signal hook or process marker behind."""

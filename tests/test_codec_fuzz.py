@@ -333,6 +333,7 @@ def test_lone_surrogate_is_sent_not_fatal() -> None:
 
 
 # == 2. hostile bytes =============================================================================
+@pytest.mark.slow
 @_fuzz(3500)
 @given(blob=st.one_of(st.binary(max_size=64), st.binary(max_size=160).map(lambda b: b"\x28\xb5\x2f\xfd" + b)))
 def test_random_bytes(blob: bytes) -> None:

@@ -144,6 +144,7 @@ print("finished", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_async_console_prints_on_the_trainers_stdout_in_order_while_the_run_goes_on(tmp_path):
     """With log_async the console's lines reach the trainer's own stdout unprefixed, in step order, each
     before the trainer logged 10 more steps (not held until finish), all before finish() returns."""

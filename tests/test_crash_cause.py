@@ -54,6 +54,7 @@ raise RuntimeError("{marker}")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log_async, local", [(True, False), (False, False), (False, True)],
                          ids=["async", "sync", "sync-local"])
 def test_uncaught_exception_leaves_traceback_in_every_tracker(tmp_path, log_async, local):

@@ -58,6 +58,7 @@ def _assert_equal(name, points, logged, rename=lambda k: k, cast=float):
     assert not wrong, f"{name}: {len(wrong)} values differ, e.g. {wrong[:3]}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode_async, exit_code", [(False, 0), (True, 1)], ids=["sync", "async"])
 def test_every_scalar_arrives_in_every_tracker(mode_async, exit_code, offline_trackers, mlflow_server_uri,
                                                monkeypatch, capfd, request):

@@ -36,6 +36,7 @@ def _assert_delivered_and_finished(trackers, run_name: str = "drop-exp") -> None
     assert sorted(step for step, key, _ in back.points if key == "loss") == list(range(STEPS))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log_async", [False, True], ids=["sync", "async"])
 def test_a_tracking_dropped_by_a_returning_function_has_finished_every_tracker(offline_trackers, log_async, request):
     """Right after fit() returns, every step is in the file and MLflow, and the MLflow run is FINISHED."""
@@ -97,6 +98,7 @@ def _method_dropping_a_run_in_a_cycle(fail: bool) -> None:
         raise RuntimeError("boom in the actor method")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fail", [False, True], ids=["returns", "raises"])
 def test_a_ray_actor_method_finishes_the_runs_it_dropped_before_it_counts_as_done(offline_trackers, fail):
     """Ray's executor, wrapped: a run held only by a garbage cycle is finished once the method returns (FINISHED),

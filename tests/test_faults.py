@@ -22,6 +22,7 @@ def _exactly_once(result: dict) -> None:
         assert tally["once"] == tally["expected"] > 0, (tracker, tally)
 
 
+@pytest.mark.slow
 def test_trainer_sigkilled_then_resumed_has_every_point_once(tmp_path, mlflow_server_uri):
     """Every point logged more than flush_interval + 0.1 s before the trainer's SIGKILL is exactly once in every
     tracker (wandb, file, TensorBoard, MLflow, SwanLab) after the resumed run finished."""
@@ -30,6 +31,7 @@ def test_trainer_sigkilled_then_resumed_has_every_point_once(tmp_path, mlflow_se
     _exactly_once(result)
 
 
+@pytest.mark.slow
 def test_lane_actors_sigkilled_repeatedly_lose_and_duplicate_nothing(tmp_path, mlflow_server_uri):
     """Each of the five lane actors SIGKILLed twice mid-run: every point exactly once in every tracker (wandb's
     wandb-core dies with its actor: what it had not written yet comes again from the spool, what it had is
@@ -40,6 +42,7 @@ def test_lane_actors_sigkilled_repeatedly_lose_and_duplicate_nothing(tmp_path, m
     _exactly_once(result)
 
 
+@pytest.mark.slow
 def test_mlflow_down_then_back_loses_and_duplicates_nothing(tmp_path, mlflow_server_uri):
     """MLflow unreachable for 6 s (its connections refused; longer than the sink's own 3.5 s of retries, so the lane
     holds the batches and retries them) then back: MLflow holds every point once, the file lane too, and nothing
@@ -50,6 +53,7 @@ def test_mlflow_down_then_back_loses_and_duplicates_nothing(tmp_path, mlflow_ser
     _exactly_once(result)
 
 
+@pytest.mark.slow
 def test_a_tracker_far_slower_than_the_producer_stays_within_its_bounds(tmp_path):
     """A tracker ~10x too slow: the lane's memory and the spool's disk stay within their bounds, and every
     logged step either arrived once or is counted dropped (by the disk bound) or left over (finish() gets 5 s, far
@@ -63,6 +67,7 @@ def test_a_tracker_far_slower_than_the_producer_stays_within_its_bounds(tmp_path
     assert result["max_spool_bytes"] <= result["spool_max_bytes"] + 16 * 1024 + 16 * 1024, result  # + a segment
 
 
+@pytest.mark.slow
 def test_finish_with_a_hung_tracker_returns_by_its_deadline_and_replay_delivers_the_rest(tmp_path, mlflow_server_uri):
     """finish() with MLflow hanging returns by its deadline naming what is left and the replay command;
     `python -m pipeline replay` then delivers it: every point once, the run FINISHED."""
@@ -74,6 +79,7 @@ def test_finish_with_a_hung_tracker_returns_by_its_deadline_and_replay_delivers_
     _exactly_once(result)
 
 
+@pytest.mark.slow
 def test_a_damaged_spool_loses_only_its_damaged_batches(tmp_path):
     """A spool with a flipped byte, a deleted segment and a torn last frame reopens; the resumed run delivers
     everything else exactly once and counts the damage."""

@@ -80,6 +80,9 @@ class Job:
         assert sorted(pngs) == MEDIA_STEPS and all((_pixels(pngs[s]) == self.image(s)).all() for s in MEDIA_STEPS)
 
 
+pytestmark = pytest.mark.slow  # every test reads the one run of the main job (~25 s)
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Job:
     root = tmp_path_factory.mktemp("main_job")

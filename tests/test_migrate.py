@@ -98,6 +98,7 @@ def table_rows(table: str) -> dict[str, list[str]]:
     return {line.split()[0]: line.split() for line in table.splitlines() if line.startswith("  ") and line.split()}
 
 
+@pytest.mark.slow
 def test_mlflow_run_migrates_into_wandb_tensorboard_file_and_trackio(offline_trackers, ray_session, tmp_path, capsys):
     """Every MLflow point arrives once with its value in wandb, TensorBoard (float32, with MLflow's timestamps),
     the file and trackio (timestamps too), the params, image and artifacts with them, and the command says so."""
@@ -173,6 +174,7 @@ def make_mlflow_experiment(uri: str, name: str, root: Path) -> None:
     MlflowClient(uri).create_experiment(name, artifact_location=(root / name).as_uri())
 
 
+@pytest.mark.slow
 def test_two_versions_of_one_mlflow_artifact_name_migrate_with_both(offline_trackers, ray_session, tmp_path, capsys):
     """A checkpoint folder logged by the MLflow sink under one name at steps 50 and 100 reaches the MLflow and
     file targets as two versions, each with its own bytes, and the comparison finds both steps."""
@@ -211,6 +213,7 @@ def test_two_versions_of_one_mlflow_artifact_name_migrate_with_both(offline_trac
     assert {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()} == expected
 
 
+@pytest.mark.slow
 def test_tensorboard_logdir_migrates_into_mlflow(offline_trackers, ray_session, tmp_path, capsys):
     """Every TensorBoard scalar arrives in MLflow with its step, its (float32) value and its wall time as the
     timestamp; the text, the histogram's bins and the image arrive as MLflow artifacts."""
@@ -245,6 +248,7 @@ def test_tensorboard_logdir_migrates_into_mlflow(offline_trackers, ray_session, 
     assert "mlflow: +-Inf as +-1.797e308" in table and "result: every verified target" in table
 
 
+@pytest.mark.slow
 def test_a_target_that_already_holds_other_values_fails_the_comparison(offline_trackers, ray_session, tmp_path,
                                                                        capsys, monkeypatch):
     """Migrating into an MLflow run that already holds points of the same key (MLFLOW_RUN_ID, verl's way to attach)
@@ -264,6 +268,7 @@ def test_a_target_that_already_holds_other_values_fails_the_comparison(offline_t
     assert "result: MISMATCH in mlflow (1 difference(s))" in table
 
 
+@pytest.mark.slow
 def test_two_values_at_one_step_in_the_source_show_as_a_mismatch_in_the_file(offline_trackers, ray_session,
                                                                             tmp_path, capsys):
     """MLflow keeps two points of one key at one step; the file logger keeps one line per step (later values win),
@@ -377,6 +382,7 @@ def log_wandb_run(wandb: Any, tmp_path: Path, logged: dict[tuple[int, str], floa
     return run_dir
 
 
+@pytest.mark.slow
 def test_every_rich_kind_is_read_back_from_every_target(offline_trackers, ray_session, tmp_path, capsys, monkeypatch):
     """Generations, trajectories, a histogram, a text, an image and an artifact (from a spool) reach MLflow, wandb,
     the file, trackio and TensorBoard, and each target's reader finds them at their steps (TensorBoard keeps no
@@ -421,6 +427,7 @@ def test_wandb_offline_run_migrates_into_the_file_logger(offline_trackers, ray_s
         [p.read_text() for p in (media / "artifacts/data/dataset/step_0").iterdir()] == ["dataset"]
 
 
+@pytest.mark.slow
 def test_the_entry_point_migrates_in_its_own_process(tmp_path):
     """``python -m pipeline migrate`` (its own Ray) migrates a verl file into the file logger and exits 0."""
     written = write_verl_file(tmp_path / "src.jsonl", steps=5)

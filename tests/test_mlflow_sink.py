@@ -91,6 +91,7 @@ def make_sink(uri: str, project: str, env: dict | None = None) -> MlflowSink:
     return MlflowSink(run, MlflowSink.resolve(run, {"MLFLOW_TRACKING_URI": uri, **(env or {})}, {}))
 
 
+@pytest.mark.slow
 def test_round_trip_points_params_and_status(tracking_uri, request, caplog):
     """Every point arrives once with its step (NaN kept, Inf as max float), params once, run FINISHED."""
     sink = make_sink(tracking_uri, f"round_trip_{request.node.callspec.id}")

@@ -52,6 +52,7 @@ def test_runtime_env_is_merged_and_refuses_secrets():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_lanes_placed_on_a_second_node_deliver_every_record(offline_trackers, tmp_path):
     """A 2-node Ray cluster on this machine; the lanes go to the node offering `logging_node`: each lane ran
     there (its node id), its "where" says it is not the trainer's node, and TensorBoard and the file hold every

@@ -65,6 +65,7 @@ def _file_points(path) -> list[tuple[int, str, float]]:
             for key, value in line["data"].items() if not key.startswith("tracklane/")]
 
 
+@pytest.mark.slow
 def test_four_producers_and_the_trainer_land_every_point_once(offline_trackers):
     """4 Ray actors log 300 steps each through their producers while rank 0 logs its own; TensorBoard and the
     file hold every point exactly once, each producer's steps in order, and the report counts each producer."""
@@ -161,6 +162,7 @@ def test_a_producer_pickles_without_records_and_needs_the_async_path(offline_tra
         tracking.finish()
 
 
+@pytest.mark.slow
 def test_steps_out_of_order_from_two_producers_all_reach_wandb_and_tensorboard(offline_trackers):
     """The trainer logs 200 steps first; then two producers log the same steps shuffled, one on the trainer's
     axis (all behind it), one on its own axis ``rollout/step``: wandb (which drops any step below its newest)
@@ -194,6 +196,7 @@ def test_steps_out_of_order_from_two_producers_all_reach_wandb_and_tensorboard(o
         ray.kill(worker)
 
 
+@pytest.mark.slow
 def test_system_metrics_of_each_node_reach_every_tracker_on_their_own_axis(offline_trackers):
     """With system_metrics_s=1 the trainer's node is sampled once a second from when the trackers are open (one
     sampler per node: a producer on the same node does not sample it again), on the axis ``system/elapsed_s``,

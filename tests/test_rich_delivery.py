@@ -55,6 +55,7 @@ def logged(tmp_path):
     return {"pixels": pixels, "artifact": artifact, "rewards": np.random.default_rng(1).normal(size=1000)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log_async", [False, True], ids=["sync", "async"])
 def test_rich_records_in_every_tracker(log_async, logged, offline_trackers, mlflow_server_uri, monkeypatch, request):
     """Each kind lands in each tracker's native form and reads back equal (text cut to max_chars, counted)."""

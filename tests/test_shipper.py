@@ -150,6 +150,7 @@ def test_close_keeps_a_quarter_of_the_deadline_at_most_15_s(timeout, close_share
     assert not flush.closing and flush.drain_deadline == flush.deadline
 
 
+@pytest.mark.slow
 def test_close_calls_trackers_at_the_drain_deadline_and_times_out():
     """With an actor that never answers, close() is sent at 75 % of the deadline and the report times out on time."""
     actor = FakeTracker.remote(apply_sleep=3600)
@@ -174,6 +175,7 @@ def test_close_calls_trackers_at_the_drain_deadline_and_times_out():
         _stop(shipper, actor)
 
 
+@pytest.mark.slow
 def test_nothing_is_submitted_after_close_begins():
     """Once a lane's close() is sent, the shipper submits no more batches to any lane, though some are unsent."""
     actors = {name: FakeTracker.remote(apply_sleep=0.1) for name in ("a", "b")}

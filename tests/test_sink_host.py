@@ -11,7 +11,7 @@ from pipeline.core.errors import CodecError, SinkError
 from pipeline.core.records import Metrics, RunSpec
 from pipeline.host.sink import Sink
 from pipeline.host.sink_host import SinkHost
-from pipeline.wire.ack import unpack_ack
+from pipeline.wire.ack import pack_ack, unpack_ack
 
 RUN = RunSpec(project="p", experiment="e", run_id="host")
 
@@ -107,7 +107,7 @@ def test_counts_of_an_earlier_actor_are_continued():
     sink = Flaky(fail_writes=100)
     host = SinkHost("flaky", sink, 0, 0.0, counts=SinkCounts(failed_records=7, unsupported={"image": 2}))
     host.write(_records(1))
-    ack = unpack_ack(host.ack(applied=4).pack())
+    ack = unpack_ack(pack_ack(host.ack(applied=4)))
     assert ack.applied == 4 and ack.counts.failed_records == 8 and ack.counts.unsupported == {"image": 2}
     assert ack.where == "flaky" and ack.pid > 0
 

@@ -511,6 +511,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], ChildR
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("tracker", "moment"), cases())
 def test_kill_during_creation_leaves_a_store_its_client_opens(tracker, moment, store_root, measured):
     """Killed at this moment of its open, the sink leaves a store its tracker's own reader opens, and the sink's next
@@ -562,6 +563,7 @@ def test_mlflow_migrating_a_new_database_in_place_is_what_a_kill_breaks(store_ro
             MlflowClient(tracking_uri=f"sqlite:///{database}")
 
 
+@pytest.mark.slow
 def test_mlflow_two_lanes_creating_one_database_at_once_both_open_it(store_root):
     """Two processes that create the same new database at once both open it: one links its copy in, the other
     finds it there and discards its own; both runs are in it and no temporary file is left."""

@@ -65,6 +65,7 @@ def test_proxy_cuts_and_restores(mlflow_server_uri):
             assert response.status == 200 and response.read() == b"OK"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_short_outage_loses_nothing(mlflow_proxy, mlflow_server_uri):
     """A 2 s outage after step 20 of 60 costs no record: the sync path's bounded retries deliver every point exactly once."""

@@ -75,6 +75,7 @@ def test_bad_input_never_raises(offline_trackers, caplog):
     assert report.skipped_values == 2 and report.rejected_records == 1 and report.dropped_records == 1
 
 
+@pytest.mark.slow
 def test_resume_continues_the_run_by_id(offline_trackers):
     """resume=True with the first run's id appends to its file log and reopens its MLflow run."""
     from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run

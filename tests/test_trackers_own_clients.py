@@ -286,6 +286,7 @@ def tensorboard(request, logged):
         stop_server(proc)
 
 
+@pytest.mark.slow
 def test_tensorboard_serves_every_scalar_as_float32(logged, tensorboard):
     """TensorBoard's scalars API lists one run and every logged key, each with every step once and its float32 value."""
     assert tensorboard.get("/data/runs") == ["."]  # the event files sit in the log directory itself
@@ -301,6 +302,7 @@ def test_tensorboard_serves_every_scalar_as_float32(logged, tensorboard):
     assert {value for _, _, value in huge} == {"Infinity"}  # float32 has no 1e300: TensorBoard shows Infinity
 
 
+@pytest.mark.slow
 def test_tensorboard_serves_the_histogram_bins(logged, tensorboard):
     """The histograms API holds one histogram at its step whose bins are numpy's bins of the finite values."""
     tags = tensorboard.get("/data/plugin/histograms/tags")
@@ -316,6 +318,7 @@ def test_tensorboard_serves_the_histogram_bins(logged, tensorboard):
         assert math.isclose(right, want_right, rel_tol=1e-6, abs_tol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:html5lib's sanitizer is deprecated:DeprecationWarning")  # TensorBoard's bleach
 def test_tensorboard_serves_text_generations_and_params(logged, tensorboard):
     """The text API serves the text as stored, the generations as a rendered table of the logged cells, and the params."""
@@ -340,6 +343,7 @@ def test_tensorboard_serves_text_generations_and_params(logged, tensorboard):
     assert SECRET not in json.dumps(tensorboard.get("/data/plugin/text/text", run=".", tag="hyperparameters"))
 
 
+@pytest.mark.slow
 def test_tensorboard_shows_table_cells_literally(logged, tensorboard):
     """Generation and param cells that hold Markdown characters are shown as logged, not rendered."""
     [event] = tensorboard.get("/data/plugin/text/text", run=".", tag=f"{MARKDOWN_KEY}/text_summary")
@@ -349,12 +353,14 @@ def test_tensorboard_shows_table_cells_literally(logged, tensorboard):
         (_generation_cells(MARKDOWN_STEP, MARKDOWN_ROWS), REDACTED)
 
 
+@pytest.mark.slow
 def test_tensorboard_dates_the_params_table(logged, tensorboard):
     """The params text event carries the time it was written, not the epoch."""
     [params] = tensorboard.get("/data/plugin/text/text", run=".", tag="hyperparameters", markdown="false")
     assert params["wall_time"] > 0
 
 
+@pytest.mark.slow
 def test_tensorboard_serves_the_image_pixels(logged, tensorboard):
     """The images API lists one image at its step, and individualImage returns a PNG of exactly the logged pixels."""
     tags = tensorboard.get("/data/plugin/images/tags")

@@ -46,6 +46,7 @@ ADDITION = ["task.name=addition", "actor_rollout_ref.warmup.steps=100", "data.tr
             "actor_rollout_ref.actor.ppo_mini_batch_size=16"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task, rise", [([], 0.1), (ADDITION, 0.04)], ids=["tool_addition", "addition"])
 def test_short_run_learns(task, rise, tmp_path):
     """A 30-step fixed-seed run ends with a mean score (last 7 steps) above its start (first 7): by 0.1 on the
@@ -58,6 +59,7 @@ def test_short_run_learns(task, rise, tmp_path):
     assert last >= first + rise, f"mean score went from {first:.3f} to {last:.3f}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["grpo", "gae"])
 def test_async_and_sync_write_the_same_keys_and_steps(estimator, tmp_path, offline_trackers, ray_session, monkeypatch):
     """The same short run logged with log_async on and off writes the same metric keys, steps and rich records."""
@@ -101,6 +103,7 @@ def test_resume_continues_at_the_right_step(tmp_path, offline_trackers, monkeypa
     assert [resumed.scores[s] for s in (5, 6)] == pytest.approx([straight.scores[s] for s in (5, 6)])
 
 
+@pytest.mark.slow
 def test_resumed_run_continues_the_same_tracker_runs(tmp_path, offline_trackers, ray_session):
     """Stopped after step 4 and resumed to step 6 (async both times): each tracker holds one run with steps 1-6,
     and the node's system metrics (sampled every second) on their own axis."""

@@ -51,11 +51,12 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_trainer_that_runs_and_ends_its_own_wandb_leaves_the_wandb_lane_complete(offline_trackers, tmp_path):
     """The trainer's wandb before, during and after (torn down mid-run): tracklane's wandb run holds every point."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "TRACKLANE_SYSTEM_METRICS_S": "0"}
-    env.pop("RAY_ADDRESS", None)  # its own Ray, started after its wandb.init: the workers inherit WANDB_SERVICE
+    env["RAY_ADDRESS"] = "local"  # its own Ray, started after its wandb.init: the workers inherit WANDB_SERVICE
     done = subprocess.run([sys.executable, "-c", DRIVER], env=env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]

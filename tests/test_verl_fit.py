@@ -62,6 +62,7 @@ def verl_calls(monkeypatch):
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_v1", VERSIONS)
 def test_verls_fit_logs_validation_then_every_step_through_verls_tracking(use_v1, offline_trackers, verl_calls):
     """verl's file logger holds the validation at step 0 and steps 1..N (validation at 2 and 4); v0 never
@@ -80,6 +81,7 @@ def test_verls_fit_logs_validation_then_every_step_through_verls_tracking(use_v1
     assert bool(verl_calls["dapo"]) == use_v1 and all(counts for _, counts in verl_calls["dapo"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_v1", VERSIONS)
 def test_two_runs_log_the_same_values_except_timing(use_v1, offline_trackers, tmp_path, monkeypatch, verl_calls):
     """Two runs of one config log the same keys at the same steps and the same values, timing figures aside."""
@@ -94,6 +96,7 @@ def test_two_runs_log_the_same_values_except_timing(use_v1, offline_trackers, tm
     assert verl_calls["generations"][:3] == verl_calls["generations"][3:]
 
 
+@pytest.mark.slow
 def test_fake_task_runner_runs_the_fit_inside_a_ray_actor(ray_session, offline_trackers):
     """verl's run_ppo with FakeTaskRunner (in the session's Ray) runs the fit in the actor, which writes every step."""
     from verl.trainer.main_ppo import run_ppo

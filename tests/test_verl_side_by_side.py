@@ -194,6 +194,7 @@ def assert_same_wandb_tables(verl: Cell, ours: Cell, style: str) -> None:
         assert our_dapo == verl_dapo and verl_dapo
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("place", ["in_process", "actor"])
 @pytest.mark.parametrize("style", list(STYLES))

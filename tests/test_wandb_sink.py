@@ -153,6 +153,7 @@ def test_exit_code_reaches_the_run_file_and_close_is_idempotent(wandb_dir):
     assert read_wandb_run(wandb_dir).status == "exit_code=1"
 
 
+@pytest.mark.slow
 def test_reopen_with_resume_state_appends_to_the_same_run(wandb_dir):
     """A new sink opened with the first one's state re-attaches to the same run id, without logging config again."""
     records = verl_records(range(STEPS))
@@ -277,6 +278,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_durable_means_on_disk_and_a_successor_after_a_kill_stores_each_step_once(wandb_dir):
     """A process writing 40 batches is SIGKILLed with its wandb-core: every batch its sink called durable is in the
     run file, the newest rows are not (they died in wandb-core's memory), and a sink that takes the run over,
