@@ -55,6 +55,7 @@ def test_every_record_arrives_once_in_order(offline_trackers):
             assert all(same_value(got[step][k], v) for k, v in values.items()), step
 
 
+@pytest.mark.slow
 def test_health_metrics_are_logged(offline_trackers):
     """The pipeline's own figures arrive as tracklane/* metrics."""
     with Tracking("proj", "exp", ["file"], config=_config()) as tracking:
@@ -69,6 +70,7 @@ def test_health_metrics_are_logged(offline_trackers):
     assert set(health) <= keys and "tracklane/lag_s" in health and health["tracklane/dropped_records"] == 0
 
 
+@pytest.mark.slow
 def test_failing_tracker_does_not_stop_the_others(offline_trackers):
     """A sink that raises on every write leaves the file lane complete, and its failures are reported."""
     tracking = Tracking("proj", "exp", ["memory", "file"], config=_config(memory_sink={"fail_writes": True}))
@@ -127,6 +129,7 @@ def test_drop_oldest_bounds_a_slow_lane(offline_trackers):
     assert unacked and max(unacked) <= bound
 
 
+@pytest.mark.slow
 def test_a_lane_that_gives_up_leaves_its_last_error_in_the_other_trackers(offline_trackers, tmp_path):
     """A lane whose actor dies for good (no restarts left) is reported, and its last error reaches the other
     trackers as the text record error/lane/<name>."""
@@ -249,6 +252,7 @@ def test_unfinished_tracking_is_finished_at_exit(tmp_path):
     assert [line["step"] for line in _file_steps(path)] == list(range(50))
 
 
+@pytest.mark.slow
 def test_missing_artifact_is_counted_in_the_report(offline_trackers, tmp_path):
     """An artifact whose file is gone before its lane reaches it is skipped, and the report says so."""
     path = tmp_path / "weights.bin"

@@ -310,6 +310,7 @@ _hostile = st.recursive(
 
 
 # == 1. round trip ================================================================================
+@pytest.mark.slow
 @_fuzz(400)
 @given(batch=_batches(max_records=3), level=st.sampled_from([1, 3, 9]))
 def test_round_trip_every_kind(batch: Batch, level: int) -> None:
@@ -341,6 +342,7 @@ def test_random_bytes(blob: bytes) -> None:
     _decode_or_refuse(blob)
 
 
+@pytest.mark.slow
 @_fuzz(2200)
 @given(payload=st.binary(max_size=200), content_size=st.booleans(), checksum=st.booleans())
 def test_random_payload_in_a_valid_frame(payload: bytes, content_size: bool, checksum: bool) -> None:
@@ -378,6 +380,7 @@ def test_bit_flips(batch: Batch, flips: list[tuple[int, int]]) -> None:
     _decode_or_refuse(bytes(blob))
 
 
+@pytest.mark.slow
 @_fuzz(1500)
 @given(path=st.sampled_from(_EVERY_PATH), op=st.sampled_from(["replace", "replace", "drop", "add"]),
        value=st.one_of(_hostile_scalars, _hostile))
@@ -660,6 +663,7 @@ def _hostile_header(path: tuple, header: str, length: int, pad_to: int, key: boo
     return zstandard.ZstdCompressor(level=1).compress(body + b"\x00" * max(0, pad_to - len(body)))
 
 
+@pytest.mark.slow
 def test_huge_length_headers_everywhere() -> None:
     """A header declaring 2**32-1 (or about the buffer's length) array items, map pairs, str, bin or ext bytes, at any
     position of a batch (map keys included), inside a valid frame, is refused within 5x the cap (the decoded bytes, and

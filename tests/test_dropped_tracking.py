@@ -46,6 +46,7 @@ def test_a_tracking_dropped_by_a_returning_function_has_finished_every_tracker(o
     _assert_delivered_and_finished(offline_trackers)
 
 
+@pytest.mark.slow
 def test_del_and_collect_finish_the_run_at_once(offline_trackers):
     """``del logger; gc.collect()``: the MLflow run is FINISHED before the next line runs."""
     logger = Tracking("drop-proj", "drop-exp", ["file", "mlflow"], config={"trainer": {"log_async": False}})

@@ -366,6 +366,7 @@ def _applied_order(path) -> list[int]:
     return [int(x[1:]) for x in path.read_text().split() if x.startswith("a")]
 
 
+@pytest.mark.slow
 def test_batches_not_durable_yet_are_sent_again_from_the_spool_after_a_crash(tmp_path):
     """A tracker whose store lags by 2 batches dies at batch 6: batches 4 and 5 (handed, never stored) come back
     from the spool (the reload) and are applied again; the lane's durable watermark is what the store holds."""
@@ -392,6 +393,7 @@ def test_batches_not_durable_yet_are_sent_again_from_the_spool_after_a_crash(tmp
         _kill(actor)
 
 
+@pytest.mark.slow
 def test_without_a_spool_batches_not_durable_are_counted_lost_after_a_crash(tmp_path):
     """The same crash with no spool to send from: batches 4 and 5 are counted dropped, and the lane goes on."""
     state = tmp_path / "store.txt"

@@ -313,6 +313,7 @@ def test_verl_file_log_migrates_into_tensorboard(offline_trackers, ray_session, 
     assert "(project 'verl-project', experiment 'exp-7')" in table
 
 
+@pytest.mark.slow
 def test_a_spool_migrates_into_the_file_logger(offline_trackers, ray_session, tmp_path, capsys):
     """A tracklane run's spool (kept by spool_retention_s) migrates whole: every point and the text reach the file."""
     from pipeline.tracking import Tracking
@@ -401,6 +402,7 @@ def test_every_rich_kind_is_read_back_from_every_target(offline_trackers, ray_se
         assert verdicts == ("ok ok ok ok not stored" if kind == "artifact" else "ok ok ok ok ok"), table
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_migrates_into_the_file_logger(offline_trackers, ray_session, tmp_path, capsys):
     """An offline run logged with plain wandb: every scalar (its own step), the histogram's bins, the image, the
     table and the artifact arrive in the file logger's files."""

@@ -62,6 +62,7 @@ def as_stored(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+@pytest.mark.slow
 def test_generations_round_trip_per_step(store, request):
     """Each step is one verl-shaped JSON list; unicode, empty and long strings kept, NaN score as null, [] kept."""
     sink = open_sink(store, f"gen_{request.node.callspec.id}")
@@ -82,6 +83,7 @@ def test_generations_round_trip_per_step(store, request):
     assert sink.counts.unsupported == {}
 
 
+@pytest.mark.slow
 def test_many_steps_of_generations_keep_the_run_usable(store, request):
     """200 steps of generations (log_table would break past ~170) all land, and metrics still log after them."""
     sink = open_sink(store, f"gen_many_{request.node.callspec.id}")

@@ -97,6 +97,7 @@ def test_four_producers_and_the_trainer_land_every_point_once(offline_trackers):
         ray.kill(worker)
 
 
+@pytest.mark.slow
 def test_finish_waits_for_what_producers_shipped(offline_trackers):
     """Producers that never flush: finish() still finds their shipped batches in every lane before closing."""
     tracking = Tracking("p", "no-flush", ["file"], config=_config())
@@ -112,6 +113,7 @@ def test_finish_waits_for_what_producers_shipped(offline_trackers):
         ray.kill(worker)
 
 
+@pytest.mark.slow
 def test_a_killed_producer_loses_only_its_unshipped_tail_and_it_is_counted(offline_trackers):
     """A producer ships 100 steps, then logs 50 more that its (slow) shipper has not sent when its actor is
     killed: the 100 arrive once, the 50 are counted as not shipped, and the run is reported incomplete."""
@@ -141,6 +143,7 @@ def test_validation_generations_from_a_producer(offline_trackers):
     ray.kill(worker)
 
 
+@pytest.mark.slow
 def test_a_producer_pickles_without_records_and_needs_the_async_path(offline_trackers):
     """Only the spec travels (no buffer, no records); the synchronous path refuses producers clearly."""
     tracking = Tracking("p", "spec", ["file"], config=_config())

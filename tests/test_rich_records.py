@@ -41,6 +41,7 @@ def _log_everything(tracking: Tracking, tmp_path) -> dict:
     return {"pixels": pixels, "rewards": rewards, "artifact": artifact}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log_async", [False, True], ids=["sync", "async"])
 def test_rich_records_reach_file_console_and_memory(log_async, offline_trackers, tmp_path, capfd, request):
     """Every kind arrives in the file dumps and the memory sink, truncation and sampling counted per tracker (the

@@ -204,6 +204,7 @@ def test_nothing_is_submitted_after_close_begins():
         _stop(shipper, *actors.values())
 
 
+@pytest.mark.slow
 def test_flush_times_out_while_a_lane_holds_unacknowledged_batches():
     """flush() with batches the actor has not acknowledged answers at its deadline, timed out, naming them."""
     actor = FakeTracker.remote(apply_sleep=3600)
@@ -293,6 +294,7 @@ class SlowTracker:
         return pack_ack(Ack(applied=self.applied))
 
 
+@pytest.mark.slow
 def test_first_flush_is_not_blamed_for_records_logged_after_it():
     """A flush posted before anything was shipped settles on what preceded it, not on batches logged while it ran."""
     actor = SlowTracker.remote()

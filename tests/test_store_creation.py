@@ -546,6 +546,7 @@ def test_kill_during_creation_leaves_a_store_its_client_opens(tracker, moment, s
         assert sorted(path.name for path in store_root.glob(".mlflow.db.*")) == []
 
 
+@pytest.mark.slow
 def test_mlflow_migrating_a_new_database_in_place_is_what_a_kill_breaks(store_root):
     """Killed at the same moment of MLflow's own creation of a new database (in place, as MlflowClient does it),
     the database is left half-migrated and MLflow refuses it ever after: why the sink builds it aside."""

@@ -209,6 +209,7 @@ os._exit(9)  # killed: no close(), no atexit hook
 """
 
 
+@pytest.mark.slow
 def test_resume_in_fresh_process_reuses_the_run_id(logdir, sinks):
     """After the first process dies, open(resume) makes a new segment of the same run id with the full config."""
     killed = subprocess.run([sys.executable, "-c", _KILLED_ACTOR.format(repo=str(REPO))],

@@ -101,6 +101,7 @@ def test_short_outage_loses_nothing(mlflow_proxy, mlflow_server_uri):
     assert status == "FINISHED"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_permanent_outage_does_not_hang(mlflow_proxy, mlflow_server_uri):
     """With MLflow cut for good mid-run, log() and finish() still return: failures are counted, earlier steps kept."""

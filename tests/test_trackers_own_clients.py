@@ -432,6 +432,7 @@ def _mlflow_run(rest: _MlflowRest, logged: Logged) -> dict[str, Any]:
     return rest.get("/api/2.0/mlflow/runs/get", run_id=run["info"]["run_id"])["run"]
 
 
+@pytest.mark.slow
 def test_mlflow_rest_serves_the_run_params_and_metric_history(logged, mlflow_server_uri):
     """runs/get shows one FINISHED run with the params logged (the secret redacted) and get-history every point."""
     rest = _MlflowRest(mlflow_server_uri)
@@ -507,6 +508,7 @@ def _wandb_cli(logged: Logged, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_wandb_sync_dry_run_recognises_the_offline_run(logged):
     """``wandb sync --dry-run`` would sync exactly the run's .wandb file, and finds none in a folder that is no run."""
     folder = logged.wandb_run_dir
@@ -520,6 +522,7 @@ def test_wandb_sync_dry_run_recognises_the_offline_run(logged):
     assert control.returncode == 0 and "No runs to sync." in control.stdout + control.stderr
 
 
+@pytest.mark.slow
 def test_wandb_core_reads_the_run_back(logged):
     """wandb-core's own reader (``wandb leet inspect``) finds the run finished, its config, and every logged row."""
     folder = logged.wandb_run_dir

@@ -88,6 +88,7 @@ def test_async_and_sync_write_the_same_keys_and_steps(estimator, tmp_path, offli
         assert {"critic/values/mean", "critic/vf_loss", "timing_s/update_critic"} <= set(sync_steps[1])
 
 
+@pytest.mark.slow
 def test_resume_continues_at_the_right_step(tmp_path, offline_trackers, monkeypatch):
     """A run resumed from its step-4 checkpoint logs steps 5-6 only, with the scores of an uninterrupted run."""
     common = ["trainer.logger=[file]", "trainer.log_async=false", "trainer.test_freq=0", "trainer.save_freq=2",

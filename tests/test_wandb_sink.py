@@ -312,6 +312,7 @@ def test_durable_means_on_disk_and_a_successor_after_a_kill_stores_each_step_onc
     assert back.params == plain_config(CONFIG)
 
 
+@pytest.mark.slow
 def test_steps_that_arrive_late_and_steps_of_another_axis_are_all_kept(wandb_dir):
     """wandb drops a row whose step is below its newest; the sink numbers rows itself and logs each key against a
     step metric, so a late step, a table of a late step and a producer's own axis all arrive with their steps."""
