@@ -321,6 +321,8 @@ def mlflow_outage(work: Path, mlflow_uri: str, down_s: float = 8.0, steps: int =
     file = tally(stored_points("file", work, tracking.run_id, experiment, mlflow_uri), must, set(), keys)
     return {"scenario": "outage", "down_s": down_s, "steps": steps, "keys": keys, "complete": report.complete,
             "refused_connections": proxy.refused, "summary": report.summary(),
+            "mlflow_lane": {name: getattr(report.lanes["mlflow"], name) for name in
+                            ("error", "last_error", "last_error_at", "recovered_outages", "outage_total_s", "retries")},
             "log_us_p50": {phase: round(_p50(c) * 1e6, 1) for phase, c in costs.items()},
             "lag_p99_s": {name: round(lane.lag_p99_s, 2) for name, lane in report.lanes.items()},
             "trackers": {"mlflow": mlflow, "file": file}}

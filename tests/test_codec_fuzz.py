@@ -732,6 +732,7 @@ _ACK_WIRE = msgpack.unpackb(pack_ack(Ack(applied=3, error="e", counts=SinkCounts
 
 def _ack_field(annotation: str) -> st.SearchStrategy:
     return {"int": st.integers(-(2**63), 2**64 - 1), "bool": st.booleans(), "str": st.text(max_size=12),
+            "float": st.floats(0, 1e12),
             "str | None": st.none() | st.text(max_size=12), "int | None": st.none() | st.integers(-(2**63), 2**64 - 1),
             "dict[str, int]": st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**64 - 1), max_size=3),
             "SinkCounts": st.builds(SinkCounts, failed_records=st.integers(0, 2**63), artifacts_missing=st.integers(0, 9),
@@ -750,6 +751,7 @@ def _ack_well_typed(ack: Ack) -> bool:
             and _str_map(ack.sources, lambda n: type(n) is int)
             and all(type(getattr(ack, f.name)) is bool for f in dataclasses.fields(Ack) if f.type == "bool")
             and (ack.error is None or type(ack.error) is str) and type(ack.where) is str and type(ack.node_id) is str
+            and (ack.last_error is None or type(ack.last_error) is str) and type(ack.last_error_at) is float
             and type(counts.failed_records) is int and type(counts.artifacts_missing) is int
             and _str_map(counts.unsupported, lambda n: type(n) is int) and _str_map(counts.cuts, lambda n: type(n) is int)
             and type(ack.work.busy_s) is float and type(ack.work.cpu_s) is float and type(ack.work.records) is int)

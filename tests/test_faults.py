@@ -51,6 +51,9 @@ def test_mlflow_down_then_back_loses_and_duplicates_nothing(tmp_path, mlflow_ser
     assert result["complete"], result["summary"]
     assert result["refused_connections"] > 0  # the outage happened
     _exactly_once(result)
+    lane = result["mlflow_lane"]  # recovered, and it says so: no current error, the outage and its last error kept
+    assert lane["error"] is None and lane["recovered_outages"] >= 1 and lane["retries"] >= 1, lane
+    assert lane["outage_total_s"] > 1.0 and lane["last_error"] and lane["last_error_at"] > 0, lane
 
 
 @pytest.mark.slow

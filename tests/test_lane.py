@@ -39,10 +39,12 @@ class FakeSink:
     ``hold_gap_of``/``signal``: the first gap answer for that seq waits until ``signal`` is set.
     ``apply_sleep``/``ready_sleep``: seconds each apply()/ready() takes.
     ``failed_per_batch``: cumulative failed_records grows by this much per applied batch.
+    ``down_for``: the first this many apply() calls are answered "held" (the tracker is down), with an error.
     """
 
     def __init__(self, lose=(), hold_gap_of=None, signal=None, apply_sleep=0.0, ready_sleep=0.0,
-                 failed_per_batch=0) -> None:
+                 failed_per_batch=0, down_for=0) -> None:
+        self._down_for = down_for
         self.applied = 0
         self.calls: list[tuple[int, int]] = []  # (seq, prev) of every apply(), in arrival order
         self.order: list[int] = []  # seqs actually applied, in order
@@ -66,6 +68,10 @@ class FakeSink:
     def apply(self, seq: int, prev: int, blob: bytes) -> bytes:
         self.calls.append((seq, prev))
         time.sleep(self._apply_sleep)
+        if self._down_for:
+            self._down_for -= 1
+            return pack_ack(Ack(applied=self.applied, held=True, error="ConnectionError: refused", pid=os.getpid(),
+                                last_error="ConnectionError: refused", last_error_at=time.time()))
         if seq <= self.applied:
             return self._ack()
         if seq in self._lose:
@@ -272,9 +278,32 @@ def test_accept_replaces_counts_and_info_names_the_actor():
         report = lane.snapshot()
         assert (report.failed_records, report.unsupported, report.cuts, report.artifacts_missing) == \
             (10, {"table": 1}, {}, 0)
-        assert report.error == "tracker said no"  # an answer without an error keeps the last one seen
+        assert report.error is None and report.last_error == "tracker said no"  # it went through: nothing wrong now
         lane.accept(Ack(applied=3, error="and again"))
         assert lane.snapshot().error == "and again" and lane.snapshot().failed_records == 0
+    finally:
+        _kill(actor)
+
+
+def test_a_recovered_tracker_is_reported_as_recovered_not_broken():
+    """A tracker down for two sends, then back: the lane has everything, no current error, and says it recovered:
+    one outage, its length, two batches sent again, and the last error with its time."""
+    actor = FakeSink.remote(down_for=2)
+    lane = Lane("fake", actor, LaneSettings(max_bytes=1 << 20, max_inflight=1, dead_after_s=60.0,
+                                            startup_timeout_s=60.0, backoff_s=0.05, max_backoff_s=0.1))
+    try:
+        before = time.time()
+        for seq in range(1, 4):
+            lane.offer(_entry(seq))
+        _pump_until(lane, lambda: lane.settled(3))
+        report = lane.snapshot()
+        assert report.complete and ray.get(actor.log.remote())["order"] == [1, 2, 3]
+        assert report.error is None and report.outage_s == 0.0
+        assert (report.recovered_outages, report.retries) == (1, 2)
+        assert report.outage_total_s > 0.0
+        assert report.last_error is not None and "ConnectionError: refused" in report.last_error
+        assert before <= report.last_error_at <= time.time()
+        assert "recovered from 1 outage(s)" in report.line() and "2 batch(es) sent again" in report.line()
     finally:
         _kill(actor)
 
@@ -405,6 +434,7 @@ def test_without_a_spool_batches_not_durable_are_counted_lost_after_a_crash(tmp_
         _pump_until(lane, lambda: lane.settled(8))
         assert _applied_order(state) == [1, 2, 3, 4, 5, 6, 7, 8]
         report = lane.snapshot()
-        assert report.dropped_records == 4 + 5 and "counted lost (no spool)" in report.error
+        assert report.dropped_records == 4 + 5 and report.error is None  # the successor took the rest: recovered
+        assert "counted lost (no spool)" in report.last_error
     finally:
         _kill(actor)

@@ -96,6 +96,7 @@ def test_short_outage_loses_nothing(mlflow_proxy, mlflow_server_uri):
     assert lane.failed_records == 0 and not missing, (
         f"records lost in the outage: {lane.failed_records} failed ({lane.error}); steps missing in MLflow: {missing}")
     assert [pair for pair, n in counts.items() if n > 1] == [], "points stored more than once"
+    assert lane.error is None and lane.last_error, (lane.error, lane.last_error)  # recovered: the error is history
     assert set(counts) == set(expected), f"unexpected points: {sorted(set(counts) - set(expected))[:5]}"
     assert all(value == expected[(step, key)] for step, key, value in points)
     assert status == "FINISHED"

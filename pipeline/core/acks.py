@@ -90,7 +90,10 @@ class Ack:
     opened: bool = True
     """Whether the tracker is open (False: it failed to open and is retried at the next batch)."""
     error: str | None = None
-    """The last error the host saw, if any."""
+    """What is wrong with the tracker now (None once a call went through again)."""
+    last_error: str | None = None
+    last_error_at: float = 0.0
+    """The last error the host saw and when (time.time(); 0: none), kept after the tracker recovered."""
     counts: SinkCounts = field(default_factory=SinkCounts)
     where: str = ""
     """Where the tracker writes, in one line for the end-of-run summary."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from pipeline.core.acks import Ack
@@ -39,7 +40,17 @@ class LaneReport:
     """Times the lane's actor died and was re-attached."""
     outage_s: float = 0.0
     """How long the tracker has been down at the moment of the report (0: it answers)."""
+    recovered_outages: int = 0
+    """Outages the tracker came back from (it was down, then took batches again)."""
+    outage_total_s: float = 0.0
+    """Seconds the tracker was down over the run: the recovered outages and the current one."""
+    retries: int = 0
+    """Batches sent again because the tracker was down or an actor call failed."""
     error: str | None = None
+    """What is wrong now: the lane gave up, or its tracker is down or failing. None for a lane that recovered."""
+    last_error: str | None = None
+    last_error_at: float = 0.0
+    """The last error seen and when (time.time(); 0: none), kept after the lane recovered."""
     where: str = ""
     busy_s: float = 0.0
     """Wall time the lane's host spent writing batches (this actor's life): how near its tracker's ceiling it runs."""
@@ -51,15 +62,23 @@ class LaneReport:
     def complete(self) -> bool:
         return self.unacked_records == 0 and self.dropped_records == 0 and self.failed_records == 0
 
+    def note_error(self, text: str) -> None:
+        """Something is wrong now: the error, and the last error with its time."""
+        self.error = self.last_error = text
+        self.last_error_at = time.time()
+
     def take(self, ack: Ack) -> None:
-        """Merge a sink host's answer: its counts are cumulative over the lane's life, so they replace ours."""
+        """Merge a sink host's answer: its counts are cumulative over the lane's life, so they replace ours; its
+        error is what is wrong now (None: its last call went through), so it replaces ours too."""
         self.failed_records = ack.counts.failed_records
         self.unsupported = dict(ack.counts.unsupported)
         self.artifacts_missing = ack.counts.artifacts_missing
         self.cuts = dict(ack.counts.cuts)
         self.busy_s, self.cpu_s, self.records_written = ack.work.busy_s, ack.work.cpu_s, ack.work.records
-        if ack.error:
-            self.error = ack.error
+        self.error = ack.error
+        last, at = (ack.last_error, ack.last_error_at) if ack.last_error else (ack.error, time.time())
+        if last and at >= self.last_error_at:
+            self.last_error, self.last_error_at = last, at
         if ack.where:
             self.where = ack.where
 
@@ -80,10 +99,17 @@ class LaneReport:
                      f"({1e3 * self.cpu_s / self.records_written:.2f} s per 1,000 records)")
         if self.restarts:
             text += f", {self.restarts} restart(s)"
+        if self.recovered_outages:
+            text += f", recovered from {self.recovered_outages} outage(s), {self.outage_total_s:.0f} s down in all"
+        if self.retries:
+            text += f", {self.retries} batch(es) sent again"
         if self.outage_s:
             text += f", tracker down for {self.outage_s:.0f} s"
         if self.error:
-            text += f", last error: {self.error}"
+            text += f", error: {self.error}"
+        elif self.last_error:
+            when = time.strftime("%H:%M:%S", time.localtime(self.last_error_at))
+            text += f", recovered; last error at {when}: {self.last_error}"
         return text
 
 

@@ -53,7 +53,10 @@ class SinkHost:
         self._open_error: BaseException | None = None
         self._open_warned = False
         self.error: str | None = None
-        """The last error seen (open, write, flush or close)."""
+        """What is wrong now (open, write, flush or close failed; None once a write went through again)."""
+        self.last_error: str | None = None
+        self.last_error_at = 0.0
+        """The last error seen and when (time.time()), kept after the tracker recovered."""
 
     @property
     def counts(self) -> SinkCounts:
@@ -67,7 +70,7 @@ class SinkHost:
             resume = self.sink.open(self.resume)
         except Exception as exc:  # the tracker may be down: reported, retried at the next write
             self._open_error = exc
-            self.error = f"open: {type(exc).__name__}: {exc}"
+            self._failed(f"open: {type(exc).__name__}: {exc}")
             if not self._open_warned:  # once per outage: open is retried at every attempt
                 self._open_warned = True
                 log.warning("tracklane: lane %s could not open its tracker: %s", self.lane, self.error)
@@ -121,12 +124,13 @@ class SinkHost:
                     self.sink.write(records)
                     if durable:
                         self.sink.flush()
+                    self.error = None  # it took records again: nothing is wrong now (last_error keeps what was)
                     if self._failing:
                         self._failing = False
                         log.warning("tracklane: backend %s writes again", self.lane)
                     return None
                 except Exception as exc:  # any SDK error: isolated to this lane
-                    self.error = f"{type(exc).__name__}: {exc}"
+                    self._failed(f"{type(exc).__name__}: {exc}")
                     last = exc
             else:
                 last = self._open_error or RuntimeError(self.error or "the tracker did not open")
@@ -135,9 +139,13 @@ class SinkHost:
                 delay *= 2
         return last
 
+    def _failed(self, message: str) -> None:
+        self.error = self.last_error = message
+        self.last_error_at = time.time()
+
     def note_error(self, message: str) -> None:
         """Record an error that is not the tracker's (e.g. a corrupt batch)."""
-        self.error = message
+        self._failed(message)
         log.warning("tracklane: lane %s: %s", self.lane, message)
 
     def flush(self) -> None:
@@ -158,7 +166,7 @@ class SinkHost:
         try:
             return self._lagging.written()
         except Exception as exc:  # no point: the batch counts as durable once flushed, as in most trackers
-            self.error = f"written: {type(exc).__name__}: {exc}"
+            self._failed(f"written: {type(exc).__name__}: {exc}")
             return None
 
     def durable(self, point: Any) -> bool:
@@ -168,7 +176,7 @@ class SinkHost:
         try:
             return self._lagging.durable(point)
         except Exception as exc:  # cannot tell: the batch waits (in the spool) until close
-            self.error = f"durable: {type(exc).__name__}: {exc}"
+            self._failed(f"durable: {type(exc).__name__}: {exc}")
             return False
 
     def _guard(self, what: str, call: Callable[..., None], *args: Any) -> bool:
@@ -176,7 +184,7 @@ class SinkHost:
             call(*args)
             return True
         except Exception as exc:  # a tracker's failure never reaches the caller
-            self.error = f"{what}: {type(exc).__name__}: {exc}"
+            self._failed(f"{what}: {type(exc).__name__}: {exc}")
             log.warning("tracklane: lane %s: %s", self.lane, self.error)
             return False
 
@@ -187,7 +195,7 @@ class SinkHost:
         try:
             return self._undoable.mark(records)
         except Exception as exc:  # no undo point: the batch is still written, only not undoable
-            self.error = f"mark: {type(exc).__name__}: {exc}"
+            self._failed(f"mark: {type(exc).__name__}: {exc}")
             return None
 
     def rollback(self, mark: Mapping[str, Any]) -> None:
@@ -208,6 +216,6 @@ class SinkHost:
             sources: dict[str, int] | None = None, work: Work | None = None, output: str = "") -> Ack:
         """This host's figures now, as the lane and the report read them."""
         return Ack(applied=applied, durable=None if durable == applied else durable, gap=gap, held=held,
-                   sources=sources or {},
-                   opened=self._opened, error=self.error, counts=self.counts, where=self.sink.where() + self._node_note,
+                   sources=sources or {}, opened=self._opened, error=self.error, last_error=self.last_error,
+                   last_error_at=self.last_error_at, counts=self.counts, where=self.sink.where() + self._node_note,
                    pid=os.getpid(), node_id=self._node_id, work=work or Work(), output=output)

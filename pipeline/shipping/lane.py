@@ -20,6 +20,7 @@ between the two is remembered (spool-only) and sent again if the actor dies.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
@@ -35,6 +36,7 @@ from pipeline.core.report import LaneInfo, LaneReport
 from pipeline.spool.segments import SpoolEntry
 from pipeline.wire.ack import unpack_ack
 
+log = logging.getLogger("tracklane")
 _LAGS_KEPT = 10_000
 _TASK_ERRORS_TOLERATED = 5  # consecutive failed apply() calls before the lane gives up
 
@@ -101,6 +103,7 @@ class Lane:
         self._hold_s = 0.0  # current backoff while the tracker is down
         self._hold_until = 0.0  # monotonic time before which nothing is submitted
         self._down_since: float | None = None  # monotonic time of the first "held" of this outage
+        self._down_before_s = 0.0  # seconds of the outages the tracker recovered from
         self._window: OrderedDict[int, Entry] = OrderedDict()  # unacknowledged, in seq order
         self._bytes = 0  # of the window's entries that hold a Ray object
         self._acked = 0  # applied: the tracker was handed it
@@ -221,10 +224,16 @@ class Lane:
             self._down_since = now
         self._hold_s = min(self._max_backoff_s, max(self._backoff_s, self._hold_s * 2))
         self._hold_until = now + self._hold_s
-        self.report.error = f"tracker down, retrying in {self._hold_s:.1f} s: {ack.error}"
+        self.report.retries += 1
+        self.report.note_error(f"tracker down, retrying in {self._hold_s:.1f} s: {ack.error}")
         self._restart_sending()
 
     def _up(self) -> None:
+        if self._down_since is not None:  # the tracker took a batch again: the outage is over
+            self._down_before_s += time.monotonic() - self._down_since
+            self.report.recovered_outages += 1
+            log.warning("tracklane: lane %s: the tracker is back after %.1f s down", self.name,
+                        time.monotonic() - self._down_since)
         self._down_since = None
         self._hold_s = 0.0
         self._hold_until = 0.0
@@ -232,7 +241,8 @@ class Lane:
     def _task_failed(self, exc: Exception) -> None:
         self._task_errors += 1
         cause = getattr(exc, "cause", None) or exc  # RayTaskError carries the actor's own exception
-        self.report.error = f"actor call failed: {type(cause).__name__}: {str(cause)[:200]}"
+        self.report.retries += 1
+        self.report.note_error(f"actor call failed: {type(cause).__name__}: {str(cause)[:200]}")
         if self._task_errors > _TASK_ERRORS_TOLERATED:
             self._die(f"{self._task_errors} failed actor calls in a row; last: {self.report.error}")
         else:
@@ -268,13 +278,13 @@ class Lane:
             self._die(f"actor died: {type(exc).__name__}")
             return
         self.report.restarts += 1
-        self.report.error = f"actor restarting after {type(exc).__name__}"
+        self.report.note_error(f"actor restarting after {type(exc).__name__}")
         self._probe_deadline = time.monotonic() + self._dead_after_s
         if self._handed and self._reload is None:  # no spool to send them again from
             lost = sum(e.records for e in self._handed.values())
             self.report.dropped_records += lost
-            self.report.error = f"actor restarting after {type(exc).__name__}; {lost} records its tracker may not " \
-                                f"have stored are counted lost (no spool)"
+            self.report.note_error(f"actor restarting after {type(exc).__name__}; {lost} records its tracker may "
+                                   f"not have stored are counted lost (no spool)")
         elif self._handed:  # its tracker may have lost them with the actor: they go again, from the spool
             self._window = OrderedDict(sorted({**self._handed, **self._window}.items()))
         self._handed.clear()
@@ -352,7 +362,7 @@ class Lane:
         if ref is None:
             del self._window[entry.seq]
             self.report.dropped_records += entry.records
-            self.report.error = f"batch {entry.seq} is no longer in the spool ({entry.records} records lost)"
+            self.report.note_error(f"batch {entry.seq} is no longer in the spool ({entry.records} records lost)")
             return False
         entry.ref = ref
         self._bytes += entry.nbytes
@@ -363,7 +373,7 @@ class Lane:
         self._dead = True
         self._probe = None
         self._calls.clear()
-        self.report.error = why
+        self.report.note_error(why)
         self.report.dropped_records += sum(e.records for e in self._window.values()) \
             + sum(e.records for e in self._handed.values())  # the dead actor's tracker may not have stored them
         self._window.clear()
@@ -403,6 +413,7 @@ class Lane:
         r.unacked_records = sum(e.records for e in self._window.values()) + sum(e.records for e in self._handed.values())
         r.lag_s = self.lag_s()
         r.outage_s = self.outage_s
+        r.outage_total_s = self._down_before_s + r.outage_s
         r.lag_p50_s = lags[len(lags) // 2] if lags else 0.0
         r.lag_p99_s = lags[min(len(lags) - 1, int(len(lags) * 0.99))] if lags else 0.0
         return dataclasses.replace(r)

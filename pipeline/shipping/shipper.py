@@ -300,10 +300,10 @@ class Shipper:
             if isinstance(result, Ack):
                 self._lanes[name].accept(result)
             else:
-                self._lanes[name].report.error = result
+                self._lanes[name].report.note_error(result)
         for name in barrier.calls:
             if name and name not in results and barrier.closing:  # a flush that timed out is only late (timed_out)
-                self._lanes[name].report.error = "did not answer before the deadline"
+                self._lanes[name].report.note_error("did not answer before the deadline")
         unsettled = not self._all_settled(barrier.target if barrier.target is not None else self._seq)
         if barrier.closing and self._spool is not None:
             self._spool.close(barrier.exit_code, self._acked_by_all())
