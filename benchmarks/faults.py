@@ -211,7 +211,9 @@ def tally(stored: Counter, must: set[int], may: set[int], keys: int) -> dict[str
 
 # -- sigkill: the trainer dies, a resumed trainer delivers what was spooled --------------------
 def sigkill_trainer(work: Path, mlflow_uri: str, steps: int = 600, keys: int = 100, trackers: list[str] = TRACKERS,
-                    pause: float = 0.02, flush_interval_s: float = 0.5) -> dict[str, Any]:
+                    pause: float = 0.02, flush_interval_s: float = 0.5, lose_lane_state: bool = False) -> dict[str, Any]:
+    """``lose_lane_state``: the lane actors' own state files are deleted between the kill and the resume, as
+    for lanes on another node without shared storage: only rank 0's copy in its spool says what they stored."""
     run_id, experiment = uuid.uuid4().hex[:12], f"sigkill-{uuid.uuid4().hex[:6]}"
     env = {**os.environ, **tracker_env(work, mlflow_uri)}
     # Each child starts its own Ray, which starts at most min(cores, num_cpus) worker processes at a time: with the
@@ -228,6 +230,8 @@ def sigkill_trainer(work: Path, mlflow_uri: str, steps: int = 600, keys: int = 1
         killed_at = first.kill()
     finally:
         first.reap()
+    lost_states = [path.unlink() or path.name for path in (work / "spool" / "lanes").glob("*.state")] \
+        if lose_lane_state else []
     cutoff = killed_at - (flush_interval_s + 0.1)
     must = {step for step, when in first.logged.items() if when < cutoff}
     may = set(first.logged) - must
@@ -242,6 +246,7 @@ def sigkill_trainer(work: Path, mlflow_uri: str, steps: int = 600, keys: int = 1
     must |= set(range(10_001, 10_021))
     per_tracker = {t: tally(stored_points(t, work, run_id, experiment, mlflow_uri), must, may, keys) for t in trackers}
     return {"scenario": "sigkill", "steps_logged": len(first.logged), "killed_after_step": kill_at,
+            "lane_states_deleted": lost_states,
             "keys": keys, "points_before_cutoff": len(must - set(range(10_001, 10_021))) * keys,
             "resume_and_finish_s": round(recovery_s, 1), "complete_after_resume": bool(resumed.finished
                                                                                      and resumed.finished["complete"]),

@@ -3,7 +3,7 @@
 What users import is here, and only here. The rooms below are internal (each ``__init__`` says what
 lives in it); their module paths may change between versions:
 
-    tracking.py, producer.py, log_calls.py, pipe.py, sync_pipeline.py   the facade and the synchronous path
+    tracking.py, producer.py, log_calls.py, pipe.py, sync_pipeline.py, sync_spool.py   the facade, the sync path
     verl/      verl's extra loggers, install() in verl's own processes
     cli/       the tracklane command
     shipping/  buffer -> shipper -> lanes -> lane actors (the asynchronous path)

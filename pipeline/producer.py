@@ -2,8 +2,9 @@
 
 A ``Producer`` is a small picklable spec: the run's lane actors (Ray handles), the run's
 ``ProducerHub``, the pipeline settings and its name. Passed to a Ray actor or task, it starts, on
-its first ``log*()`` call in that process, its own bounded buffer and shipper thread (no spool:
-what it shipped lives in Ray; its unshipped tail dies with its process). Its batches go straight
+its first ``log*()`` call in that process, its own bounded buffer, spool folder and shipper thread (what it
+shipped outlives its process: rank 0 delivers a dead producer's spool; only its unshipped tail, at most a flush
+interval, dies with it, and is counted). Its batches go straight
 to the lane actors, numbered in its own sequence (the actors keep a watermark per source), so
 they never pass through rank 0's thread, and each producer's order is kept.
 

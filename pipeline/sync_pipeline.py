@@ -4,7 +4,8 @@ This is the baseline the benchmarks compare against, and the fallback where Ray 
 wanted. Each tracker sits behind its own ``SinkHost`` (pipeline/host/sink_host.py), exactly as in a
 lane actor: a failure is retried with backoff, then counted, and never stops the others or the
 training loop. The price of being synchronous: a failing tracker holds up the ``log()`` call
-for at most its retries' backoff (``retry_backoff_s * (2 ** sink_retries - 1)``).
+for at most its retries' backoff (``retry_backoff_s * (2 ** sink_retries - 1)``). What a tracker did not take
+after them goes to the run's spool (sync_spool.py, with ``spool`` on) for ``tracklane replay``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.records import RunSpec
 from pipeline.core.report import LaneInfo, LaneReport, PipelineReport
 from pipeline.host.sink_host import SinkHost
+from pipeline.sync_spool import SyncSpool
 
 
 class SyncPipeline:
@@ -34,6 +36,8 @@ class SyncPipeline:
         self._converter = Converter(limits, backends=list(backends))
         self._late_drops = 0
         self._last_step: Any = None
+        self._spool = SyncSpool(cfg, run, {name: settings for name, (_, settings) in backends.items()}) \
+            if cfg.spool and cfg.spool_dir else None
         for host in self._hosts.values():
             host.open()
 
@@ -44,6 +48,8 @@ class SyncPipeline:
         if records:
             for host in self._hosts.values():
                 host.write(records)
+                if host.last_failed and self._spool is not None:
+                    self._spool.keep(host.lane, host.last_failed, host.resume)
 
     def drop_late(self) -> None:
         self._late_drops += 1
@@ -72,12 +78,16 @@ class SyncPipeline:
         started = time.monotonic()
         for host in self._hosts.values():
             host.close(exit_code)
+        if self._spool is not None:
+            self._spool.close(exit_code, {name: host.resume for name, host in self._hosts.items()})
         return self._report(started)
 
     def _report(self, started: float) -> PipelineReport:
+        spool = self._spool.report() if self._spool is not None else None
         return self._converter.counted(PipelineReport(
             lanes={name: _lane_report(name, host.ack(applied=0)) for name, host in self._hosts.items()},
-            dropped_records=self._late_drops, elapsed_s=time.monotonic() - started))
+            dropped_records=self._late_drops, elapsed_s=time.monotonic() - started, spool=spool,
+            spooled=dict(self._spool.records) if self._spool is not None else {}))
 
 
 def _lane_report(name: str, ack: Ack) -> LaneReport:

@@ -32,6 +32,17 @@ def test_trainer_sigkilled_then_resumed_has_every_point_once(tmp_path, mlflow_se
 
 
 @pytest.mark.slow
+def test_a_resume_whose_lanes_lost_their_own_state_resends_nothing_they_stored(tmp_path, mlflow_server_uri):
+    """Lanes on another node keep their state on its disk: deleted here between the SIGKILL and the resume.
+    Rank 0's copy in its spool (from the acknowledgements) tells the new actors what their trackers hold."""
+    result = faults.sigkill_trainer(tmp_path, mlflow_server_uri, steps=200, keys=10, trackers=["file", "tensorboard"],
+                                    lose_lane_state=True)
+    assert sorted(result["lane_states_deleted"]) == ["file.state", "tensorboard.state"], result
+    assert result["complete_after_resume"], result
+    _exactly_once(result)
+
+
+@pytest.mark.slow
 def test_lane_actors_sigkilled_repeatedly_lose_and_duplicate_nothing(tmp_path, mlflow_server_uri):
     """Each of the five lane actors SIGKILLed twice mid-run: every point exactly once in every tracker (wandb's
     wandb-core dies with its actor: what it had not written yet comes again from the spool, what it had is

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "workers", "trainer", "benchmarks")
 
 # pipeline's rooms from the floor up: a room imports only rooms on lower floors (and itself). The facade is the
-# top-level modules (tracking, producer, log_calls, pipe, sync_pipeline, backend_view); the face is __init__,
+# top-level modules (tracking, producer, log_calls, pipe, sync_pipeline, sync_spool, backend_view); the face is __init__,
 # __main__ and the hook's old name.
 FLOORS: dict[str, int] = {
     "core": 0, "testing": 0,

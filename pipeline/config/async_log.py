@@ -57,7 +57,8 @@ class AsyncLogConfig:
     Process-wide, so off unless set; restored at finish()."""
     spool: bool = True
     """Keep every shipped batch on local disk until every tracker acknowledged it: what a crash, an
-    outage or a dead actor left undelivered is delivered after ``resume`` or by ``tracklane replay``."""
+    outage or a dead actor left undelivered is delivered after ``resume`` or by ``tracklane replay``. With
+    ``log_async: false`` it keeps only what a tracker did not take after its retries, for ``tracklane replay``."""
     spool_dir: str | None = None
     """The spool's folder (default: ``<trainer.default_local_dir>/tracklane_spool/<run id>`` when the
     config has ``default_local_dir``, else ``$TRACKLANE_SPOOL_ROOT`` or ``./tracklane_spool``, then

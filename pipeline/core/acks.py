@@ -108,6 +108,12 @@ class Ack:
     output: str = ""
     """Lines the sink printed since the last answer to the trainer (the console's), for the trainer's own
     stdout: a lane actor's stdout reaches the driver only through Ray's log forwarding, late and prefixed."""
+    state_unsaved_since: float = 0.0
+    """Since when (time.time(); 0: saved) the lane actor's acknowledgement state could not be saved (a full,
+    read-only or failing disk): it is kept in memory and saved again once the disk takes it."""
+    stored: dict[str, int] = field(default_factory=dict)
+    """The last batch of every source its tracker's store holds ("": the trainer's), as its state saves it:
+    rank 0 keeps a copy in its spool, so a lane on another node's disk re-sends nothing after a resume."""
 
     @property
     def durable_seq(self) -> int:

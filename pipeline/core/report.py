@@ -57,6 +57,9 @@ class LaneReport:
     cpu_s: float = 0.0
     """CPU time of the host's process (this actor's life; on the synchronous path, the trainer's)."""
     records_written: int = 0
+    state_unsaved_since: float = 0.0
+    """Since when (time.time(); 0: saved) the lane's acknowledgement state is only in its actor's memory because
+    its disk refused it: the lane delivers on, but an actor restart meanwhile may apply a batch twice."""
 
     @property
     def complete(self) -> bool:
@@ -76,6 +79,7 @@ class LaneReport:
         self.cuts = dict(ack.counts.cuts)
         self.busy_s, self.cpu_s, self.records_written = ack.work.busy_s, ack.work.cpu_s, ack.work.records
         self.error = ack.error
+        self.state_unsaved_since = ack.state_unsaved_since
         last, at = (ack.last_error, ack.last_error_at) if ack.last_error else (ack.error, time.time())
         if last and at >= self.last_error_at:
             self.last_error, self.last_error_at = last, at
@@ -105,6 +109,9 @@ class LaneReport:
             text += f", {self.retries} batch(es) sent again"
         if self.outage_s:
             text += f", tracker down for {self.outage_s:.0f} s"
+        if self.state_unsaved_since:
+            since = time.strftime("%H:%M:%S", time.localtime(self.state_unsaved_since))
+            text += f", acknowledgement state not saved since {since} (its disk)"
         if self.error:
             text += f", error: {self.error}"
         elif self.last_error:
@@ -139,6 +146,9 @@ class PipelineReport:
     """Every producer (``Tracking.producer``) that logged, by source id (one per producer and process)."""
     skipped_backends: dict[str, str] = field(default_factory=dict)
     """verl's platform backends named in the config that tracklane does not ship (name -> why): nothing went there."""
+    spooled: dict[str, int] = field(default_factory=dict)
+    """The synchronous path: records each tracker did not take after its retries (also counted failed in its
+    lane), kept in ``spool`` for ``tracklane replay``."""
 
     @property
     def complete(self) -> bool:
@@ -161,6 +171,10 @@ class PipelineReport:
             behind = [name for name, lane in self.lanes.items() if lane.unacked_records]
             if behind:
                 lines.append(f"  not delivered yet, kept in the spool; deliver with: {self.spool.replay_command(behind)}")
+            if self.spooled:
+                kept = ", ".join(f"{name} {n}" for name, n in self.spooled.items())
+                lines.append(f"  records the trackers did not take, kept in the spool ({kept}); deliver with: "
+                             f"{self.spool.replay_command(list(self.spooled))}")
         return "\n".join(lines)
 
 
@@ -181,6 +195,10 @@ class ProducerReport:
     """Records it had logged but not shipped at its last report: lost if its process died."""
     closed: bool = False
     """It flushed and stopped before the run finished."""
+    died: bool = False
+    """Its process ended without closing it; rank 0 delivered what its spool held (``redelivered_batches``)."""
+    redelivered_batches: int = 0
+    """Batches of its spool rank 0 delivered after it died, to the lanes that lacked them."""
     lanes_behind: list[str] = field(default_factory=list)
     """Lanes that had not been handed its last shipped batch when the run finished."""
 
@@ -191,6 +209,8 @@ class ProducerReport:
     def line(self) -> str:
         text = (f"producer {self.source}: {self.logged} logged, {self.shipped} shipped, {self.dropped} dropped, "
                 f"{self.rejected} rejected, {self.unshipped} not shipped")
+        if self.died:
+            text += f"; it died: {self.redelivered_batches} spooled batch(es) delivered by rank 0"
         if self.lanes_behind:
             text += f", not yet in: {', '.join(self.lanes_behind)}"
         return text
@@ -212,6 +232,19 @@ class SpoolReport:
     """Bytes of an interrupted last write cut off at reopening."""
     recovered_batches: int = 0
     """Batches an earlier process spooled that this one found and delivered where they were missing."""
+    durability_off_since: float = 0.0
+    """When a disk fault (full, read-only, failing, the folder removed) turned durability off, while it is still
+    off (time.time(); 0: on). New batches then live in the lanes' memory only."""
+    durability_outages: int = 0
+    """Times durability went off over the run (it comes back on by itself once the disk takes a batch)."""
+    durability_off_s: float = 0.0
+    """Seconds durability was off over the run, the current outage included."""
+    unspooled_batches: int = 0
+    unspooled_records: int = 0
+    """Batches (and their records) that were not on disk: shipped while durability was off, or removed with the
+    spool's files before every tracker had them. A crash or an actor restart meanwhile could not bring them back."""
+    disk_error: str | None = None
+    """The last error the spool's disk gave."""
 
     def line(self) -> str:
         text = f"spool {self.directory}: {self.batches} batches, {self.nbytes / 2**20:.1f} MiB on disk"
@@ -221,6 +254,14 @@ class SpoolReport:
             text += f", {self.evicted_records} records evicted by spool_max_bytes before delivery"
         if self.damaged or self.torn_bytes:
             text += f", {self.damaged} damaged frame(s) lost, {self.torn_bytes} torn byte(s) cut"
+        if self.durability_off_since:
+            since = time.strftime("%H:%M:%S", time.localtime(self.durability_off_since))
+            text += f", durability OFF since {since} ({self.disk_error})"
+        elif self.durability_outages:
+            text += (f", durability was off {self.durability_outages} time(s), {self.durability_off_s:.1f} s in all, "
+                     f"back on (last disk error: {self.disk_error})")
+        if self.unspooled_batches:
+            text += f", {self.unspooled_batches} batch(es) ({self.unspooled_records} records) not spooled"
         return text
 
     def replay_command(self, lanes: list[str]) -> str:

@@ -57,6 +57,8 @@ class SinkHost:
         self.last_error: str | None = None
         self.last_error_at = 0.0
         """The last error seen and when (time.time()), kept after the tracker recovered."""
+        self.last_failed: list[Record] = []
+        """The records the last write() counted failed (the synchronous path spools them for a replay)."""
 
     @property
     def counts(self) -> SinkCounts:
@@ -88,6 +90,7 @@ class SinkHost:
         them again later. Otherwise a batch the tracker refuses is written record by record, and only
         the records it refuses are counted failed. ``batch``: (source, seq) of a lane's batch."""
         mine = [r for r in records if r.only is None or self.lane in r.only]
+        self.last_failed = []
         if not mine or self._closed:
             return True
         if batch is not None and self._positions is not None:
@@ -107,6 +110,7 @@ class SinkHost:
             failed = [r for r in mine if self._attempt([r], retries=0, durable=durable) is not None] \
                 if len(mine) > 1 else mine
         self.counts.failed_records += len(failed)
+        self.last_failed = failed
         if not self._failing:
             self._failing = True
             log.warning("tracklane: backend %s failed: %d of %d record(s) after %d retries (%s); counting failures "

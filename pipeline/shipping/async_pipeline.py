@@ -21,9 +21,12 @@ from pipeline.shipping.buffer import RecordBuffer
 from pipeline.shipping.hub import ProducerHub, ProducerSpec
 from pipeline.shipping.lane import Lane, LaneSettings
 from pipeline.shipping.lane_actor import LaneActor
+from pipeline.shipping.orphans import Orphans
 from pipeline.shipping.shipper import Shipper
 from pipeline.shipping.spool_stage import SpoolReloader, SpoolStage
 from pipeline.shipping.tracker_calls import TrackerCalls
+from pipeline.spool.lane_state import StoredCopies
+from pipeline.spool.producers import producers_dir
 from pipeline.spool.recovery import open_spooling
 from pipeline.wire.opening import LaneOpening
 
@@ -48,7 +51,8 @@ class AsyncPipeline:
         for name, (_, settings) in backends.items():
             opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
                                   sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
-                                  trainer_node=trainer_node)
+                                  trainer_node=trainer_node,
+                                  stored=spooling.seen.get(name, {}) if spooling is not None else {})
             actor = actor_class.options(**options).remote(name, opening.pack())
             lane = Lane(name, actor, LaneSettings.of(cfg), reload=reload, on_output=TERMINAL.write)
             if spooling is not None:
@@ -56,9 +60,13 @@ class AsyncPipeline:
             self._lanes[name] = lane
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
         # Rank 0's shipper: the whole run's converter, the spool, and the calls that flush and close the trackers.
+        # Producers that die leave their spools to rank 0 (orphans.py): found under the run's spool.
+        orphans = Orphans(producers_dir(spooling.spool.directory), {n: lane.actor for n, lane in self._lanes.items()},
+                          LaneSettings.of(cfg)) if spooling is not None else None
         self._shipper = Shipper(cfg, self.buffer, self._lanes, Converter(limits, backends=list(self._lanes)),
                                 spool=SpoolStage(spooling, cfg.spool_max_bytes) if spooling is not None else None,
-                                tracker_calls=TrackerCalls())
+                                tracker_calls=TrackerCalls(), orphans=orphans,
+                                copies=StoredCopies(spooling.spool.directory) if spooling is not None else None)
         self._switch_interval = sys.getswitchinterval()
         if cfg.gil_switch_interval_s is not None:
             sys.setswitchinterval(cfg.gil_switch_interval_s)

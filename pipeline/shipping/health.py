@@ -10,8 +10,9 @@ from pipeline.shipping.lane import Lane
 
 
 def health_figures(buffer: RecordBuffer, converter: Converter, lanes: Iterable[Lane], late_drops: int,
-                   spool_bytes: int | None) -> dict[str, float | int]:
-    """The figures as they stand: the buffer, what was dropped, skipped and rejected, each lane's lag and backlog."""
+                   spool_bytes: int | None, spool_durable: bool | None = None) -> dict[str, float | int]:
+    """The figures as they stand: the buffer, what was dropped, skipped and rejected, each lane's lag and backlog;
+    ``tracklane/spool_durable`` is 0 while a disk fault keeps new batches off the spool."""
     lanes = list(lanes)
     figures: dict[str, float | int] = {
         "tracklane/queue_bytes": buffer.nbytes,
@@ -22,6 +23,8 @@ def health_figures(buffer: RecordBuffer, converter: Converter, lanes: Iterable[L
     }
     if spool_bytes is not None:
         figures["tracklane/spool_bytes"] = spool_bytes
+    if spool_durable is not None:
+        figures["tracklane/spool_durable"] = int(spool_durable)
     for lane in lanes:
         figures[f"tracklane/lane/{lane.name}/lag_s"] = lane.lag_s()
         figures[f"tracklane/lane/{lane.name}/unacked_bytes"] = lane.unacked_bytes

@@ -9,7 +9,8 @@ re-sends every unacknowledged batch in order. If the tracker is down the actor a
 The lane's memory is bounded by bytes. With the spool on, a batch that does not fit is kept
 only on disk (its entry holds no Ray object) and is read back when its turn comes, so an outage
 costs disk, not memory, and loses nothing until the spool's own bound. Without the spool, the
-oldest batches not yet submitted are dropped and counted.
+oldest batches not yet submitted are dropped and counted; so are batches the spool's disk refused
+(durability off, spool_stage.py), once the batches that are on disk gave up their memory to them.
 
 Two watermarks: ``applied``, the last batch the tracker was handed (the window moves on, a flush
 is answered), and ``durable``, the last its own store holds (what the spool may forget). They
@@ -50,6 +51,7 @@ class Entry:
     nbytes: int
     records: int
     oldest_log_time: float  # time.time() of the batch's first log() call
+    spooled: bool = True  # on disk (False: the spool's disk refused it, or it is off); only memory holds it
 
 
 Reload = Callable[[int], Any]
@@ -125,6 +127,8 @@ class Lane:
         self.report = LaneReport(name=name)
         self.sources: dict[str, int] = {}
         """How far each producer's batches got at this lane's actor, as of its latest answer."""
+        self.stored: dict[str, int] = {}
+        """What its tracker's store holds of each source ("": the trainer's), as of the actor's latest answer."""
         self.answered = False
         """Its actor answered at least once (it is up, its tracker opened or failed to); read by other threads."""
 
@@ -136,12 +140,14 @@ class Lane:
         if self._dead:
             self.report.dropped_records += entry.records
             return
-        if self._reload is not None:  # over the bound, the batch waits on disk only
+        if self._reload is not None and entry.spooled:  # over the bound, the batch waits on disk only
             fits = self._bytes + entry.nbytes <= self._max_bytes
             self._window[entry.seq] = dataclasses.replace(entry, ref=entry.ref if fits else None)
             self._bytes += entry.nbytes if fits else 0
             return
-        submitted = sum(e.nbytes for seq, e in self._window.items() if seq <= self._last_sent)
+        if self._reload is not None:
+            self._spill(entry.nbytes)
+        submitted = sum(e.nbytes for seq, e in self._window.items() if seq <= self._last_sent and e.ref is not None)
         if submitted + entry.nbytes > self._max_bytes:  # cannot fit even alone: keep what waits
             self.report.dropped_records += entry.records
             return
@@ -166,12 +172,24 @@ class Lane:
             if entry.ref is None:
                 del self._window[seq]
                 lost += entry.records
+            else:  # memory holds the only copy now: it must not be spilled
+                self._window[seq] = dataclasses.replace(entry, spooled=False)
         self.report.dropped_records += lost
         return lost
 
+    def _spill(self, nbytes: int) -> None:
+        """A batch the spool's disk refused needs memory: batches that are on disk give theirs up (read back in
+        their turn), oldest first."""
+        for seq, entry in list(self._window.items()):
+            if self._bytes + nbytes <= self._max_bytes:
+                return
+            if entry.ref is not None and entry.spooled:
+                self._window[seq] = dataclasses.replace(entry, ref=None)
+                self._bytes -= entry.nbytes
+
     def _drop_oldest_unsent(self) -> bool:
         for seq, entry in self._window.items():
-            if seq > self._last_sent:
+            if seq > self._last_sent and entry.ref is not None:  # one only on disk holds no memory
                 del self._window[seq]
                 self._bytes -= entry.nbytes
                 self.report.dropped_records += entry.records
@@ -261,8 +279,9 @@ class Lane:
             del self._window[seq]
             self._bytes -= entry.nbytes if entry.ref is not None else 0
             self._lags.append(now - entry.oldest_log_time)
-            if seq > durable:  # sent again from the spool if the actor dies
-                self._handed[seq] = dataclasses.replace(entry, ref=None)
+            if seq > durable:  # sent again if the actor dies: from the spool, or from memory if it is not on disk
+                keep = self._reload is not None and not entry.spooled
+                self._handed[seq] = entry if keep else dataclasses.replace(entry, ref=None)
         self._acked = max(self._acked, applied)
         self._durable = max(self._durable, durable)  # durable <= applied <= self._acked
         while self._handed and next(iter(self._handed)) <= self._durable:
@@ -270,8 +289,19 @@ class Lane:
         self._last_sent = max(self._last_sent, self._acked)
         self._pid, self._node_id = ack.pid, ack.node_id
         self.sources = ack.sources
+        self.stored = ack.stored or self.stored
+        self._tell_state_disk(ack.state_unsaved_since)
         self.report.take(ack)
         self.answered = True
+
+    def _tell_state_disk(self, unsaved_since: float) -> None:
+        """One warning when the actor's acknowledgement state stops being saved (its disk), one when it is again."""
+        if unsaved_since and not self.report.state_unsaved_since:
+            log.warning("tracklane: lane %s: its actor cannot save its acknowledgement state since %s (its disk); "
+                        "the lane delivers on, but an actor restart meanwhile may apply a batch twice", self.name,
+                        time.strftime("%H:%M:%S", time.localtime(unsaved_since)))
+        elif self.report.state_unsaved_since and not unsaved_since:
+            log.warning("tracklane: lane %s: its acknowledgement state is saved again", self.name)
 
     def _actor_lost(self, exc: Exception) -> None:
         if isinstance(exc, ActorDiedError):  # Ray will not restart it: the lane is dead for good
@@ -286,6 +316,7 @@ class Lane:
             self.report.note_error(f"actor restarting after {type(exc).__name__}; {lost} records its tracker may "
                                    f"not have stored are counted lost (no spool)")
         elif self._handed:  # its tracker may have lost them with the actor: they go again, from the spool
+            self._bytes += sum(e.nbytes for e in self._handed.values() if e.ref is not None)  # those not on disk
             self._window = OrderedDict(sorted({**self._handed, **self._window}.items()))
         self._handed.clear()
         self._acked = self._durable  # the successor starts from what the store holds

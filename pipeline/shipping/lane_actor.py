@@ -28,6 +28,7 @@ from pipeline.core.errors import CodecError
 from pipeline.host.registry import backend_class
 from pipeline.host.sink_host import SinkHost
 from pipeline.node.identity import ray_node_id
+from pipeline.spool.durability import Durability
 from pipeline.spool.lane_state import LaneState
 from pipeline.wire.ack import pack_ack
 from pipeline.wire.batch import decode_batch
@@ -37,14 +38,21 @@ from pipeline.wire.opening import LaneOpening
 class LaneActor:
     """Hosts one sink. Ray calls run one at a time, in submission order."""
 
+    _state_disk: Durability | None = None  # made at the first save (__init__ saves)
+
     def __init__(self, lane: str, opening: bytes) -> None:
         spec = LaneOpening.unpack(opening)
         os.makedirs(spec.state_dir, mode=0o700, exist_ok=True)  # on another node than the trainer's: made here
         if _in_ray_actor():  # its own process
             forget_process_bound(os.environ)  # the trainer's tracker sessions are not this lane's (placement.py)
             # the SDK's own chatter (banners, its warnings) into a file, not the trainer's terminal
-            _stdio_to(os.path.join(spec.state_dir, f"{lane}.out"))
+            try:
+                _stdio_to(os.path.join(spec.state_dir, f"{lane}.out"))
+            except OSError:  # a full or read-only disk: the chatter goes where Ray sends it; the lane still works
+                pass
         self._state = LaneState.load(os.path.join(spec.state_dir, f"{lane}.state"))
+        if self._state.catch_up(spec.stored):  # rank 0's copy is ahead: this node's disk lost or lags the state
+            self._state.pending, self._state.mark = 0, None  # a stale undo point could undo a stored batch
         sink = backend_class(spec.backend)(spec.run, spec.settings)
         node_id = ray_node_id()
         self._host = SinkHost(lane, sink, spec.sink_retries, spec.retry_backoff_s, resume=self._state.resume,
@@ -136,17 +144,38 @@ class LaneActor:
         return self._answer("")
 
     def _save(self) -> None:
+        """A disk that refuses the state (full, read-only, failing, the folder removed) costs durability, not
+        delivery: the state stays in memory, the answers say since when, and every later save tries the disk
+        again (each fails fast)."""
         self._state.resume = self._host.resume
         self._state.counts = self._host.counts
-        self._state.save()
+        if self._state_disk is None:
+            self._state_disk = Durability(what=f"the acknowledgement state {self._state.path}",
+                                          while_off="kept in memory: an actor restart meanwhile may apply a batch twice")
+        try:
+            self._write_state()
+        except OSError as exc:
+            self._state_disk.failed(exc)
+        else:
+            self._state_disk.succeeded()
+
+    def _write_state(self) -> None:
+        try:
+            self._state.save()
+        except FileNotFoundError:  # its folder was removed (with the spool's): make it again
+            os.makedirs(os.path.dirname(self._state.path), mode=0o700, exist_ok=True)
+            self._state.save()
 
     def _answer(self, source: str, gap: bool = False, held: bool = False) -> bytes:
         """The answer to ``source``'s lane; it also says how far every producer got (rank 0's finish waits on it),
         and brings the trainer what the sink printed (a producer's lane gets none: it is not the user's terminal)."""
         self._work.cpu_s = time.process_time()
-        return pack_ack(self._host.ack(self._written.get(source, 0), durable=self._durable(source), gap=gap, held=held,
-                                       sources={k: v for k, v in self._written.items() if k}, work=self._work,
-                                       output="" if source else self._host.take_output()))
+        ack = self._host.ack(self._written.get(source, 0), durable=self._durable(source), gap=gap, held=held,
+                             sources={k: v for k, v in self._written.items() if k}, work=self._work,
+                             output="" if source else self._host.take_output())
+        ack.state_unsaved_since = self._state_disk.off_since if self._state_disk is not None else 0.0
+        ack.stored = self._state.stored()
+        return pack_ack(ack)
 
 
 def _in_ray_actor() -> bool:

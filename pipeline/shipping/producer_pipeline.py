@@ -1,24 +1,37 @@
-"""One producer's pipeline in its own process: a bounded buffer, its lanes and a shipper thread, no spool.
+"""One producer's pipeline in its own process: a bounded buffer, its spool, its lanes and a shipper thread.
 
-What it shipped lives in Ray; its unshipped tail dies with its process. It reports its figures to the
-run's hub (hub.py) after each shipper round, at most every ``REPORT_EVERY_S`` unless a barrier forces it.
+With the run's spool on, each batch is in the producer's own spool folder (spool/producers.py) before
+its lanes see it, and the folder's lock says the producer lives: if its process dies, rank 0 delivers
+what the folder holds (orphans.py), and the tally there counts exactly the calls that never reached it.
+It reports its figures to the run's hub (hub.py) after each shipper round, at most every
+``REPORT_EVERY_S`` unless a barrier forces it.
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
+import logging
+import os
+import shutil
 import time
 import uuid
 from typing import Any
 
 from pipeline.capture.convert import Converter
+from pipeline.config.async_log import AsyncLogConfig
 from pipeline.node.identity import ray_node_id
 from pipeline.node.system_metrics import start_node_sampling
 from pipeline.shipping.buffer import RecordBuffer
 from pipeline.shipping.hub import REPORT_EVERY_S, ProducerFigures, ProducerSpec
 from pipeline.shipping.lane import Lane, LaneSettings
 from pipeline.shipping.shipper import Shipper
+from pipeline.shipping.spool_stage import SpoolReloader, SpoolStage
+from pipeline.spool.producers import Tally, producers_dir, write_mark
+from pipeline.spool.recovery import Spooling
+from pipeline.spool.segments import Spool
+
+log = logging.getLogger("tracklane")
 
 
 class ProducerPipeline:
@@ -27,22 +40,46 @@ class ProducerPipeline:
     def __init__(self, name: str, key_prefix: str, axis: str | None, spec: ProducerSpec) -> None:
         actors, hub, cfg, limits, run = spec.lanes, spec.hub, spec.cfg, spec.limits, spec.run
         self.source = f"{name}#{uuid.uuid4().hex[:10]}"
-        cfg = dataclasses.replace(cfg, health_metrics=False, spool=False)  # rank 0 reports the pipeline's figures
+        spooled = cfg.spool and cfg.spool_dir
+        cfg = dataclasses.replace(cfg, health_metrics=False)  # rank 0 reports the pipeline's figures
+        self._folder = os.path.join(producers_dir(cfg.spool_dir), self.source) if spooled and cfg.spool_dir else ""
+        spool = self._open_spool(cfg, name) if self._folder else None
+        self._tally = Tally(self._folder) if spool is not None else None
         settings = LaneSettings.of(cfg)
-        lanes = {lane: Lane(lane, actor, settings, source=self.source) for lane, actor in actors.items()}
+        reload = SpoolReloader(spool) if spool is not None else None
+        lanes = {lane: Lane(lane, actor, settings, reload=reload, source=self.source) for lane, actor in actors.items()}
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
         self._figures = ProducerFigures(name=name)
         self._hub = hub
         self._last_report = 0.0
-        # A producer's shipper: its own converter (its name before every key, its axis), no spool, no tracker
+        # A producer's shipper: its own converter (its name before every key, its axis), its own spool, no tracker
         # calls (its lanes settling is enough), and its figures told to the hub after each round.
         converter = Converter(limits, key_prefix, axis, backends=list(lanes))
-        self._shipper = Shipper(cfg, self.buffer, lanes, converter, progress=self._progress)
-        self.put = self.buffer.put
+        stage = SpoolStage(Spooling(spool=spool, manifest=None), cfg.spool_max_bytes) if spool is not None else None
+        self._shipper = Shipper(cfg, self.buffer, lanes, converter, progress=self._progress, spool=stage,
+                                tally=self._tally)
+        self.put = self._counted_put if self._tally is not None else self.buffer.put
         self._shipper.start()
         self._sampling = start_node_sampling(self.put, run[0], cfg.system_metrics_s, run[1], ray_node_id() or None) \
             if run[0] else None
         atexit.register(self._close_at_exit)
+
+    def _open_spool(self, cfg: AsyncLogConfig, name: str) -> Spool | None:
+        """Its own folder under the run's spool, locked while it lives; None (no spool) if the disk refuses."""
+        try:
+            spool = Spool(self._folder, max_bytes=cfg.spool_max_bytes, segment_bytes=cfg.spool_segment_bytes,
+                          fsync_s=cfg.spool_fsync_s)
+            write_mark(self._folder, name, self.source)
+            return spool
+        except OSError as exc:
+            log.warning("tracklane: producer %s cannot spool in %s (%s); what it ships lives only in Ray",
+                        self.source, self._folder, exc)
+            self._folder = ""
+            return None
+
+    def _counted_put(self, item: Any) -> None:
+        self.buffer.put(item)
+        self._tally.put()  # type: ignore[union-attr]
 
     def _progress(self, shipper: Any, force: bool) -> None:
         """Called by the shipper thread after each round: tell the hub, at most every 0.25 s unless forced."""
@@ -77,4 +114,8 @@ class ProducerPipeline:
         if self._sampling is not None:
             self._sampling.stop()
         report = self._shipper.close(0, timeout)
+        if self._tally is not None:
+            self._tally.close()
+        if self._folder and report.complete:  # every tracker has it all: nothing for rank 0 to take over
+            shutil.rmtree(self._folder, ignore_errors=True)
         return report.complete

@@ -29,13 +29,16 @@ from pipeline.capture.convert import Converter
 from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.acks import Ack
 from pipeline.core.records import Metrics, Record, Text
-from pipeline.core.report import PipelineReport
+from pipeline.core.report import PipelineReport, ProducerReport
 from pipeline.shipping.buffer import RecordBuffer
 from pipeline.shipping.health import health_figures
 from pipeline.shipping.hub import HubWatch
 from pipeline.shipping.lane import Entry, Lane
+from pipeline.shipping.orphans import Orphans
 from pipeline.shipping.spool_stage import SpoolStage
 from pipeline.shipping.tracker_calls import TrackerCalls
+from pipeline.spool.lane_state import StoredCopies
+from pipeline.spool.producers import Tally
 from pipeline.wire.batch import encode_what_encodes
 
 log = logging.getLogger("tracklane")
@@ -63,11 +66,15 @@ class _Barrier:
 class Shipper:
     def __init__(self, cfg: AsyncLogConfig, buffer: RecordBuffer, lanes: dict[str, Lane], converter: Converter, *,
                  spool: SpoolStage | None = None, tracker_calls: TrackerCalls | None = None,
-                 progress: Callable[[Shipper, bool], None] | None = None) -> None:
+                 progress: Callable[[Shipper, bool], None] | None = None, tally: Tally | None = None,
+                 orphans: Orphans | None = None, copies: StoredCopies | None = None) -> None:
         """``converter``: captured calls -> records (a producer's puts its name before every key).
         ``spool``: rank 0's; batches are numbered after what an earlier process of the run used.
         ``tracker_calls``: rank 0's, to flush and close the trackers at barriers; a producer's shipper only drains.
         ``progress(shipper, force)`` runs after each round (a producer tells the hub how far it got).
+        ``tally``: a producer's exact counts on disk, told which calls each batch holds before it is spooled.
+        ``orphans``: rank 0's; the spools of producers that died, delivered to the lanes (its close waits for them).
+        ``copies``: rank 0's copy of each lane's state in its spool (for lanes on other nodes' disks).
         ``hub`` (set with ``watch_producers``): rank 0's view of its producers; its close waits for them."""
         self._cfg = cfg
         self._tracker_calls = tracker_calls
@@ -75,6 +82,10 @@ class Shipper:
         self.hub: HubWatch | None = None
         self.shipped_records = 0  # records handed to the lanes (health records included)
         self.taken = 0  # items taken out of the buffer
+        self._settled = 0  # items in a batch handed on (spooled), or refused whole
+        self._tally = tally
+        self._orphans = orphans
+        self._copies = copies
         self._buffer = buffer
         self._lanes = lanes
         self._converter = converter
@@ -145,6 +156,8 @@ class Shipper:
                 self._ship(force=bool(self._barriers))
                 for lane in self._lanes.values():
                     lane.pump()
+                if self._orphans is not None:
+                    self._orphans.pump()
                 self._tell_about_dead_lanes()
                 self._release()
                 self._serve_barriers()
@@ -160,6 +173,8 @@ class Shipper:
     def _sleep(self) -> None:
         wait = min(self._buffer.due(self._cfg.flush_interval_s), _IDLE_WAIT_S)
         refs = [ref for lane in self._lanes.values() for ref in lane.waitables()]
+        if self._orphans is not None:
+            refs += self._orphans.waitables()
         if self._barriers or refs:
             wait = min(wait, _BUSY_WAIT_S if self._barriers else 0.05)
         if wait <= 0:
@@ -176,7 +191,8 @@ class Shipper:
             self.taken += len(items)
             records = self._records(items)
             if records:
-                self._send(records)
+                self._send(records, items=len(items))
+            self._settled += len(items)
 
     def _records(self, items: list[Captured]) -> list[Record]:
         records = []
@@ -187,19 +203,24 @@ class Shipper:
                     self._last_step = record.step
         if records:
             self.health = health_figures(self._buffer, self._converter, self._lanes.values(), self.late_drops,
-                                         self._spool.spool.nbytes if self._spool is not None else None)
+                                         self._spool.spool.nbytes if self._spool is not None else None,
+                                         self._spool.durable if self._spool is not None else None)
             if self._cfg.health_metrics:
                 records.append(Metrics(step=self._last_step, values=dict(self.health), time=time.time()))
         return records
 
-    def _send(self, records: list[Record]) -> None:
+    def _send(self, records: list[Record], items: int = 0) -> None:
         blob = self._encode(records)
         if blob is None:
             return
         oldest = min(r.time for r in records)
-        if self._spool is not None:  # on disk before any lane can see it
-            self._spool.append(self._seq, len(records), oldest, blob, self._lanes.values())
-        entry = Entry(seq=self._seq, ref=ray.put(blob), nbytes=len(blob), records=len(records), oldest_log_time=oldest)
+        if self._tally is not None:
+            self._tally.spooling(self._seq, self._settled, self._settled + items, self._buffer.dropped)
+        # On disk before any lane can see it; a disk fault leaves it in the lanes' memory only (spool_stage.py).
+        spooled = self._spool is not None and self._spool.append(self._seq, len(records), oldest, blob,
+                                                                 self._lanes.values())
+        entry = Entry(seq=self._seq, ref=ray.put(blob), nbytes=len(blob), records=len(records), oldest_log_time=oldest,
+                      spooled=spooled)
         self.shipped_records += len(records)
         for lane in self._lanes.values():
             if self._cfg.overflow == "block":
@@ -245,6 +266,9 @@ class Shipper:
     def _release(self) -> None:
         if self._spool is not None:
             self._spool.release(self._acked_by_all())
+        if self._copies is not None:
+            for lane in self._lanes.values():
+                self._copies.update(lane.name, lane.stored)
 
     def _acked_by_all(self) -> int:
         """Every lane's tracker holds the batches up to here: the spool may forget them."""
@@ -259,8 +283,8 @@ class Shipper:
             if barrier.target is None:  # everything logged before the request goes out first
                 self._ship(force=True)
                 barrier.target = self._seq
-            if not barrier.calls and ((self._all_settled(barrier.target) and self._producers_settled(barrier))
-                                      or now >= barrier.drain_deadline):
+            if not barrier.calls and ((self._all_settled(barrier.target) and self._producers_settled(barrier)
+                                       and self._orphans_settled(barrier)) or now >= barrier.drain_deadline):
                 barrier.calls = self._call_lanes(barrier)
             if barrier.calls and (self._calls_done(barrier) or now >= barrier.deadline):
                 self._answer(barrier, timed_out=now >= barrier.deadline)
@@ -281,6 +305,10 @@ class Shipper:
         for lane in behind:
             lane.refresh()  # ask its actor how far each producer got
         return not behind
+
+    def _orphans_settled(self, barrier: _Barrier) -> bool:
+        """Closing: the lanes hold every batch dead producers spooled (their spools found so far)."""
+        return not barrier.closing or self._orphans is None or self._orphans.settled()
 
     def _call_lanes(self, barrier: _Barrier) -> dict[str, Any]:
         if barrier.closing:
@@ -307,6 +335,8 @@ class Shipper:
         unsettled = not self._all_settled(barrier.target if barrier.target is not None else self._seq)
         if barrier.closing and self._spool is not None:
             self._spool.close(barrier.exit_code, self._acked_by_all())
+        if barrier.closing and self._orphans is not None:
+            self._orphans.close()
         barrier.report = self._report(barrier, timed_out=timed_out or unsettled)
         if self._progress is not None:
             self._progress(self, True)
@@ -326,5 +356,9 @@ class Shipper:
             elapsed_s=time.monotonic() - barrier.started,
             timed_out=timed_out,
             spool=self._spool.report() if self._spool is not None else None,
-            producers=self.hub.reports(self._lanes, final=barrier.closing) if self.hub is not None else {},
+            producers=self._producer_reports(barrier.closing),
         ))
+
+    def _producer_reports(self, final: bool) -> dict[str, ProducerReport]:
+        reports = self.hub.reports(self._lanes, final=final) if self.hub is not None else {}
+        return self._orphans.merged(reports) if self._orphans is not None else reports

@@ -1,9 +1,17 @@
 """Rank 0's spool as the shipper uses it: each batch on disk before any lane sees it, forgotten once
-every lane's tracker has it; a batch that waited on disk is read back into Ray when a lane needs it."""
+every lane's tracker has it; a batch that waited on disk is read back into Ray when a lane needs it.
+
+A disk fault (full, read-only, failing, the folder removed) never reaches the shipper's loop: durability
+goes off (durability.py), batches stay in the lanes' memory only and are counted as not spooled, and the
+disk is tried again every second until a batch goes through.
+"""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
@@ -12,10 +20,13 @@ import ray
 
 from pipeline.core.report import SpoolReport
 from pipeline.shipping.lane import Lane
+from pipeline.spool.durability import Durability
+from pipeline.spool.manifest import MANIFEST
 from pipeline.spool.recovery import Spooling
-from pipeline.spool.segments import Spool
+from pipeline.spool.segments import Spool, SpoolEntry
 
 log = logging.getLogger("tracklane")
+_CHECK_S = 1.0  # how often to look for a removed folder: writes into one succeed and go nowhere
 
 
 class SpoolStage:
@@ -26,46 +37,112 @@ class SpoolStage:
         self.spool = spooling.spool
         self._released = 0  # every lane acknowledged batches up to here
         self._evicted_lost = 0  # records the spool's bound deleted before the slowest lane had them
+        self.durability = Durability(what=f"the spool {self.spool.directory}",
+                                     while_off="new batches stay in the lanes' memory only (a lane over "
+                                               "lane_max_bytes drops and counts them)")
+        self._unspooled_batches = 0  # shipped while durability was off, or lost from disk with removed files
+        self._unspooled_records = 0
+        self._checked = time.monotonic()
 
     @property
     def first_seq(self) -> int:
         """The last sequence number an earlier process of this run used."""
         return self.spooling.first_seq
 
-    def append(self, seq: int, records: int, oldest: float, blob: bytes, lanes: Iterable[Lane]) -> None:
-        """On disk before any lane can see it; batches the spool's bound evicts are lost to lanes that lacked them."""
-        evicted = self.spool.append(seq, records, oldest, blob)
-        if not evicted:
-            return
-        seqs = {e.seq for e in evicted}
-        lost = {lane.name: lane.evicted(seqs) for lane in lanes}
+    @property
+    def durable(self) -> bool:
+        return self.durability.on
+
+    def append(self, seq: int, records: int, oldest: float, blob: bytes, lanes: Iterable[Lane]) -> bool:
+        """On disk before any lane can see it: True. False when the disk refused it: the batch is then in the
+        lanes' memory only. Batches the spool's bound evicts are lost to lanes that lacked them."""
+        held = list(lanes)
+        if not self.durability.due():
+            return self._not_spooled(1, records)
+        try:
+            if not self.durability.on:
+                self._restore(held)
+            evicted = self.spool.append(seq, records, oldest, blob)
+        except OSError as exc:
+            self.durability.failed(exc)
+            return self._not_spooled(1, records)
+        self.durability.succeeded()
+        lost = self._forget(evicted, held)
         self._evicted_lost += max(lost.values(), default=0)
         if any(lost.values()):
             log.warning("tracklane: the spool reached spool_max_bytes=%d and evicted batches %d-%d; records lost "
                         "that a tracker did not have yet: %s", self._max_bytes, evicted[0].seq,
                         evicted[-1].seq, ", ".join(f"{name} {n}" for name, n in lost.items() if n))
+        return True
+
+    def _restore(self, lanes: list[Lane]) -> None:
+        """Before trying the disk again: make a removed folder again (its manifest too); batches whose files went
+        with it before every tracker had them are no longer on disk."""
+        gone = [e for e in self.spool.restore() if e.seq > self._released]
+        manifest = self.spooling.manifest
+        if manifest is not None and not os.path.exists(os.path.join(self.spool.directory, MANIFEST)):
+            manifest.save(self.spool.directory)
+        if gone:
+            self._not_spooled(len(gone), sum(e.records for e in gone))
+            lost = self._forget(gone, lanes)
+            log.warning("tracklane: spooled batches %d-%d were removed with their files; records lost that a tracker "
+                        "did not have yet: %s", gone[0].seq, gone[-1].seq,
+                        ", ".join(f"{name} {n}" for name, n in lost.items() if n) or "none")
+
+    @staticmethod
+    def _forget(gone: list[SpoolEntry], lanes: list[Lane]) -> dict[str, int]:
+        """These batches left the disk: each lane keeps those it holds in memory; returns what each lost."""
+        if not gone:
+            return {}
+        seqs = {e.seq for e in gone}
+        return {lane.name: lane.evicted(seqs) for lane in lanes}
+
+    def _not_spooled(self, batches: int, records: int) -> bool:
+        self._unspooled_batches += batches
+        self._unspooled_records += records
+        return False
 
     def release(self, acked_by_all: int) -> None:
         """Every lane's tracker holds the batches up to ``acked_by_all``: forget them; sync when due."""
-        if acked_by_all > self._released:
-            self.spool.release(acked_by_all)
-            self._released = acked_by_all
-        self.spool.sync_if_due()
+        try:
+            if acked_by_all > self._released:
+                self.spool.release(acked_by_all)
+                self._released = acked_by_all
+            if self.durability.on:
+                self.spool.sync_if_due()
+                self._check_folder()
+        except OSError as exc:
+            self.durability.failed(exc)
+
+    def _check_folder(self) -> None:
+        now = time.monotonic()
+        if now - self._checked >= _CHECK_S:
+            self._checked = now
+            if not self.spool.intact():
+                raise FileNotFoundError(errno.ENOENT, "the spool's folder or segment was removed", self.spool.directory)
 
     def report(self) -> SpoolReport:
         stats = self.spool.stats
         return SpoolReport(directory=self.spool.directory, nbytes=self.spool.nbytes, batches=self.spool.batches,
                            evicted_records=self._evicted_lost, damaged=stats.damaged, torn_bytes=stats.torn_bytes,
-                           recovered_batches=self.spooling.recovered)
+                           recovered_batches=self.spooling.recovered,
+                           durability_off_since=self.durability.off_since, durability_outages=self.durability.outages,
+                           durability_off_s=self.durability.off_s, unspooled_batches=self._unspooled_batches,
+                           unspooled_records=self._unspooled_records, disk_error=self.durability.last_error)
 
     def close(self, exit_code: int, acked_by_all: int) -> None:
         """The runs are closed: record how, and delete what every tracker has (the last segment too)."""
-        self.spooling.manifest.exit_code = exit_code
+        manifest = self.spooling.manifest
         try:
-            self.spooling.manifest.save(self.spool.directory)
-        finally:
-            self.spool.close()
-            self.spool.release(acked_by_all)
+            try:
+                if manifest is not None:  # a producer's spool has none: the run's is rank 0's
+                    manifest.exit_code = exit_code
+                    manifest.save(self.spool.directory)
+            finally:
+                self.spool.close()
+                self.spool.release(acked_by_all)
+        except OSError as exc:  # a disk fault at the end costs the manifest's exit code, never the report
+            self.durability.failed(exc)
 
 
 class SpoolReloader:

@@ -21,6 +21,7 @@ import msgpack
 
 from pipeline.core.acks import SinkCounts
 from pipeline.core.files import write_atomically
+from pipeline.spool.manifest import seen_path
 
 log = logging.getLogger("tracklane")
 
@@ -39,6 +40,24 @@ class LaneState:
     mark: dict[str, Any] | None = None
     """Where the sink stood before ``pending`` (its ``mark()``), to roll back to."""
     path: str = field(default="", repr=False)
+
+    def catch_up(self, stored: dict[str, int]) -> bool:
+        """Take rank 0's copy of what the store holds (source -> last batch; "": the trainer's) where it is
+        ahead of this state; True if it was anywhere."""
+        ahead = False
+        for source, seq in stored.items():
+            mine = self.sources.get(source, 0) if source else self.applied
+            if seq > mine:
+                ahead = True
+                if source:
+                    self.sources[source] = seq
+                else:
+                    self.applied = seq
+        return ahead
+
+    def stored(self) -> dict[str, int]:
+        """What the store holds, per source ("": the trainer's): what an Ack carries to rank 0's copy."""
+        return {"": self.applied, **self.sources}
 
     @classmethod
     def load(cls, path: str) -> LaneState:
@@ -60,3 +79,25 @@ class LaneState:
         write_atomically(self.path, msgpack.packb({"applied": self.applied, "sources": self.sources, "resume": self.resume,
                                                    "counts": self.counts.to_plain(),
                                                    "pending": self.pending, "mark": self.mark}, use_bin_type=True))
+
+
+class StoredCopies:
+    """Rank 0's copy of every lane's state, from the acknowledgements (``Ack.stored``): ``lanes/<name>.seen``
+    in its spool. A lane actor on another node keeps its own state on that node's disk; a resumed run without
+    shared storage hands this copy to the new actor, which then skips what its tracker holds already. Written
+    when it changes (no fsync: like the spool's segments, it survives a killed process)."""
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+        self._written: dict[str, dict[str, int]] = {}
+
+    def update(self, lane: str, stored: dict[str, int]) -> None:
+        if not stored or self._written.get(lane) == stored:
+            return
+        state = LaneState(applied=stored.get("", 0), sources={k: v for k, v in stored.items() if k},
+                          path=seen_path(self._directory, lane))
+        try:
+            state.save()
+        except OSError:  # a full or failing disk: the spool's report says durability is off; kept for next time
+            return
+        self._written[lane] = stored

@@ -63,6 +63,11 @@ def state_path(directory: str, backend: str) -> str:
     return os.path.join(lanes_dir(directory), f"{backend}.state")
 
 
+def seen_path(directory: str, backend: str) -> str:
+    """Rank 0's copy of a lane's state (what its acknowledgements said), for a lane whose own is on another node."""
+    return os.path.join(lanes_dir(directory), f"{backend}.seen")
+
+
 def default_spool_dir(run: RunSpec, trainer: Mapping[str, Any], env: Mapping[str, str]) -> str:
     """Under the run's local output folder (verl's ``trainer.default_local_dir``) when the config has one,
     else under ``$TRACKLANE_SPOOL_ROOT`` or ``./tracklane_spool``; one folder per run id."""

@@ -18,7 +18,7 @@ from typing import Any
 from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.records import RunSpec
 from pipeline.spool.lane_state import LaneState
-from pipeline.spool.manifest import RunManifest, holds_a_spool, lanes_dir, state_path
+from pipeline.spool.manifest import RunManifest, holds_a_spool, lanes_dir, seen_path, state_path
 from pipeline.spool.segments import Spool, SpoolEntry
 
 log = logging.getLogger("tracklane")
@@ -29,13 +29,16 @@ class Spooling:
     """The spool as the shipper uses it, and what it held when it was opened."""
 
     spool: Spool
-    manifest: RunManifest
+    manifest: RunManifest | None
+    """The run's (rank 0's spool); None for a producer's own spool."""
     first_seq: int = 0
     """The last sequence number used by an earlier process of this run (new batches follow it)."""
     pending: dict[str, list[SpoolEntry]] = field(default_factory=dict)
     """Per lane, the spooled batches its tracker had not acknowledged."""
     recovered: int = 0
     """Batches some lane still lacked when the spool was opened."""
+    seen: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per lane, rank 0's copy of what its tracker's store held (source -> last batch): handed to its actor."""
 
     @property
     def state_dir(self) -> str:
@@ -45,22 +48,40 @@ class Spooling:
 def open_spooling(cfg: AsyncLogConfig, run: RunSpec, backends: dict[str, dict[str, Any]]) -> Spooling:
     directory = cfg.spool_dir
     assert directory, "the spool folder is resolved before the pipeline starts"
-    if not run.resume and holds_a_spool(directory):
-        aside = f"{directory}.old-{time.strftime('%Y%m%d-%H%M%S')}"
-        os.replace(directory, aside)
-        log.warning("tracklane: %s held the spool of an earlier run with this id and resume is off; moved to %s",
-                    directory, aside)
+    set_aside_stale(directory, run)
     spool = Spool(directory, max_bytes=cfg.spool_max_bytes, segment_bytes=cfg.spool_segment_bytes,
                   fsync_s=cfg.spool_fsync_s, retention_s=cfg.spool_retention_s)
     os.makedirs(lanes_dir(directory), mode=0o700, exist_ok=True)
     manifest = RunManifest(run=run, backends=backends)
     manifest.save(directory)
-    applied = {name: LaneState.load(state_path(directory, name)).applied for name in backends}
+    seen = {name: LaneState.load(seen_path(directory, name)).stored() for name in backends}
+    applied = {name: max(LaneState.load(state_path(directory, name)).applied, seen[name][""]) for name in backends}
     entries = list(spool.entries())
+    _forgive_delivered_gaps(spool, entries, min(applied.values(), default=0))
     pending = {name: [e for e in entries if e.seq > applied[name]] for name in backends}
     first_seq = max([spool.last_seq, *applied.values()])
     recovered = len({e.seq for lane in pending.values() for e in lane})
     if recovered:
         log.warning("tracklane: resuming run %s: %d spooled batch(es) not yet in every tracker are delivered first",
                     run.run_id, recovered)
-    return Spooling(spool=spool, manifest=manifest, first_seq=first_seq, pending=pending, recovered=recovered)
+    return Spooling(spool=spool, manifest=manifest, first_seq=first_seq, pending=pending, recovered=recovered,
+                    seen={name: stored for name, stored in seen.items() if any(stored.values())})
+
+
+def set_aside_stale(directory: str, run: RunSpec) -> None:
+    """Without ``resume``, a folder holding an earlier spool is renamed aside, never reused or deleted."""
+    if not run.resume and holds_a_spool(directory):
+        aside = f"{directory}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.replace(directory, aside)
+        log.warning("tracklane: %s held the spool of an earlier run with this id and resume is off; moved to %s",
+                    directory, aside)
+
+
+def _forgive_delivered_gaps(spool: Spool, entries: list[SpoolEntry], delivered: int) -> None:
+    """Batches missing from the spool that every lane's tracker holds are no loss: the earlier process ran with
+    durability off for a while (a full disk) and delivered them from memory. Only the others count as missing."""
+    if not spool.stats.missing_batches or not entries:
+        return
+    present = {e.seq for e in entries}
+    spool.stats.missing_batches = sum(1 for seq in range(max(entries[0].seq, delivered + 1), entries[-1].seq + 1)
+                                      if seq not in present)

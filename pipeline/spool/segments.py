@@ -11,11 +11,14 @@ power loss can take. Opening a spool repairs it: a torn last frame is cut off, a
 skipped (the scan resynchronises on the next magic) and counted, an unreadable segment is renamed
 ``.bad`` and counted, so recovery never crash-loops. A segment goes once every lane acknowledged all
 of it (after ``retention_s``); when the folder would pass ``max_bytes``, the oldest segment is
-evicted even if unacknowledged, and the caller is told which batches went.
+evicted even if unacknowledged, and the caller is told which batches went. A write the disk refuses
+(full, read-only, failing) raises OSError and leaves the spool as its index says (a partial frame is
+cut off); ``intact``/``restore`` notice and mend a folder removed under the writer.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -248,7 +251,11 @@ class Spool:
             self._roll(seq)
         segment = self._segments[-1]
         header = frame_header(seq, records, oldest_time, payload)
-        _write_all(self._fd, header, payload)
+        try:
+            _write_all(self._fd, header, payload)
+        except OSError:  # a full or failing disk: the spool stays as the index says, the caller decides
+            self._cut_back(segment)
+            raise
         entry = SpoolEntry(seq=seq, records=records, oldest_time=oldest_time, nbytes=len(payload),
                            segment=segment.first, offset=segment.size)
         segment.size += len(header) + len(payload)
@@ -262,8 +269,10 @@ class Spool:
 
     def _roll(self, seq: int) -> None:
         if self._fd is not None:
-            self.sync(force=True)
-            os.close(self._fd)
+            try:
+                self.sync(force=True)
+            finally:
+                self._drop_fd()
         path = self._path(seq)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
         self._segments.append(_Segment(first=seq, path=path))
@@ -302,7 +311,7 @@ class Spool:
             self._index.pop(entry.seq, None)
         try:
             os.remove(segment.path)
-        except FileNotFoundError:
+        except OSError:  # gone already, or a read-only disk keeps it: a resume skips what every lane applied
             pass
 
     def sync_if_due(self) -> None:
@@ -318,13 +327,57 @@ class Spool:
         self._last_fsync = time.monotonic()
 
     def close(self) -> None:
+        try:
+            if self._fd is not None:
+                self.sync(force=True)
+        finally:  # a failing disk still gives its descriptors back
+            self._drop_fd()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    # -- disk faults (the caller keeps the batches in memory meanwhile: spool_stage.py) --------
+    def _cut_back(self, segment: _Segment) -> None:
+        """Cut what a failed write left of its frame; failing that, the next append starts a new segment."""
+        try:
+            if self._fd is not None:
+                os.ftruncate(self._fd, segment.size)
+        except OSError:
+            self._drop_fd()
+
+    def _drop_fd(self) -> None:
         if self._fd is not None:
-            self.sync(force=True)
-            os.close(self._fd)
+            try:
+                os.close(self._fd)
+            except OSError:  # a failing disk may report a lost write here too; the descriptor is closed anyway
+                pass
             self._fd = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+
+    def intact(self) -> bool:
+        """False once the folder, its lock or the segment being written was removed (or another disk was mounted
+        over them): writes would go nowhere."""
+        return (self._fd is None or _same_file(self._fd, self._segments[-1].path)) \
+            and (self._lock_fd is None or _same_file(self._lock_fd, os.path.join(self.directory, _LOCK)))
+
+    def restore(self) -> list[SpoolEntry]:
+        """After (part of) the folder was removed: make it again and take its lock again; the segments that are
+        gone are forgotten, and their batches returned (lost from disk, like evicted ones)."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        if self._fd is not None and not _same_file(self._fd, self._segments[-1].path):
+            self._drop_fd()
+        if self._lock_fd is None or not _same_file(self._lock_fd, os.path.join(self.directory, _LOCK)):
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+            try:
+                self._lock()
+            except ConfigError as exc:  # another process took the new folder: no disk for us
+                raise OSError(errno.EBUSY, str(exc)) from exc
+        gone = [segment for segment in self._segments if not os.path.exists(segment.path)]
+        for segment in gone:
+            self._segments.remove(segment)
+            self._delete(segment)
+        return [entry for segment in gone for entry in segment.entries]
 
     def _path(self, first: int) -> str:
         return os.path.join(self.directory, f"seg-{first:016d}.tls")
@@ -351,6 +404,15 @@ def _write_all(fd: int | None, header: bytes, payload: bytes) -> None:
     while written < total:  # a short write (rare: signals, a full disk about to fail)
         rest = (header + payload)[written:]
         written += os.write(fd, rest)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        opened, named = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (opened.st_dev, opened.st_ino) == (named.st_dev, named.st_ino)
 
 
 def _sync_dir(directory: str) -> None:

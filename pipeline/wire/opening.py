@@ -6,11 +6,12 @@ come from each sink's ``resolve()``, which leaves API keys to the actor's own en
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
+from pipeline.core.acks import plain_counts
 from pipeline.core.records import RunSpec
 
 
@@ -27,13 +28,16 @@ class LaneOpening:
     retry_backoff_s: float
     trainer_node: str = ""
     """Ray node id of the trainer: a lane on another node says so where it reports its paths."""
+    stored: dict[str, int] = field(default_factory=dict)
+    """Rank 0's copy of what the tracker's store holds, per source (a resumed run; the actor's own state may be
+    on another node's disk, or gone)."""
 
     def pack(self) -> bytes:
         return msgpack.packb({
             "backend": self.backend, "run": self.run.to_plain(),
             "settings": self.settings, "state_dir": self.state_dir,
             "sink_retries": self.sink_retries, "retry_backoff_s": self.retry_backoff_s,
-            "trainer_node": self.trainer_node,
+            "trainer_node": self.trainer_node, "stored": self.stored,
         }, use_bin_type=True)
 
     @classmethod
@@ -41,4 +45,5 @@ class LaneOpening:
         spec = msgpack.unpackb(blob, raw=False)
         return cls(backend=spec["backend"], run=RunSpec.from_plain(spec["run"]), settings=spec["settings"],
                    state_dir=spec["state_dir"], sink_retries=int(spec["sink_retries"]),
-                   retry_backoff_s=float(spec["retry_backoff_s"]), trainer_node=str(spec.get("trainer_node") or ""))
+                   retry_backoff_s=float(spec["retry_backoff_s"]), trainer_node=str(spec.get("trainer_node") or ""),
+                   stored=plain_counts(spec.get("stored")))

@@ -1,0 +1,177 @@
+"""Rank 0 takes over the spools of producers that died: their shipped batches reach every tracker once.
+
+A live producer holds its spool folder's lock (spool/producers.py); the kernel frees it when the process
+dies, SIGKILL included. Every ``SCAN_EVERY_S`` the shipper thread tries each folder's lock: one it gets
+belongs to a producer that is gone (it died, or closed before its lanes had everything, or it ran in a
+process of the run rank 0 continues). Its batches go to every lane under the producer's own source id,
+through ``Lane``s like the producer's own: each actor's watermark for that source skips what its tracker
+has already, so nothing lands twice. The folder is deleted once every lane's tracker holds all of it;
+the producer's tally says exactly how many of its calls never reached the spool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.core.errors import ConfigError
+from pipeline.core.report import ProducerReport
+from pipeline.shipping.lane import Lane, LaneSettings
+from pipeline.shipping.spool_stage import SpoolReloader
+from pipeline.spool.producers import read_mark, read_tally
+from pipeline.spool.segments import Spool
+
+log = logging.getLogger("tracklane")
+
+SCAN_EVERY_S = 1.0
+_UNMARKED_AFTER_S = 30.0  # a folder a producer locked and never marked (it died at once): removed after this
+
+
+@dataclass(slots=True, kw_only=True)
+class Adopted:
+    """A dead producer's spool as rank 0 delivered it."""
+
+    name: str
+    source: str
+    batches: int
+    """Batches its spool held that some lane may have lacked."""
+    records: int
+    logged: int
+    """Its log() calls, exactly (its tally)."""
+    dropped: int
+    """Calls its buffer dropped (overflow) before shipping."""
+    unshipped: int
+    """Calls it took that never reached its spool: lost with its process."""
+    delivered: bool = False
+    """Every lane's tracker holds all its batches (its folder is gone)."""
+
+
+class _Adoption:
+    def __init__(self, folder: str, spool: Spool, mark: dict[str, str], lanes: dict[str, Lane]) -> None:
+        self.folder, self.spool, self.lanes = folder, spool, lanes
+        entries = spool.entries()
+        tally = read_tally(folder)
+        self.last = spool.last_seq
+        self.figures = Adopted(name=mark["name"], source=mark["source"], batches=len(entries),
+                               records=sum(e.records for e in entries), logged=tally.puts, dropped=tally.dropped,
+                               unshipped=tally.unshipped(spool.last_seq))
+        for lane in lanes.values():
+            lane.preload(entries)
+
+    def pump(self) -> None:
+        for lane in self.lanes.values():
+            lane.pump()
+        live = [lane.acked for lane in self.lanes.values() if not lane.dead]
+        self.spool.release(min(live, default=self.last))
+        if not self.figures.delivered and all(lane.dead or lane.acked >= self.last for lane in self.lanes.values()):
+            self._forget()
+
+    def settled(self) -> bool:
+        return self.figures.delivered or all(lane.settled(self.last) for lane in self.lanes.values())
+
+    def _forget(self) -> None:
+        self.spool.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.figures.delivered = True
+        log.info("tracklane: producer %s's spooled batches are in every tracker", self.figures.source)
+
+
+class Orphans:
+    """The producers' folder of one run, watched by rank 0's shipper thread."""
+
+    def __init__(self, directory: str, actors: dict[str, Any], settings: LaneSettings) -> None:
+        """``actors``: lane name -> its lane actor; ``settings``: the lanes' bounds (rank 0's)."""
+        self._directory = directory
+        self._actors = actors
+        self._settings = settings
+        self._adopted: dict[str, _Adoption] = {}  # folder name -> its adoption
+        self._next_scan = 0.0
+
+    def pump(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_scan:
+            self._next_scan = now + SCAN_EVERY_S
+            self._scan()
+        for adoption in self._adopted.values():
+            if not adoption.figures.delivered:
+                adoption.pump()
+
+    def waitables(self) -> list[Any]:
+        return [ref for a in self._adopted.values() if not a.figures.delivered
+                for lane in a.lanes.values() for ref in lane.waitables()]
+
+    def settled(self) -> bool:
+        """Every folder found so far is in every lane (looked for again if the last look is 0.25 s old: a
+        producer may have died just before finish())."""
+        if time.monotonic() > self._next_scan - SCAN_EVERY_S + 0.25:
+            self._next_scan = time.monotonic() + SCAN_EVERY_S
+            self._scan()
+        return all(a.settled() for a in self._adopted.values())
+
+    def _scan(self) -> None:
+        try:
+            names = sorted(os.listdir(self._directory))
+        except OSError:  # no producer spooled yet
+            return
+        for name in names:
+            if name not in self._adopted:
+                self._try_adopt(name)
+
+    def _try_adopt(self, name: str) -> None:
+        folder = os.path.join(self._directory, name)
+        try:
+            spool = Spool(folder, max_bytes=2**62)  # never evicts: it only shrinks
+        except ConfigError:  # locked: its producer is alive
+            return
+        except OSError as exc:
+            log.warning("tracklane: producer spool %s cannot be opened (%s); left as it is", folder, exc)
+            return
+        mark = read_mark(folder)
+        if mark is None:
+            spool.close()
+            if time.time() - _mtime(folder) > _UNMARKED_AFTER_S:
+                shutil.rmtree(folder, ignore_errors=True)
+            return
+        lanes = {lane: Lane(lane, actor, self._settings, reload=SpoolReloader(spool), source=mark["source"])
+                 for lane, actor in self._actors.items()}
+        adoption = self._adopted[name] = _Adoption(folder, spool, mark, lanes)
+        if adoption.figures.batches or adoption.figures.unshipped:
+            log.warning("tracklane: producer %s is gone; rank 0 delivers its %d spooled batch(es) where they are "
+                        "missing (%d of its calls never reached its spool)", mark["source"],
+                        adoption.figures.batches, adoption.figures.unshipped)
+
+    def close(self) -> None:
+        """The trackers are closed: forget what they all hold; keep the folders of the rest for a resume."""
+        for adoption in self._adopted.values():
+            if not adoption.figures.delivered:
+                if adoption.settled():
+                    adoption._forget()
+                else:
+                    adoption.spool.close()
+
+    def merged(self, reports: dict[str, ProducerReport]) -> dict[str, ProducerReport]:
+        """The hub's reports, with what each dead producer's spool and tally say (exact where the hub lags)."""
+        out = dict(reports)
+        for adoption in self._adopted.values():
+            f = adoption.figures
+            if not f.batches and not f.unshipped:  # it closed with everything delivered, or never shipped
+                continue
+            behind = sorted(n for n, lane in adoption.lanes.items() if not lane.dead and not lane.settled(adoption.last))
+            base = out.get(f.source) or ProducerReport(name=f.name, source=f.source)
+            out[f.source] = dataclasses.replace(
+                base, logged=max(base.logged, f.logged), unshipped=f.unshipped, closed=False, died=True,
+                shipped=max(base.shipped, f.logged - f.unshipped - f.dropped), redelivered_batches=f.batches,
+                dropped=max(base.dropped, f.dropped), lanes_behind=behind)
+        return out
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0

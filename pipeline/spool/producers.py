@@ -1,0 +1,108 @@
+"""A producer's own spool: ``<run spool>/producers/<source id>/``, so what it shipped outlives its process.
+
+A producer (``Tracking.producer`` in a Ray actor) spools each batch before its lanes see it, in the same
+segment format as rank 0 (segments.py), and holds the folder's lock while it lives. A folder whose lock is
+free and still holds batches belongs to a producer that died: rank 0 takes it over and delivers what the
+lanes lack (shipping/orphans.py). Beside the segments:
+
+- ``producer.msgpack``: its name and source id, written once it holds the lock (a folder without it
+  was never appended to);
+- ``tally``: five little-endian u64 in a shared memory map, updated as it goes, so the counts of a
+  SIGKILLed producer are exact (the page cache keeps them): log() calls taken, records its buffer
+  dropped, then the batch being spooled and how many calls were settled before it and with it.
+  Calls after the last spooled batch were never shipped: they are the counted tail.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+
+import msgpack
+
+from pipeline.core.files import write_atomically
+
+PRODUCERS = "producers"
+MARK = "producer.msgpack"
+TALLY = "tally"
+_TALLY = struct.Struct("<5Q")  # puts, dropped, seq, settled before seq, settled through seq
+_PUTS = struct.Struct("<Q")
+
+
+def producers_dir(spool_dir: str) -> str:
+    return os.path.join(spool_dir, PRODUCERS)
+
+
+def write_mark(folder: str, name: str, source: str) -> None:
+    write_atomically(os.path.join(folder, MARK),
+                     msgpack.packb({"name": name, "source": source, "created": time.time()}, use_bin_type=True))
+
+
+def read_mark(folder: str) -> dict[str, str] | None:
+    """The producer's name and source id; None if it never wrote them (or they cannot be read)."""
+    try:
+        with open(os.path.join(folder, MARK), "rb") as handle:
+            data = msgpack.unpackb(handle.read(), raw=False)
+        return {"name": str(data["name"]), "source": str(data["source"])}
+    except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException):
+        return None
+
+
+@dataclass(slots=True, frozen=True)
+class TallyView:
+    """A producer's counts as its tally file last held them."""
+
+    puts: int = 0
+    dropped: int = 0
+    seq: int = 0
+    settled_before: int = 0
+    settled_through: int = 0
+
+    def unshipped(self, last_spooled: int) -> int:
+        """Calls neither in a spooled batch nor dropped (counted) nor refused: lost with the process.
+        ``last_spooled``: the last batch the folder holds or held; the batch being spooled at the kill
+        counts as shipped only if it reached the disk."""
+        settled = self.settled_through if last_spooled >= self.seq else self.settled_before
+        return max(0, self.puts - settled - self.dropped)
+
+
+class Tally:
+    """The writer's side: one map, the caller's thread writes ``puts``, the shipper thread the rest."""
+
+    def __init__(self, folder: str) -> None:
+        path = os.path.join(folder, TALLY)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, _TALLY.size)
+            self._map: mmap.mmap | None = mmap.mmap(fd, _TALLY.size)
+        finally:
+            os.close(fd)
+        self._puts = 0
+
+    def put(self) -> None:
+        """One more log() call taken (the caller's thread; ~0.2 us)."""
+        self._puts += 1
+        if self._map is not None:
+            _PUTS.pack_into(self._map, 0, self._puts)
+
+    def spooling(self, seq: int, before: int, through: int, dropped: int) -> None:
+        """Batch ``seq`` holding the calls settled up to ``through`` is about to be spooled."""
+        if self._map is not None:
+            struct.pack_into("<4Q", self._map, 8, dropped, seq, before, through)
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+
+def read_tally(folder: str) -> TallyView:
+    try:
+        with open(os.path.join(folder, TALLY), "rb") as handle:
+            data = handle.read(_TALLY.size)
+        return TallyView(*_TALLY.unpack(data)) if len(data) == _TALLY.size else TallyView()
+    except OSError:
+        return TallyView()
