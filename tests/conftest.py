@@ -158,3 +158,21 @@ _LONGEST_FIRST = ("test_verl_side_by_side.py", "test_benchmarks.py", "test_fault
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: every module keeps its own order
+
+
+@pytest.fixture
+def mlflow_proxy(mlflow_server_uri, offline_trackers, monkeypatch):
+    """A started loopback proxy in front of the session's MLflow server, MLflow's client pointed at it: cut it to
+    make the real server "go down"."""
+    from urllib.parse import urlsplit
+
+    from pipeline.testing.tcp_proxy import TcpProxy
+
+    server = urlsplit(mlflow_server_uri)
+    with TcpProxy(server.hostname, server.port) as proxy:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://{proxy.address}")
+        # MLflow's HTTP client retries a failed request itself (7 times, exponential backoff: minutes) and waits
+        # up to 120 s for a response: either would hide an outage from tracklane's own retries, under test here.
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+        yield proxy

@@ -14,13 +14,11 @@ import os
 import signal
 import time
 from collections import Counter
-from urllib.parse import urlsplit
 
 import pytest
 import ray
 
 from pipeline import Tracking
-from pipeline.testing.tcp_proxy import TcpProxy
 from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
@@ -39,15 +37,6 @@ class Worker:
             self.producer.log({"reward": 1000.0 + step}, step=step)
             time.sleep(0.002)
 
-
-@pytest.fixture
-def mlflow_proxy(mlflow_server_uri, offline_trackers, monkeypatch):
-    server = urlsplit(mlflow_server_uri)
-    with TcpProxy(server.hostname, server.port) as proxy:
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://{proxy.address}")
-        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # tracklane's retries are under test
-        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-        yield proxy
 
 
 @pytest.mark.slow

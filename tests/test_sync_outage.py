@@ -18,20 +18,6 @@ from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlfl
 STEP_PAUSE_S = 0.05
 
 
-@pytest.fixture
-def mlflow_proxy(mlflow_server_uri, offline_trackers, monkeypatch):
-    """A started proxy in front of the session's MLflow server, with MLflow's client pointed at it."""
-    server = urlsplit(mlflow_server_uri)
-    with TcpProxy(server.hostname, server.port) as proxy:
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://{proxy.address}")
-        # MLflow's HTTP client retries a failed request itself (7 times, exponential backoff: minutes)
-        # and waits up to 120 s for a response. Either would hide a 2 s outage from tracklane or
-        # stretch it far past the test's pace; the retries under test are tracklane's own, so
-        # MLflow gives up at once and never waits long.
-        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-        yield proxy
-
 
 def _sync_tracking(project: str, retries: int, backoff_s: float) -> Tracking:
     config = {"trainer": {"log_async": False, "async_log": {"sink_retries": retries, "retry_backoff_s": backoff_s}}}

@@ -11,7 +11,6 @@ import sys
 import uuid
 from collections import Counter
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -25,17 +24,6 @@ from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlfl
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 30
 
-
-@pytest.fixture
-def mlflow_proxy(mlflow_server_uri, offline_trackers, monkeypatch):
-    """A started proxy in front of the session's MLflow server, with MLflow's client pointed at it."""
-    server = urlsplit(mlflow_server_uri)
-    with TcpProxy(server.hostname, server.port) as proxy:
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://{proxy.address}")
-        # MLflow's own retries (minutes) would hide the cut from tracklane's retries, which are under test.
-        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-        yield proxy
 
 
 def _tracking(project: str, backends: list[str], spool_dir: Path) -> Tracking:
