@@ -199,18 +199,25 @@ class ProducerReport:
     """Its process ended without closing it; rank 0 delivered what its spool held (``redelivered_batches``)."""
     redelivered_batches: int = 0
     """Batches of its spool rank 0 delivered after it died, to the lanes that lacked them."""
+    lost_by_lane: dict[str, int] = field(default_factory=dict)
+    """It died: per lane, records it shipped while its disk refused them (not in its spool) that the lane had not
+    taken."""
     lanes_behind: list[str] = field(default_factory=list)
     """Lanes that had not been handed its last shipped batch when the run finished."""
 
     @property
     def complete(self) -> bool:
-        return self.unshipped == 0 and self.dropped == 0 and self.rejected == 0 and not self.lanes_behind
+        return self.unshipped == 0 and self.dropped == 0 and self.rejected == 0 and not self.lanes_behind \
+            and not any(self.lost_by_lane.values())
 
     def line(self) -> str:
         text = (f"producer {self.source}: {self.logged} logged, {self.shipped} shipped, {self.dropped} dropped, "
                 f"{self.rejected} rejected, {self.unshipped} not shipped")
         if self.died:
             text += f"; it died: {self.redelivered_batches} spooled batch(es) delivered by rank 0"
+            lost = {lane: n for lane, n in self.lost_by_lane.items() if n}
+            if lost:
+                text += f", lost with it (not on its full disk): {', '.join(f'{k} {v}' for k, v in lost.items())}"
         if self.lanes_behind:
             text += f", not yet in: {', '.join(self.lanes_behind)}"
         return text

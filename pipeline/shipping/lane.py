@@ -234,6 +234,7 @@ class Lane:
             self._up()
         if ack.gap:
             self._restart_sending()
+            self._catch_up(ack)
 
     def _hold(self, ack: Ack) -> None:
         """The tracker is down: nothing of the batch was applied; send it again after a backoff."""
@@ -344,6 +345,16 @@ class Lane:
             return
         self._probe = None
         self.accept(ack)
+        self._catch_up(ack)
+
+    def _catch_up(self, ack: Ack) -> None:
+        """An actor behind what an earlier one acknowledged as stored (its state could not be saved) is told so,
+        as a probe: nothing is sent until it answers, then sending goes on from there."""
+        if ack.applied < self._durable and self._probe is None and not self._dead:
+            log.warning("tracklane: lane %s%s: its actor's state is behind what the tracker stored (%d < %d); told so",
+                        self.name, f" ({self._source})" if self._source else "", ack.applied, self._durable)
+            self._probe_deadline = time.monotonic() + self._dead_after_s
+            self._probe = self.actor.catch_up.remote(self._source, self._durable)
 
     def refresh(self) -> None:
         """Ask the actor for fresh figures (how far each producer got) unless a question is out already."""
@@ -357,6 +368,11 @@ class Lane:
     def _restart_sending(self) -> None:
         self._calls.clear()
         self._last_sent = self._acked
+
+    @property
+    def applied(self) -> int:
+        """The last batch its tracker was handed (its store may hold less: ``acked``)."""
+        return self._acked
 
     @property
     def acked(self) -> int:

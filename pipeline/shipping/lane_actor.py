@@ -128,6 +128,16 @@ class LaneActor:
         else:
             self._state.applied = seq
 
+    def catch_up(self, source: str, stored: int) -> bytes:
+        """The lane knows from an earlier actor's answer that the tracker's store holds ``source``'s batches through
+        ``stored``; this actor's state is behind (its disk refused the last saves before that actor died): take it,
+        or the lane's next batch would never follow the last one applied here."""
+        if stored > self._written.get(source, 0):
+            self._written[source] = stored
+            self._set_durable(source, max(stored, self._durable(source)))
+            self._save()
+        return self._answer(source)
+
     def flush(self) -> bytes:
         self._host.flush()
         self._settle()
@@ -170,9 +180,12 @@ class LaneActor:
         """The answer to ``source``'s lane; it also says how far every producer got (rank 0's finish waits on it),
         and brings the trainer what the sink printed (a producer's lane gets none: it is not the user's terminal)."""
         self._work.cpu_s = time.process_time()
+        output = "" if source else self._host.take_output()
+        if output and self._not_durable:  # the console's store is the trainer's stdout: its lines are on their way
+            self._settle()
+            self._save()
         ack = self._host.ack(self._written.get(source, 0), durable=self._durable(source), gap=gap, held=held,
-                             sources={k: v for k, v in self._written.items() if k}, work=self._work,
-                             output="" if source else self._host.take_output())
+                             sources={k: v for k, v in self._written.items() if k}, work=self._work, output=output)
         ack.state_unsaved_since = self._state_disk.off_since if self._state_disk is not None else 0.0
         ack.stored = self._state.stored()
         return pack_ack(ack)

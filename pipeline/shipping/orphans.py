@@ -16,10 +16,13 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from pipeline.core.errors import ConfigError
+from pipeline.core.files import write_atomically
 from pipeline.core.report import ProducerReport
 from pipeline.shipping.lane import Lane, LaneSettings
 from pipeline.shipping.spool_stage import SpoolReloader
@@ -29,56 +32,82 @@ from pipeline.spool.segments import Spool
 log = logging.getLogger("tracklane")
 
 SCAN_EVERY_S = 1.0
+DELIVERED = "delivered.msgpack"
 _UNMARKED_AFTER_S = 30.0  # a folder a producer locked and never marked (it died at once): removed after this
 
 
 @dataclass(slots=True, kw_only=True)
 class Adopted:
-    """A dead producer's spool as rank 0 delivered it."""
+    """A dead producer's spool as rank 0 delivered it (msgpack in ``delivered.msgpack`` once delivered)."""
 
     name: str
     source: str
-    batches: int
+    batches: int = 0
     """Batches its spool held that some lane may have lacked."""
-    records: int
-    logged: int
+    logged: int = 0
     """Its log() calls, exactly (its tally)."""
-    dropped: int
+    dropped: int = 0
     """Calls its buffer dropped (overflow) before shipping."""
-    unshipped: int
+    unshipped: int = 0
     """Calls it took that never reached its spool: lost with its process."""
+    lost: dict[str, int] = field(default_factory=dict)
+    """Per lane, records of batches its disk refused (durability off) that the lane had not taken when it died."""
     delivered: bool = False
-    """Every lane's tracker holds all its batches (its folder is gone)."""
+    """Every lane's tracker holds all its batches (only this record of it is left in its folder)."""
 
 
 class _Adoption:
-    def __init__(self, folder: str, spool: Spool, mark: dict[str, str], lanes: dict[str, Lane]) -> None:
-        self.folder, self.spool, self.lanes = folder, spool, lanes
-        entries = spool.entries()
-        tally = read_tally(folder)
-        self.last = spool.last_seq
-        self.figures = Adopted(name=mark["name"], source=mark["source"], batches=len(entries),
-                               records=sum(e.records for e in entries), logged=tally.puts, dropped=tally.dropped,
-                               unshipped=tally.unshipped(spool.last_seq))
+    def __init__(self, folder: str, spool: Spool | None, figures: Adopted, lanes: dict[str, Lane]) -> None:
+        self.folder, self.spool, self.lanes, self.figures = folder, spool, lanes, figures
+        entries = spool.entries() if spool is not None else []
+        self.last = spool.last_seq if spool is not None else 0
+        self._spooled = {e.seq for e in entries}
+        self._unspooled = read_tally(folder).unspooled
         for lane in lanes.values():
             lane.preload(entries)
 
     def pump(self) -> None:
         for lane in self.lanes.values():
             lane.pump()
+            if lane.answered and lane.name not in self.figures.lost and not lane.dead:
+                # Before anything is re-sent: how far its batches got, so the refused ones past it are lost.
+                self.figures.lost[lane.name] = sum(records for seq, records in self._unspooled
+                                                   if seq > lane.applied and seq not in self._spooled)
+        if self.spool is None:
+            return
         live = [lane.acked for lane in self.lanes.values() if not lane.dead]
         self.spool.release(min(live, default=self.last))
-        if not self.figures.delivered and all(lane.dead or lane.acked >= self.last for lane in self.lanes.values()):
-            self._forget()
+        if not self.figures.delivered and all(lane.dead or lane.acked >= self.last for lane in self.lanes.values()) \
+                and all(lane.dead or lane.name in self.figures.lost for lane in self.lanes.values()):
+            self.forget()
 
     def settled(self) -> bool:
         return self.figures.delivered or all(lane.settled(self.last) for lane in self.lanes.values())
 
-    def _forget(self) -> None:
-        self.spool.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+    def forget(self) -> None:
+        """Every tracker has it all: the segments go; what it cost stays in the folder for the run's report (a
+        resumed run reports it too), removed when the run finishes."""
+        if self.spool is not None:
+            self.spool.close()
+            self.spool.release(self.last)
         self.figures.delivered = True
+        try:
+            write_atomically(os.path.join(self.folder, DELIVERED),
+                             msgpack.packb(dataclasses.asdict(self.figures), use_bin_type=True))
+        except OSError:  # a full disk: the report of this process still says it
+            pass
         log.info("tracklane: producer %s's spooled batches are in every tracker", self.figures.source)
+
+
+def _delivered(folder: str) -> Adopted | None:
+    try:
+        with open(os.path.join(folder, DELIVERED), "rb") as handle:
+            data = msgpack.unpackb(handle.read(), raw=False)
+        return Adopted(**{**data, "lost": {str(k): int(v) for k, v in data.get("lost", {}).items()}})
+    except FileNotFoundError:
+        return None
+    except Exception:  # damaged: the figures are gone, the delivery is not
+        return None
 
 
 class Orphans:
@@ -124,6 +153,10 @@ class Orphans:
 
     def _try_adopt(self, name: str) -> None:
         folder = os.path.join(self._directory, name)
+        done = _delivered(folder)
+        if done is not None:  # delivered by an earlier process of this run: its figures only
+            self._adopted[name] = _Adoption(folder, None, done, {})
+            return
         try:
             spool = Spool(folder, max_bytes=2**62)  # never evicts: it only shrinks
         except ConfigError:  # locked: its producer is alive
@@ -137,36 +170,43 @@ class Orphans:
             if time.time() - _mtime(folder) > _UNMARKED_AFTER_S:
                 shutil.rmtree(folder, ignore_errors=True)
             return
+        tally = read_tally(folder)
+        entries = spool.entries()
+        figures = Adopted(name=mark["name"], source=mark["source"], batches=len(entries), logged=tally.puts,
+                          dropped=tally.dropped, unshipped=tally.unshipped(spool.last_seq))
         lanes = {lane: Lane(lane, actor, self._settings, reload=SpoolReloader(spool), source=mark["source"])
                  for lane, actor in self._actors.items()}
-        adoption = self._adopted[name] = _Adoption(folder, spool, mark, lanes)
-        if adoption.figures.batches or adoption.figures.unshipped:
+        self._adopted[name] = _Adoption(folder, spool, figures, lanes)
+        if figures.batches or figures.unshipped or tally.unspooled:
             log.warning("tracklane: producer %s is gone; rank 0 delivers its %d spooled batch(es) where they are "
-                        "missing (%d of its calls never reached its spool)", mark["source"],
-                        adoption.figures.batches, adoption.figures.unshipped)
+                        "missing (%d of its calls never reached its spool)", mark["source"], figures.batches,
+                        figures.unshipped)
 
     def close(self) -> None:
-        """The trackers are closed: forget what they all hold; keep the folders of the rest for a resume."""
+        """The run is finishing, its trackers closed: the folders of what they all hold go; the rest stay for a
+        resume or ``tracklane replay``."""
         for adoption in self._adopted.values():
-            if not adoption.figures.delivered:
-                if adoption.settled():
-                    adoption._forget()
-                else:
-                    adoption.spool.close()
+            if not adoption.figures.delivered and adoption.settled():
+                adoption.forget()
+            if adoption.figures.delivered:
+                shutil.rmtree(adoption.folder, ignore_errors=True)
+            elif adoption.spool is not None:
+                adoption.spool.close()
 
     def merged(self, reports: dict[str, ProducerReport]) -> dict[str, ProducerReport]:
         """The hub's reports, with what each dead producer's spool and tally say (exact where the hub lags)."""
         out = dict(reports)
         for adoption in self._adopted.values():
             f = adoption.figures
-            if not f.batches and not f.unshipped:  # it closed with everything delivered, or never shipped
-                continue
+            if not f.batches and not f.unshipped and not any(f.lost.values()):
+                continue  # it closed with everything delivered, or never shipped
             behind = sorted(n for n, lane in adoption.lanes.items() if not lane.dead and not lane.settled(adoption.last))
             base = out.get(f.source) or ProducerReport(name=f.name, source=f.source)
             out[f.source] = dataclasses.replace(
                 base, logged=max(base.logged, f.logged), unshipped=f.unshipped, closed=False, died=True,
                 shipped=max(base.shipped, f.logged - f.unshipped - f.dropped), redelivered_batches=f.batches,
-                dropped=max(base.dropped, f.dropped), lanes_behind=behind)
+                dropped=max(base.dropped, f.dropped), lost_by_lane=dict(f.lost),
+                lanes_behind=behind)
         return out
 
 

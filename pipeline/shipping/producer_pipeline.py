@@ -44,7 +44,7 @@ class ProducerPipeline:
         cfg = dataclasses.replace(cfg, health_metrics=False)  # rank 0 reports the pipeline's figures
         self._folder = os.path.join(producers_dir(cfg.spool_dir), self.source) if spooled and cfg.spool_dir else ""
         spool = self._open_spool(cfg, name) if self._folder else None
-        self._tally = Tally(self._folder) if spool is not None else None
+        self._tally = self._open_tally() if spool is not None else None
         settings = LaneSettings.of(cfg)
         reload = SpoolReloader(spool) if spool is not None else None
         lanes = {lane: Lane(lane, actor, settings, reload=reload, source=self.source) for lane, actor in actors.items()}
@@ -75,6 +75,13 @@ class ProducerPipeline:
             log.warning("tracklane: producer %s cannot spool in %s (%s); what it ships lives only in Ray",
                         self.source, self._folder, exc)
             self._folder = ""
+            return None
+
+    def _open_tally(self) -> Tally | None:
+        try:
+            return Tally(self._folder)
+        except OSError as exc:  # its disk is full: a death's tail is then counted only as the hub last heard
+            log.warning("tracklane: producer %s cannot keep its tally in %s (%s)", self.source, self._folder, exc)
             return None
 
     def _counted_put(self, item: Any) -> None:

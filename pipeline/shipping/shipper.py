@@ -219,6 +219,8 @@ class Shipper:
         # On disk before any lane can see it; a disk fault leaves it in the lanes' memory only (spool_stage.py).
         spooled = self._spool is not None and self._spool.append(self._seq, len(records), oldest, blob,
                                                                  self._lanes.values())
+        if self._spool is not None and not spooled and self._tally is not None:
+            self._tally.unspooled(self._seq, len(records))
         entry = Entry(seq=self._seq, ref=ray.put(blob), nbytes=len(blob), records=len(records), oldest_log_time=oldest,
                       spooled=spooled)
         self.shipped_records += len(records)

@@ -7,10 +7,13 @@ lanes lack (shipping/orphans.py). Beside the segments:
 
 - ``producer.msgpack``: its name and source id, written once it holds the lock (a folder without it
   was never appended to);
-- ``tally``: five little-endian u64 in a shared memory map, updated as it goes, so the counts of a
+- ``tally``: little-endian u64s in a shared memory map, updated as it goes, so the counts of a
   SIGKILLed producer are exact (the page cache keeps them): log() calls taken, records its buffer
   dropped, then the batch being spooled and how many calls were settled before it and with it.
-  Calls after the last spooled batch were never shipped: they are the counted tail.
+  Calls after the last spooled batch were never shipped: they are the counted tail. Then a ring of
+  the last ``RING`` batches its disk refused (seq, records): shipped, but only in Ray; a lane that had
+  not taken one when the producer died lost it, and rank 0 counts it. The file's blocks are allocated
+  when it is made, so writing the map never meets a full disk (that would be SIGBUS).
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ MARK = "producer.msgpack"
 TALLY = "tally"
 _TALLY = struct.Struct("<5Q")  # puts, dropped, seq, settled before seq, settled through seq
 _PUTS = struct.Struct("<Q")
+_PAIR = struct.Struct("<2Q")
+RING = 256
+_RING_AT = _TALLY.size + _PUTS.size  # after the header and the count of unspooled batches
+_SIZE = _RING_AT + RING * _PAIR.size
 
 
 def producers_dir(spool_dir: str) -> str:
@@ -60,6 +67,8 @@ class TallyView:
     seq: int = 0
     settled_before: int = 0
     settled_through: int = 0
+    unspooled: tuple[tuple[int, int], ...] = ()
+    """(seq, records) of the last ``RING`` batches its disk refused."""
 
     def unshipped(self, last_spooled: int) -> int:
         """Calls neither in a spooled batch nor dropped (counted) nor refused: lost with the process.
@@ -76,11 +85,12 @@ class Tally:
         path = os.path.join(folder, TALLY)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.ftruncate(fd, _TALLY.size)
-            self._map: mmap.mmap | None = mmap.mmap(fd, _TALLY.size)
+            os.posix_fallocate(fd, 0, _SIZE)  # OSError now (no tally) rather than SIGBUS later
+            self._map: mmap.mmap | None = mmap.mmap(fd, _SIZE)
         finally:
             os.close(fd)
         self._puts = 0
+        self._unspooled = 0
 
     def put(self) -> None:
         """One more log() call taken (the caller's thread; ~0.2 us)."""
@@ -93,6 +103,13 @@ class Tally:
         if self._map is not None:
             struct.pack_into("<4Q", self._map, 8, dropped, seq, before, through)
 
+    def unspooled(self, seq: int, records: int) -> None:
+        """Batch ``seq`` of ``records`` was shipped but the disk refused it."""
+        if self._map is not None:
+            _PAIR.pack_into(self._map, _RING_AT + (self._unspooled % RING) * _PAIR.size, seq, records)
+            self._unspooled += 1
+            _PUTS.pack_into(self._map, _TALLY.size, self._unspooled)
+
     def close(self) -> None:
         if self._map is not None:
             self._map.close()
@@ -102,7 +119,12 @@ class Tally:
 def read_tally(folder: str) -> TallyView:
     try:
         with open(os.path.join(folder, TALLY), "rb") as handle:
-            data = handle.read(_TALLY.size)
-        return TallyView(*_TALLY.unpack(data)) if len(data) == _TALLY.size else TallyView()
+            data = handle.read(_SIZE)
+        if len(data) < _SIZE:
+            return TallyView()
+        count = _PUTS.unpack_from(data, _TALLY.size)[0]
+        pairs = tuple(_PAIR.unpack_from(data, _RING_AT + i * _PAIR.size) for i in range(min(count, RING)))
+        puts, dropped, seq, before, through = _TALLY.unpack_from(data)
+        return TallyView(puts, dropped, seq, before, through, unspooled=pairs)
     except OSError:
         return TallyView()

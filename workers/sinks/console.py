@@ -5,6 +5,8 @@ Rich records get one short summary line each (counts, mean score), never their f
 Where the lines go: in-process (``log_async: false``) straight to stdout; in a lane actor they are kept
 (``capture_output``) and travel back to the trainer in the actor's answers, which prints them on its own
 stdout through ``pipeline.node.terminal`` (in batch order, without Ray's ``(LaneActor pid=...)`` prefix).
+Its store is that stdout, so captured lines count as stored (``LaggingStore``) only once an answer to the
+trainer took them: a producer's batch printed by an actor killed before then is sent again, not lost.
 
 ``trainer.console.format: compact`` (pipeline/config/console.py): each trainer step prints the chosen keys
 on one line, each value in a fixed width so columns line up; the other keys follow in verl's format every
@@ -44,6 +46,8 @@ class ConsoleSink(Sink):
         self._chosen: dict[str, bool] = {}  # key -> whether a compact line shows it (patterns matched once)
         self._kept: list[str] | None = None  # capture_output(): lines for take_output()
         self._kept_chars = 0
+        self._said = 0  # characters captured so far
+        self._taken = 0  # of those, characters take_output() handed on
 
     # -- metrics ----------------------------------------------------------------------------
     def write_metrics(self, records: Sequence[Metrics]) -> None:
@@ -106,10 +110,19 @@ class ConsoleSink(Sink):
         self._kept = []
 
     def take_output(self) -> str:
+        self._taken = self._said
         if not self._kept:
             return ""
         text, self._kept, self._kept_chars = "".join(self._kept), [], 0
         return text
+
+    def written(self) -> Any:
+        """The lines captured so far (None: printed straight to stdout, stored already)."""
+        return self._said if self._kept is not None else None
+
+    def durable(self, point: Any) -> bool:
+        """Stored once an answer to the trainer carried them (or they were dropped, counted, by the bound)."""
+        return point is None or self._taken >= point
 
     def _say(self, lines: Iterable[str]) -> None:
         text = "".join(f"{line}\n" for line in lines)
@@ -121,6 +134,7 @@ class ConsoleSink(Sink):
             return
         self._kept.append(text)
         self._kept_chars += len(text)
+        self._said += len(text)
         while self._kept_chars > MAX_KEPT_CHARS and len(self._kept) > 1:  # nobody collects: keep the newest
             dropped = self._kept.pop(0)
             self._kept_chars -= len(dropped)
