@@ -80,7 +80,7 @@ class Settings:
     grace_margin_s: float = 0.25
     """A kill's grace window: records logged less than flush_interval_s + this before the kill may be missing."""
     tmpfs_mb: int = 64
-    finish_timeout_s: float = 240.0
+    finish_timeout_s: float = 600.0
     mlflow_uri: str = ""
     """A running MLflow server to use (default: one is started for the run)."""
     checked: tuple[str, ...] = tuple(TRACKERS)

@@ -12,7 +12,11 @@ Rules the draw keeps, and why:
 - MLflow cuts and stalls never overlap each other (one proxy, one state at a time), nor does a disk fill another;
 - nothing starts in the last 15% of the run, and every outage has ended by then: the end of the run is quiet;
 - a lane is killed at most ``MAX_KILLS_PER_LANE`` times (a lane actor is restarted ``max_restarts`` = 5 times,
-  then given up: that would be a different fault).
+  then given up: that would be a different fault);
+- no lane or producer is killed while the spool's disk is full or within ``AFTER_DISK_S`` of it being freed (a kill
+  drawn there moves after): durability is off then, and what a kill costs meanwhile is the documented cost of a
+  full disk (docs/reliability.md, disk faults: a batch a restarted lane actor applies twice, a dead producer's
+  unspooled batches), not a loss the report counts exactly.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
+AFTER_DISK_S = 5.0
+"""After a disk fill ends: durability is back on (retried every second) and every lane actor saved its state."""
 KINDS = ("lane_kill", "mlflow_cut", "mlflow_stall", "producer_kill", "trainer_kill", "disk_fill", "poison")
 MAX_KILLS_PER_LANE = 3
 QUIET_TAIL = 0.15
@@ -76,8 +82,8 @@ def draw_schedule(seed: int, window_s: float, kinds: tuple[str, ...], lanes: lis
                 if start is not None:
                     windows.append((start, start + duration))
                     faults.append(Fault(start, kind, "mlflow", duration))
+    disks: list[tuple[float, float]] = []
     if "disk_fill" in kinds:
-        disks: list[tuple[float, float]] = []
         for _ in range(counts.get("disk_fill", 0)):
             duration = round(rng.uniform(3.0, 8.0), 1)
             start = _free_start(rng, disks, max(after_resume, 0.4 * window_s), end - duration, duration)
@@ -99,7 +105,22 @@ def draw_schedule(seed: int, window_s: float, kinds: tuple[str, ...], lanes: lis
         for _ in range(counts.get("producer_kill", 0)):
             faults.append(Fault(round(rng.uniform(0.05 * window_s, end), 1), "producer_kill",
                                 f"p{rng.randrange(producers)}"))
+    moved: list[Fault] = []
+    for fault in faults:
+        if fault.kind in ("lane_kill", "producer_kill"):
+            fault = _after_disks(fault, disks)
+            while any(m.target == fault.target and abs(m.at - fault.at) < 1.0 for m in moved):  # two kills moved
+                fault = Fault(round(fault.at + 1.0, 1), fault.kind, fault.target, fault.duration)  # together
+        moved.append(fault)
+    faults = moved
     return sorted(faults, key=lambda f: (f.at, KINDS.index(f.kind), f.target))
+
+
+def _after_disks(fault: Fault, disks: list[tuple[float, float]]) -> Fault:
+    for start, end in sorted(disks):
+        if start - 1.0 <= fault.at <= end + AFTER_DISK_S:
+            return Fault(round(end + AFTER_DISK_S + 0.1, 1), fault.kind, fault.target, fault.duration)
+    return fault
 
 
 def _free_start(rng: random.Random, taken: list[tuple[float, float]], low: float, high: float,

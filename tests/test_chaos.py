@@ -18,9 +18,9 @@ from benchmarks.chaos import Settings, run_chaos
 pytestmark = [pytest.mark.timeout(600)]
 
 SEED = int(os.environ.get("TRACKLANE_CHAOS_SEED", "5"))
-"""(Another with TRACKLANE_CHAOS_SEED.) Seed 5: two lane kills (the file lane, then MLflow's while the spool's disk
-is full), an MLflow stall and cut, a producer SIGKILLed and re-created, the spool's tmpfs filled and freed, the
-poison image."""
+"""(Another with TRACKLANE_CHAOS_SEED.) Seed 5: two lane kills (the file lane, then MLflow's, just after the spool's
+disk was freed), an MLflow stall and cut, a producer SIGKILLed and re-created, the spool's tmpfs filled and freed,
+the poison image."""
 KINDS = ("lane_kill", "mlflow_cut", "mlflow_stall", "producer_kill", "disk_fill", "poison")
 COUNTS = {"lane_kill": 2, "mlflow_cut": 1, "mlflow_stall": 1, "producer_kill": 1, "disk_fill": 1, "poison": 1}
 

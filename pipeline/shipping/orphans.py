@@ -5,8 +5,10 @@ dies, SIGKILL included. Every ``SCAN_EVERY_S`` the shipper thread tries each fol
 belongs to a producer that is gone (it died, or closed before its lanes had everything, or it ran in a
 process of the run rank 0 continues). Its batches go to every lane under the producer's own source id,
 through ``Lane``s like the producer's own: each actor's watermark for that source skips what its tracker
-has already, so nothing lands twice. The folder is deleted once every lane's tracker holds all of it;
-the producer's tally says exactly how many of its calls never reached the spool.
+has already, so nothing lands twice. Its segments are deleted once every lane's tracker holds all of it,
+and the folder when the run finishes (a resumed run still reports it). The producer's tally says exactly
+how many of its calls never reached the spool, and which of the batches its full disk refused a lane
+never got.
 """
 
 from __future__ import annotations
