@@ -16,8 +16,10 @@ Kafka's transactions test, per tracker: set equality, no duplicates, order. For 
 
 A record is *must* unless a kill's grace window holds it: logged (by the time written down before its
 ``log()``) less than ``flush_interval_s`` + ``grace_margin_s`` before the SIGKILL of its process (the trainer,
-or a producer, whose actor dies with the trainer too). A must record missing anywhere is a loss; a window record
-may be missing. Then the report's words are matched against what is missing, per tracker, in records (a record
+or a producer, whose actor dies with the trainer too). A must record missing anywhere is a loss unless the report
+names exactly as many as dropped (a full disk's cost: a dead producer's batches its disk refused, that a lane had
+not taken; a lane's memory bound); a window record may be missing. Then the report's words are matched against
+what is missing, per tracker, in records (a record
 is one ``log*()`` call: a step's metrics, or a validation-generations record):
 
 - every producer incarnation the final report names (its source id: a producer killed on its own, one that died
@@ -356,9 +358,10 @@ def check_tracker(tracker: str, place: Place, expected: Expected, report: dict[s
     found = tally(expected, Counter((step, key) for step, key, _ in points), generations)
     stray = strays(points, found.logged_points, generations, expected, tracker)
     failures: list[str] = []
+    missing_failure = (f"{len(found.missing_records)} record(s) ({found.missing_points} point(s)) logged before any "
+                       f"kill window are missing, e.g. {found.examples['missing'][:3]}")
     if found.missing_records:
-        failures.append(f"{len(found.missing_records)} record(s) ({found.missing_points} point(s)) logged before any "
-                        f"kill window are missing, e.g. {found.examples['missing'][:3]}")
+        failures.append(missing_failure)
     if found.duplicated:
         failures.append(f"{found.duplicated} point(s)/record(s) stored more than once, e.g. "
                         f"{found.examples['duplicated'][:3]}")
@@ -387,6 +390,12 @@ def check_tracker(tracker: str, place: Place, expected: Expected, report: dict[s
             failures.append(f"the poison image is stored {poison} time(s), expected {want}")
     out["named"] = _match_report(tracker, expected, report, found.tail_missing, found.missing_records, poisoned,
                                  failures)
+    if found.missing_records and any(row["what"].startswith("dropped") and row["named"] == row["missing"]
+                                     for row in out["named"]):
+        # Every missing record is one the report names as dropped: the cost of a full disk (a dead producer's
+        # batches that were only in Ray, a lane's memory bound), counted, which the promise allows.
+        failures.remove(missing_failure)
+        out["counted_disk_cost_records"] = len(found.missing_records)
     return out
 
 
@@ -398,6 +407,7 @@ def _match_report(tracker: str, expected: Expected, report: dict[str, Any] | Non
     rows: list[dict[str, Any]] = []
     producers = report.get("producers", {})
     killed = {incarnation: window for window in expected.windows for incarnation in window.incarnations}
+    in_windows = 0  # window records missing beyond a tail, named among the dropped (a full disk's cost)
     for (name, gen), source in sorted(expected.sources.items()):
         lost = tail_missing.get((name, gen), 0)
         window = killed.get((name, gen))
@@ -415,17 +425,22 @@ def _match_report(tracker: str, expected: Expected, report: dict[str, Any] | Non
         named = entry.get("unshipped", 0)
         rows.append({"what": f"{name}-g{gen} unshipped", "source": source, "named": named, "missing": lost,
                      "died": entry.get("died"), "killed_by": window.kind if window else None})
-        if named != lost and not _went_with_the_trainer(tracker, window, named, lost):
+        # Batches its full disk refused that this lane never got may lie in its window too: the report names them
+        # among the dropped (lost_by_lane), matched there.
+        beyond = min(max(0, lost - named), entry.get("lost_by_lane", {}).get(tracker, 0))
+        in_windows += beyond
+        if named + beyond != lost and not _went_with_the_trainer(tracker, window, named, lost):
             failures.append(f"producer {name}-g{gen} ({source}, {window.kind if window else 'not killed'}): the "
                             f"report says {named} record(s) not shipped, {lost} of its window record(s) are missing")
     lane = report.get("lanes", {}).get(tracker, {})
     dropped = (lane.get("dropped_records", 0) + report.get("dropped_records", 0)
                + sum(p.get("dropped", 0) + p.get("lost_by_lane", {}).get(tracker, 0) for p in producers.values()))
     rows.append({"what": "dropped (lane, rank 0, producers: a full disk's cost)", "named": dropped,
-                 "missing": len(missing_records)})
-    if dropped != len(missing_records):
+                 "missing": len(missing_records) + in_windows})
+    if dropped != len(missing_records) + in_windows:
         failures.append(f"the report names {dropped} record(s) dropped (lane, rank 0, producers), "
-                        f"{len(missing_records)} record(s) logged before any kill window are missing")
+                        f"{len(missing_records)} record(s) logged before any kill window are missing "
+                        f"(+ {in_windows} in kill windows beyond the counted tails)")
     if tracker in report.get("lanes", {}):
         failed = lane.get("failed_records", 0)
         want = 1 if (poisoned and tracker == "mlflow") else 0
