@@ -281,7 +281,7 @@ class Lane:
             self._bytes -= entry.nbytes if entry.ref is not None else 0
             self._lags.append(now - entry.oldest_log_time)
             if seq > durable:  # sent again if the actor dies: from the spool, or from memory if it is not on disk
-                keep = self._reload is not None and not entry.spooled
+                keep = self._reload is None or not entry.spooled
                 self._handed[seq] = entry if keep else dataclasses.replace(entry, ref=None)
         self._acked = max(self._acked, applied)
         self._durable = max(self._durable, durable)  # durable <= applied <= self._acked
@@ -311,13 +311,9 @@ class Lane:
         self.report.restarts += 1
         self.report.note_error(f"actor restarting after {type(exc).__name__}")
         self._probe_deadline = time.monotonic() + self._dead_after_s
-        if self._handed and self._reload is None:  # no spool to send them again from
-            lost = sum(e.records for e in self._handed.values())
-            self.report.dropped_records += lost
-            self.report.note_error(f"actor restarting after {type(exc).__name__}; {lost} records its tracker may "
-                                   f"not have stored are counted lost (no spool)")
-        elif self._handed:  # its tracker may have lost them with the actor: they go again, from the spool
-            self._bytes += sum(e.nbytes for e in self._handed.values() if e.ref is not None)  # those not on disk
+        if self._handed:  # its tracker may have lost them with the actor: they go again (the actor skips
+            # what its store holds), from memory or from the spool
+            self._bytes += sum(e.nbytes for e in self._handed.values() if e.ref is not None)
             self._window = OrderedDict(sorted({**self._handed, **self._window}.items()))
         self._handed.clear()
         self._acked = self._durable  # the successor starts from what the store holds
