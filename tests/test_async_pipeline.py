@@ -265,6 +265,34 @@ def test_missing_artifact_is_counted_in_the_report(offline_trackers, tmp_path):
     assert "1 artifact(s) skipped: file missing" in report.lanes["file"].line()
 
 
+def _thread_priorities(pid: int) -> set[tuple[int, int]]:
+    """(scheduling policy, nice) of every thread of ``pid``."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out.add((os.sched_getscheduler(int(tid)), os.getpriority(os.PRIO_PROCESS, int(tid))))
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+    return out
+
+
+@pytest.mark.parametrize("setting, expected", [("idle", (os.SCHED_IDLE, 0)), (7, (os.SCHED_OTHER, 7)),
+                                               ("normal", (os.SCHED_OTHER, 0))])
+def test_lane_actors_run_at_the_background_priority(offline_trackers, setting, expected):
+    """Every thread of a lane actor's process (Ray's and the tracker's own) runs at background_priority
+    ("idle" by default: SCHED_IDLE), so it takes no CPU a trainer wants; "normal" leaves it alone."""
+    tracking = Tracking("proj", "exp", ["file"], config=_config(background_priority=setting))
+    try:
+        tracking.log({"x": 1.0}, step=1)
+        tracking.flush()
+        pid = tracking.lanes()["file"].pid
+        threads = _thread_priorities(pid)
+        # Ray runs a thread of its own at nice 15 already: none is raised, none stays above the setting
+        assert {policy for policy, _ in threads} == {expected[0]} and min(nice for _, nice in threads) == expected[1]
+    finally:
+        assert tracking.finish().complete
+
+
 def test_gil_switch_interval_is_set_while_running_and_restored(offline_trackers):
     """trainer.async_log.gil_switch_interval_s applies from start to finish(), then Python's value returns."""
     before = sys.getswitchinterval()

@@ -33,6 +33,8 @@ def test_unknown_key_is_named():
     ({"actor_options": [1]}, "actor_options must be a mapping"),
     ({"gil_switch_interval_s": 1.0}, r"gil_switch_interval_s must be null or in \[1e-5, 0.1\]"),
     ({"gil_switch_interval_s": "short"}, "gil_switch_interval_s must be a number"),
+    ({"background_priority": "low"}, 'background_priority must be "idle", "normal" or a nice level 1..19'),
+    ({"background_priority": 20}, "background_priority must be .* got 20"),
 ])
 def test_bad_values(section, message):
     """Each ill-typed or out-of-range value is refused with a message naming the key."""

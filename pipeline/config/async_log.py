@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.errors import ConfigError
+from pipeline.node.priority import check_priority
 
 OVERFLOW_POLICIES = ("drop_oldest", "block")
 
@@ -83,6 +84,10 @@ class AsyncLogConfig:
     state_dir: str | None = None
     """Where lane actors keep their acknowledgement state when the spool is off (default: a folder under
     the system temp dir); with the spool on it is the spool's ``lanes/`` folder."""
+    background_priority: str | int = "idle"
+    """The CPU priority of the lane actors' processes, so logging yields to the trainer: "idle" (Linux
+    SCHED_IDLE: they run when a core is free; a saturated machine still gives them a sliver), a nice level
+    1..19, or "normal" (0: unchanged). See pipeline/node/priority.py."""
     actor_options: dict[str, Any] = field(default_factory=dict)
     """Extra Ray actor options for the lane actors (e.g. {"num_cpus": 0, "resources": {...}})."""
     ray_init: dict[str, Any] = field(default_factory=dict)
@@ -102,6 +107,10 @@ class AsyncLogConfig:
         if 0 < self.system_metrics_s < 1:
             raise ConfigError("trainer.async_log.system_metrics_s must be 0 (off) or at least 1 second (its axis counts "
                               f"whole seconds), got {self.system_metrics_s}")
+        try:
+            self.background_priority = check_priority(self.background_priority)
+        except ValueError as exc:
+            raise ConfigError(f"trainer.async_log.background_priority must be {exc}") from None
         if self.overflow not in OVERFLOW_POLICIES:
             raise ConfigError(f"trainer.async_log.overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.overflow!r}")
         if not 1 <= self.compression_level <= 22:

@@ -51,7 +51,7 @@ class AsyncPipeline:
         for name, (_, settings) in backends.items():
             opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
                                   sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
-                                  trainer_node=trainer_node,
+                                  trainer_node=trainer_node, priority=cfg.background_priority,
                                   stored=spooling.seen.get(name, {}) if spooling is not None else {})
             actor = actor_class.options(**options).remote(name, opening.pack())
             lane = Lane(name, actor, LaneSettings.of(cfg), reload=reload, on_output=TERMINAL.write)

@@ -28,6 +28,7 @@ from pipeline.core.errors import CodecError
 from pipeline.host.registry import backend_class
 from pipeline.host.sink_host import SinkHost
 from pipeline.node.identity import ray_node_id
+from pipeline.node.priority import lower_priority
 from pipeline.spool.durability import Durability
 from pipeline.spool.lane_state import LaneState
 from pipeline.wire.ack import pack_ack
@@ -44,6 +45,7 @@ class LaneActor:
         spec = LaneOpening.unpack(opening)
         os.makedirs(spec.state_dir, mode=0o700, exist_ok=True)  # on another node than the trainer's: made here
         if _in_ray_actor():  # its own process
+            lower_priority(spec.priority)  # before the SDK starts its threads and processes: they inherit it
             forget_process_bound(os.environ)  # the trainer's tracker sessions are not this lane's (placement.py)
             # the SDK's own chatter (banners, its warnings) into a file, not the trainer's terminal
             try:

@@ -28,6 +28,8 @@ class LaneOpening:
     retry_backoff_s: float
     trainer_node: str = ""
     """Ray node id of the trainer: a lane on another node says so where it reports its paths."""
+    priority: str | int = "normal"
+    """CPU priority of the actor's process (``background_priority``: "idle", "normal" or a nice level)."""
     stored: dict[str, int] = field(default_factory=dict)
     """Rank 0's copy of what the tracker's store holds, per source (a resumed run; the actor's own state may be
     on another node's disk, or gone)."""
@@ -37,7 +39,7 @@ class LaneOpening:
             "backend": self.backend, "run": self.run.to_plain(),
             "settings": self.settings, "state_dir": self.state_dir,
             "sink_retries": self.sink_retries, "retry_backoff_s": self.retry_backoff_s,
-            "trainer_node": self.trainer_node, "stored": self.stored,
+            "trainer_node": self.trainer_node, "stored": self.stored, "priority": self.priority,
         }, use_bin_type=True)
 
     @classmethod
@@ -46,4 +48,4 @@ class LaneOpening:
         return cls(backend=spec["backend"], run=RunSpec.from_plain(spec["run"]), settings=spec["settings"],
                    state_dir=spec["state_dir"], sink_retries=int(spec["sink_retries"]),
                    retry_backoff_s=float(spec["retry_backoff_s"]), trainer_node=str(spec.get("trainer_node") or ""),
-                   stored=plain_counts(spec.get("stored")))
+                   stored=plain_counts(spec.get("stored")), priority=spec.get("priority", "normal"))

@@ -1,0 +1,74 @@
+"""Logging work yields the CPU to the trainer: a lane actor's process runs at a lower scheduling priority.
+
+``trainer.async_log.background_priority``:
+
+    "idle"    SCHED_IDLE (Linux): the kernel runs it when no normal task wants the CPU; a busy trainer
+              is never preempted for it. It still gets a sliver (weight 3 of a nice-0 task's 1024),
+              so a lane on a saturated machine falls behind but does not stop.
+    1..19     that nice level (19 is the lowest normal priority, weight 15).
+    "normal"  unchanged (0 also means unchanged).
+
+Linux schedules threads, not processes: the setting is applied to every thread the process already has
+(Ray's own among them), and threads and processes started afterwards (wandb-core, gRPC's) inherit it.
+Raising priority back needs privileges, so it is lowered only once, in a process tracklane owns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger("tracklane")
+
+PRIORITIES = ("idle", "normal")
+
+
+def check_priority(value: Any) -> str | int:
+    """The setting as "idle", "normal" or a nice level 1..19; ValueError naming what it takes otherwise."""
+    if value in PRIORITIES:
+        return str(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 19:
+        return "normal" if value == 0 else value
+    raise ValueError(f'"idle", "normal" or a nice level 1..19, got {value!r}')
+
+
+def lower_priority(setting: str | int) -> str:
+    """Lower this whole process (every thread) to ``setting``; returns what was applied, for the report.
+
+    Never raises: a platform without SCHED_IDLE falls back to nice 19, and a refusal leaves it as it was.
+    """
+    if setting == "normal":
+        return "normal"
+    tids = _threads()
+    if setting == "idle" and hasattr(os, "SCHED_IDLE"):
+        try:
+            for tid in tids:
+                _quietly(os.sched_setscheduler, tid, os.SCHED_IDLE, os.sched_param(0))
+            return "idle"
+        except OSError as exc:
+            log.debug("tracklane: SCHED_IDLE refused (%s); nice 19 instead", exc)
+    level = 19 if setting == "idle" else int(setting)
+    try:
+        for tid in tids:
+            _quietly(os.setpriority, os.PRIO_PROCESS, tid, max(level, os.getpriority(os.PRIO_PROCESS, tid)))
+    except OSError as exc:
+        log.debug("tracklane: cannot lower this process's priority (%s)", exc)
+        return "normal"
+    return f"nice {level}"
+
+
+def _threads() -> list[int]:
+    """This process's thread ids (Linux: /proc/self/task); elsewhere only the process itself (0)."""
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
+def _quietly(call: Any, *args: Any) -> None:
+    """A thread may end between listing and setting it; only that is ignored."""
+    try:
+        call(*args)
+    except ProcessLookupError:
+        pass
