@@ -1,7 +1,8 @@
 """The timed loops: a GPU-like training step, and a bare ``log()`` call-cost loop.
 
 A GPU-like step is a fixed wall time that leaves the CPU free (a sleep), then the step's
-records are built and logged, as verl's trainer does after each step. Step time is the whole
+records are built and logged, as verl's trainer does after each step. A Python-bound step
+computes in Python for the same time instead, holding the GIL. Step time is the whole
 iteration, so a logging call that blocks shows up in it directly.
 """
 
@@ -28,17 +29,29 @@ class StepTimes:
     logged: dict[str, int] = field(default_factory=lambda: {"scalars": 0, "trajectories": 0, "generations": 0})
 
 
+def python_work(seconds: float) -> None:
+    """Hold the GIL computing in Python for ``seconds`` (reward code, data handling): a thread beside it
+    gets the interpreter only at its switch interval."""
+    end = time.perf_counter() + seconds
+    total = 0
+    while time.perf_counter() < end:
+        for i in range(200):
+            total += i * i
+
+
 def gpu_steps(mode, step_s: float, workload: Workload, steps: int, first_step: int, kept_trajectories: int,
-              warmup: int = 3) -> StepTimes:
+              warmup: int = 3, python_bound: bool = False) -> StepTimes:
     """``warmup`` + ``steps`` GPU-like steps logged through ``mode``, the first ``warmup`` not timed.
 
-    ``kept_trajectories``: how many of a step's trajectories a tracker will store.
+    ``kept_trajectories``: how many of a step's trajectories a tracker will store. ``python_bound``: the
+    step computes in Python for ``step_s`` instead of waiting (the same records are logged).
     """
     out = StepTimes()
     now, ns = time.perf_counter, time.perf_counter_ns
+    work = python_work if python_bound else time.sleep
     for step in range(first_step, first_step + warmup + steps):
         started = now()
-        time.sleep(step_s)
+        work(step_s)
         metrics = verl_scalars(step)
         batch = trajectories(workload.trajectories, step) if workload.trajectories else None
         validating = workload.generations_every and step % workload.generations_every == 0

@@ -4,6 +4,8 @@
     sync       tracklane with ``log_async: false``: the trackers are written on the caller's thread
     verl       verl's own ``verl.utils.tracking.Tracking`` (+ its ValidationGenerationsLogger and its
                JSON-lines rollout dump, verl's only path for trajectories), when verl can be imported
+    thread     the do-it-yourself peer: a bounded queue and one thread running tracklane's sync path
+               in the trainer's process (thread_peer.py)
     async      tracklane with ``log_async: true``
 
 Each mode offers ``log``, ``log_trajectories``, ``log_generations`` (the calls the loop times),
@@ -19,7 +21,7 @@ from typing import Any
 
 from benchmarks.readback import RunPlace
 
-MODES = ["none", "sync", "verl", "async"]
+MODES = ["none", "sync", "verl", "thread", "async"]
 
 
 class NoLogging:
@@ -42,17 +44,20 @@ class NoLogging:
 
 
 class TracklaneMode:
-    """tracklane's ``Tracking``, either path."""
+    """tracklane's ``Tracking``: the sync path, the async path, or the sync path behind a thread."""
 
-    def __init__(self, log_async: bool, trackers: list[str], place: RunPlace, async_log: dict | None = None,
+    def __init__(self, name: str, trackers: list[str], place: RunPlace, async_log: dict | None = None,
                  record_limits: dict | None = None) -> None:
+        from benchmarks.thread_peer import thread_tracking
         from pipeline import Tracking
 
-        self.name = "async" if log_async else "sync"
-        config = {"trainer": {"log_async": log_async, "async_log": {"finish_timeout_s": 600, **(async_log or {})},
+        self.name = name
+        config = {"trainer": {"log_async": name == "async",
+                              "async_log": {"finish_timeout_s": 600, **(async_log or {})},
                               "record_limits": record_limits or {}}}
-        self.tracking = Tracking(place.project, place.experiment, trackers, config=config)
-        if log_async:
+        self.tracking = (thread_tracking if name == "thread" else Tracking)(place.project, place.experiment, trackers,
+                                                                              config=config)
+        if name == "async":
             self.tracking.flush(timeout=300)  # every actor opens its tracker before the timed part
         self.log = self.tracking.log
         self.log_trajectories = self.tracking.log_trajectories
@@ -116,4 +121,4 @@ def make_mode(name: str, trackers: list[str], place: RunPlace, async_log: dict |
         return NoLogging()
     if name == "verl":
         return VerlMode(trackers, place)
-    return TracklaneMode(name == "async", trackers, place, async_log, record_limits)
+    return TracklaneMode(name, trackers, place, async_log, record_limits)

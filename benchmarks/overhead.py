@@ -59,6 +59,7 @@ def plan(quick: bool) -> list[Scenario]:
     alone = [Scenario("gpu50ms", 0.05, "scalars", (t,), 200) for t in ALL_TRACKERS]
     return alone + [Scenario("gpu50ms", 0.05, "scalars", everything, 200),
                     Scenario("gpu50ms", 0.05, "full", everything, 200, rounds=2),
+                    Scenario("python50ms", 0.05, "full", everything, 200, rounds=2),
                     Scenario("gpu500ms", 0.5, "full", everything, 60, rounds=2)]
 
 
@@ -103,7 +104,7 @@ def _one_run(env: BenchEnv, sc: Scenario, name: str, workload, steps: int, first
     with quiet_stdout():
         mode = make_mode(name, trackers, place, async_log, record_limits=RECORD_LIMITS)
         kept = workload.trajectories if name == "verl" else MAX_TRAJECTORIES
-        times = gpu_steps(mode, sc.step_s, workload, steps, first_step, kept)
+        times = gpu_steps(mode, sc.step_s, workload, steps, first_step, kept, python_bound=sc.kind.startswith("python"))
         costs = _measure_calls(mode, calls, first_step + steps + 3, times.logged) if calls and name != "none" else None
         actors = {t: proc_kib(pid, "VmHWM") / 1024 for t, pid in mode.actor_pids().items()}
         started = time.perf_counter()
@@ -187,7 +188,8 @@ NO_EXTRAS = ["trainer.image_freq=0", "trainer.log_gradients=false", "trainer.tex
 
 
 def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4, sft_steps: int | None = None) -> dict:
-    """The real trainer (trainer.main.fit): no logging vs sync vs async, and async without the extra logging.
+    """The real trainer (trainer.main.fit): no logging vs sync vs the thread peer vs async, and async without the
+    extra logging.
 
     Its first steps run torch's one-time set-up (seconds here): the first ``warmup`` are left out of the
     figures (``sft_steps``: the supervised warm-up's, default the job's). torch gets one thread, so the step time is
@@ -196,12 +198,14 @@ def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4,
     """
     import torch
 
+    from benchmarks.thread_peer import thread_tracking
+    from pipeline import Tracking
     from trainer.config import load_config
     from trainer.main import fit
 
     torch.set_num_threads(1)
     out: dict = {"steps": steps, "trackers": trackers, "modes": {"verl": {"skipped": TRAINER_NO_VERL}}}
-    for name in ("none", "sync", "async", "async_lean"):
+    for name in ("none", "sync", "thread", "async", "async_lean"):
         place = env.place(f"trainer-{name}")
         logger = "[]" if name == "none" else "[" + ",".join(trackers) + "]"
         cfg = load_config([f"trainer.logger={logger}", f"trainer.log_async={name.startswith('async')}",
@@ -210,7 +214,7 @@ def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4,
                            f"trainer.experiment_name={place.experiment}", *(NO_EXTRAS if name == "async_lean" else []),
                            *([f"actor_rollout_ref.warmup.steps={sft_steps}"] if sft_steps is not None else [])])
         with quiet_stdout():
-            result = fit(cfg)
+            result = fit(cfg, thread_tracking if name == "thread" else Tracking)
         step_s = [s for step, s in result.step_s.items() if step > warmup]
         report = result.report
         mode = {"step_ms_p50": statistics.median(step_s) * 1e3, "step_ms_mean": statistics.fmean(step_s) * 1e3,

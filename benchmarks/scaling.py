@@ -88,7 +88,7 @@ def _finish_point(point: dict, base_s: float) -> dict:
 
 def payload_series(env: BenchEnv, sizes: list[int], period_s: float, seconds: float) -> list[dict]:
     base = baseline(period_s, min(seconds, 2.0))
-    mode = TracklaneMode(True, ["file"], env.place("payload"), ASYNC_LOG, record_limits=LIMITS)
+    mode = TracklaneMode("async", ["file"], env.place("payload"), ASYNC_LOG, record_limits=LIMITS)
     points, step = [], 1
     for size in sizes:
         point = run_point(mode, period_s, seconds, size, step)
@@ -99,7 +99,7 @@ def payload_series(env: BenchEnv, sizes: list[int], period_s: float, seconds: fl
 
 
 def rate_series(env: BenchEnv, rates: list[float], nbytes: int, seconds: float) -> list[dict]:
-    mode = TracklaneMode(True, ["file"], env.place("rate"), ASYNC_LOG, record_limits=LIMITS)
+    mode = TracklaneMode("async", ["file"], env.place("rate"), ASYNC_LOG, record_limits=LIMITS)
     points, step = [], 1
     for rate in rates:
         base = baseline(1 / rate, min(seconds, 1.0))
@@ -115,7 +115,7 @@ def tracker_series(env: BenchEnv, counts: list[int], nbytes: int, period_s: floa
     points = []
     for n in counts:
         trackers = TRACKER_ORDER[:n]
-        mode = TracklaneMode(True, trackers, env.place(f"trackers{n}"), ASYNC_LOG, record_limits=LIMITS)
+        mode = TracklaneMode("async", trackers, env.place(f"trackers{n}"), ASYNC_LOG, record_limits=LIMITS)
         point = run_point(mode, period_s, seconds, nbytes, 1)
         actors = {t: proc_kib(pid, "VmHWM") / 1024 for t, pid in mode.actor_pids().items()}
         started = time.perf_counter()

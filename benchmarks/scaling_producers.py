@@ -46,7 +46,7 @@ class Rollout:
 
 def producer_point(env: BenchEnv, n: int, nbytes: int, period_s: float, seconds: float, *, name: str,
                    async_log: dict[str, Any], limits: dict[str, Any], nodes: list[str] | None = None) -> dict[str, Any]:
-    mode = TracklaneMode(True, ["file"], env.place(name), async_log, record_limits=limits)
+    mode = TracklaneMode("async", ["file"], env.place(name), async_log, record_limits=limits)
     steps = max(5, int(seconds / period_s))
 
     def placed(i: int) -> Any:

@@ -85,7 +85,7 @@ def calibrate(env: BenchEnv, trackers: tuple[str, ...], steps: int) -> dict:
     """Steps a second the slowest lane absorbs: log ``steps`` flat out into roomy bounds, time until all are stored."""
     place = env.place("calibrate")
     with quiet_stdout():
-        mode = TracklaneMode(True, list(trackers), place, async_log(256, 0.5, "drop_oldest"), {"max_trajectories": PER_STEP})
+        mode = TracklaneMode("async", list(trackers), place, async_log(256, 0.5, "drop_oldest"), {"max_trajectories": PER_STEP})
         started = time.perf_counter()
         for step in range(1, steps + 1):
             mode.log(verl_scalars(step), step=step)
@@ -111,7 +111,7 @@ def cell(env: BenchEnv, trackers: tuple[str, ...], queue_mib: float, flush_s: fl
          seconds: float, base_s: float) -> dict:
     place = env.place(f"q{queue_mib:g}-f{flush_s:g}-{overflow}")
     with quiet_stdout():
-        mode = TracklaneMode(True, list(trackers), place, async_log(queue_mib, flush_s, overflow),
+        mode = TracklaneMode("async", list(trackers), place, async_log(queue_mib, flush_s, overflow),
                              {"max_trajectories": PER_STEP})
         run = produce(mode.log, mode.log_trajectories, period_s, seconds, sample=lambda: _pipeline_bytes(mode))
         actors = {t: proc_kib(pid, "VmHWM") / 1024 for t, pid in mode.actor_pids().items()}

@@ -40,14 +40,14 @@ def test_overhead_quick(tmp_path, mlflow_server_uri, ray_join):
     if importlib.util.find_spec("verl") is None:
         assert not verl_present and "pip install --no-deps verl" in result["verl"]["reason"]
     [scenario] = result["scenarios"]
-    assert scenario["trackers"] == TRACKERS and set(scenario["modes"]) == {"none", "sync", "verl", "async"}
+    assert scenario["trackers"] == TRACKERS and set(scenario["modes"]) == {"none", "sync", "verl", "thread", "async"}
     for mode, figures in scenario["modes"].items():
         if mode == "verl" and not verl_present:
             assert "verl" in figures["skipped"]
             continue
         for key in ("ratio", "step_ms_p50", "log_us", "logging_us", "finish_s", "trainer_rss_mib", "logged"):
             assert key in figures, (mode, key)
-        if mode in ("sync", "async"):
+        if mode in ("sync", "thread", "async"):
             assert set(figures["delivered"]) == set(TRACKERS)
             for tracker, got in figures["delivered"].items():
                 assert got == figures["logged"], (mode, tracker, got)
@@ -57,7 +57,7 @@ def test_overhead_quick(tmp_path, mlflow_server_uri, ray_join):
     costs = result["call_cost"]["modes"]
     for key in ("warm_us", "cold_us", "floor_warm_us", "floor_cold_us"):
         assert costs["async"][key]["n"] > 0
-    assert set(result["trainer"]["modes"]) == {"none", "sync", "async", "async_lean", "verl"}
+    assert set(result["trainer"]["modes"]) == {"none", "sync", "thread", "async", "async_lean", "verl"}
     assert result["trainer"]["extras_ratio_mean"] > 0
     assert result["trainer"]["modes"]["verl"]["skipped"]
     assert {t["name"] for t in result["targets"]} >= {"async log() p50, ~2 ms between calls"}

@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,16 +63,18 @@ class FitResult:
     report: PipelineReport | None = None
 
 
-def fit(cfg: Config) -> FitResult:
+def fit(cfg: Config, tracking_class: Callable[..., Tracking] = Tracking) -> FitResult:
+    """Train as ``cfg`` says. ``tracking_class``: what logs the run (Tracking's signature; the overhead
+    benchmark passes its thread peer)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.trainer.cpu_threads or max(1, (os.cpu_count() or 2) - 1))
     try:
-        return _fit(cfg)
+        return _fit(cfg, tracking_class)
     finally:
         torch.set_num_threads(threads)
 
 
-def _fit(cfg: Config) -> FitResult:
+def _fit(cfg: Config, tracking_class: Callable[..., Tracking]) -> FitResult:
     t, arr = cfg.trainer, cfg.actor_rollout_ref
     device = _device(t.device)
     torch.manual_seed(t.seed)
@@ -88,7 +91,7 @@ def _fit(cfg: Config) -> FitResult:
     run_id = state.get("tracking_run_id") if state is not None else None
     # Started before the warm-up, so the tracker actors open while the model warms up; a resumed
     # run continues the tracker runs its checkpoint names (older checkpoints name none).
-    tracking = Tracking(t.project_name, t.experiment_name, list(t.logger), config=cfg.to_dict(),
+    tracking = tracking_class(t.project_name, t.experiment_name, list(t.logger), config=cfg.to_dict(),
                         run_id=run_id, resume=run_id is not None)
     try:
         if state is None:
