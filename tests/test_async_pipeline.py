@@ -280,15 +280,18 @@ def _thread_priorities(pid: int) -> set[tuple[int, int]]:
                                                ("normal", (os.SCHED_OTHER, 0))])
 def test_lane_actors_run_at_the_background_priority(offline_trackers, setting, expected):
     """Every thread of a lane actor's process (Ray's and the tracker's own) runs at background_priority
-    ("idle" by default: SCHED_IDLE), so it takes no CPU a trainer wants; "normal" leaves it alone."""
-    tracking = Tracking("proj", "exp", ["file"], config=_config(background_priority=setting))
+    ("idle" by default: SCHED_IDLE), so it takes no CPU a trainer wants; "normal" leaves it alone. The console's
+    lane (the user's terminal) stays at normal priority."""
+    tracking = Tracking("proj", "exp", ["file", "console"], config=_config(background_priority=setting))
     try:
         tracking.log({"x": 1.0}, step=1)
         tracking.flush()
-        pid = tracking.lanes()["file"].pid
-        threads = _thread_priorities(pid)
+        lanes = tracking.lanes()
+        threads = _thread_priorities(lanes["file"].pid)
         # Ray runs a thread of its own at nice 15 already: none is raised, none stays above the setting
         assert {policy for policy, _ in threads} == {expected[0]} and min(nice for _, nice in threads) == expected[1]
+        console = _thread_priorities(lanes["console"].pid)  # the user's terminal: always at normal priority
+        assert {policy for policy, _ in console} == {os.SCHED_OTHER} and min(nice for _, nice in console) == 0
     finally:
         assert tracking.finish().complete
 

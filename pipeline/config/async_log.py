@@ -87,7 +87,8 @@ class AsyncLogConfig:
     background_priority: str | int = "idle"
     """The CPU priority of the lane actors' processes, so logging yields to the trainer: "idle" (Linux
     SCHED_IDLE: they run when a core is free; a saturated machine still gives them a sliver), a nice level
-    1..19, or "normal" (0: unchanged). See pipeline/node/priority.py."""
+    1..19, or "normal" (0: unchanged). The console's lane (the user's terminal) stays at normal priority. See
+    pipeline/node/priority.py."""
     actor_options: dict[str, Any] = field(default_factory=dict)
     """Extra Ray actor options for the lane actors (e.g. {"num_cpus": 0, "resources": {...}})."""
     ray_init: dict[str, Any] = field(default_factory=dict)

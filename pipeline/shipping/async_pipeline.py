@@ -51,7 +51,7 @@ class AsyncPipeline:
         for name, (_, settings) in backends.items():
             opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
                                   sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
-                                  trainer_node=trainer_node, priority=cfg.background_priority,
+                                  trainer_node=trainer_node, priority=_priority(name, cfg.background_priority),
                                   stored=spooling.seen.get(name, {}) if spooling is not None else {})
             actor = actor_class.options(**options).remote(name, opening.pack())
             lane = Lane(name, actor, LaneSettings.of(cfg), reload=reload, on_output=TERMINAL.write)
@@ -135,3 +135,10 @@ def _fresh_state_dir(cfg: AsyncLogConfig, run: RunSpec) -> str:
     parent = cfg.state_dir or os.path.join(tempfile.gettempdir(), "tracklane")
     os.makedirs(parent, exist_ok=True)
     return tempfile.mkdtemp(prefix=f"{run.run_id}-", dir=parent)
+
+
+def _priority(lane: str, background: str | int) -> str | int:
+    """The console's lane is the user's terminal and costs little CPU: it keeps its place at normal priority, so
+    its lines are printed (stored) promptly. A lag there widens what a SIGKILLed trainer takes with it: the lines
+    an answer carried that it had not printed yet."""
+    return "normal" if lane == "console" else background
