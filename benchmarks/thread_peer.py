@@ -16,8 +16,7 @@ import queue
 import threading
 from typing import Any
 
-from pipeline import Tracking
-from pipeline.core.report import PipelineReport
+from pipeline import PipelineReport, Tracking
 
 QUEUE_CALLS = 1024
 _STOP = object()

@@ -27,7 +27,7 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.harness import ALL_TRACKERS, BenchEnv, Clock, common_args, fmt, machine, quiet_stdout, table, write_json
@@ -119,7 +119,6 @@ class Window:
     calls_ns: tuple[int, int] = (0, 0)
     shipper: int | None = None
     """The shipper thread's kernel id (async), taken while it runs."""
-    step_s: list[float] = field(default_factory=list)
 
 
 def run_mode(env: BenchEnv, name: str, steps: int, warmup: int, trackers: list[str], async_log: dict) -> dict:
@@ -151,7 +150,7 @@ def run_mode(env: BenchEnv, name: str, steps: int, warmup: int, trackers: list[s
     place = env.place(f"split-{name}")
     logger = "[]" if name == "none" else "[" + ",".join(trackers) + "]"
     settings = [f"trainer.async_log.{k}={v}" for k, v in async_log.items()] if name != "none" else []
-    cfg = load_config([f"trainer.logger={logger}", f"trainer.log_async={name != 'sync'}",
+    cfg = load_config([f"trainer.logger={logger}", f"trainer.log_async={name == 'async'}",
                        f"trainer.total_steps={warmup + steps}", "trainer.progress=false", "trainer.save_freq=0",
                        f"trainer.default_local_dir={place.root / 'ckpt'}", f"trainer.project_name={place.project}",
                        f"trainer.experiment_name={place.experiment}", *settings])
@@ -177,8 +176,8 @@ def run_mode(env: BenchEnv, name: str, steps: int, warmup: int, trackers: list[s
     timed = [s for step, s in result.step_s.items() if warmup < step <= warmup + steps]
     return {
         "mode": name, "steps": n, "step_ms_p50": statistics.median(timed) * 1e3, "step_ms_mean": wall,
-        "trainer_thread_ms": {"training work": on_cpu - logging_ms if logging_ms < on_cpu else on_cpu,
-                              "logging calls": min(logging_ms, on_cpu), "waiting for a CPU": waiting,
+        "trainer_thread_ms": {"training work": max(0.0, on_cpu - logging_ms), "logging calls": logging_ms,
+                              "waiting for a CPU": waiting,
                               "off CPU (the GIL, locks)": max(0.0, wall - on_cpu - waiting)},
         "trainer_process_other_threads_cpu_ms": {
             "shipper": others.pop(shipper, 0.0) if shipper else 0.0,

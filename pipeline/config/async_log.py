@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.errors import ConfigError
-from pipeline.node.priority import check_priority
 
 OVERFLOW_POLICIES = ("drop_oldest", "block")
 
@@ -108,10 +107,7 @@ class AsyncLogConfig:
         if 0 < self.system_metrics_s < 1:
             raise ConfigError("trainer.async_log.system_metrics_s must be 0 (off) or at least 1 second (its axis counts "
                               f"whole seconds), got {self.system_metrics_s}")
-        try:
-            self.background_priority = check_priority(self.background_priority)
-        except ValueError as exc:
-            raise ConfigError(f"trainer.async_log.background_priority must be {exc}") from None
+        self.background_priority = _priority(self.background_priority)
         if self.overflow not in OVERFLOW_POLICIES:
             raise ConfigError(f"trainer.async_log.overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.overflow!r}")
         if not 1 <= self.compression_level <= 22:
@@ -137,6 +133,16 @@ def _positive(name: str, value: Any, allow_zero: bool = False) -> None:
         raise ConfigError(f"trainer.async_log.{name} must be a number, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"trainer.async_log.{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _priority(value: Any) -> str | int:
+    """background_priority as "idle", "normal" or a nice level 1..19 (0 is "normal")."""
+    if value in ("idle", "normal"):
+        return str(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 19:
+        return "normal" if value == 0 else value
+    raise ConfigError(f'trainer.async_log.background_priority must be "idle", "normal" or a nice level 1..19, '
+                      f"got {value!r}")
 
 
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(AsyncLogConfig)}

@@ -10,7 +10,8 @@
 
 Linux schedules threads, not processes: the setting is applied to every thread the process already has
 (Ray's own among them), and threads and processes started afterwards (wandb-core, gRPC's) inherit it.
-Raising priority back needs privileges, so it is lowered only once, in a process tracklane owns.
+Raising priority back needs privileges, so it is lowered only once, in a process tracklane owns. The
+setting is checked where the config is read (config/async_log.py).
 """
 
 from __future__ import annotations
@@ -20,18 +21,6 @@ import os
 from typing import Any
 
 log = logging.getLogger("tracklane")
-
-PRIORITIES = ("idle", "normal")
-
-
-def check_priority(value: Any) -> str | int:
-    """The setting as "idle", "normal" or a nice level 1..19; ValueError naming what it takes otherwise."""
-    if value in PRIORITIES:
-        return str(value)
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 19:
-        return "normal" if value == 0 else value
-    raise ValueError(f'"idle", "normal" or a nice level 1..19, got {value!r}')
-
 
 def lower_priority(setting: str | int) -> str:
     """Lower this whole process (every thread) to ``setting``; returns what was applied, for the report.
