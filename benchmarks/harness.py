@@ -58,6 +58,9 @@ class BenchEnv:
         })
         os.environ.pop("MLFLOW_RUN_ID", None)
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray binds 127.0.0.1
+        # Only the async path samples system/* metrics (every 10 s): a run that outlives that would be read back
+        # with points nobody logged, and the modes would not log the same records.
+        os.environ.setdefault("TRACKLANE_SYSTEM_METRICS_S", "0")
         import ray
 
         if not ray.is_initialized():

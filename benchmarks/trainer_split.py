@@ -199,18 +199,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--modes", default="none,async", help="comma-separated: none, sync, async")
-    parser.add_argument("--trackers", default=",".join(ALL_TRACKERS))
+    parser.add_argument("--trackers", help="comma-separated (default: all six; --quick: tensorboard,file)")
     parser.add_argument("--async-log", metavar="KEY=VALUE", action="append", default=[],
                         help="a trainer.async_log setting for the logging modes (repeatable)")
     args = parser.parse_args(argv)
     steps, warmup = (5, 3) if args.quick else (args.steps, args.warmup)
+    trackers = args.trackers.split(",") if args.trackers else (["tensorboard", "file"] if args.quick else ALL_TRACKERS)
     async_log = dict(pair.split("=", 1) for pair in args.async_log)
     clock = Clock()
     modes = []
     with BenchEnv(args.mlflow_uri, "trainer_split") as env:
         for name in args.modes.split(","):
             print(f"[{clock.elapsed():6.0f} s] {name}", flush=True)
-            modes.append(run_mode(env, name, steps, warmup, args.trackers.split(","), async_log))
+            modes.append(run_mode(env, name, steps, warmup, trackers, async_log))
     _print(modes)
     path = write_json(args.out, "trainer_split", {"machine": machine(), "async_log": async_log, "modes": modes,
                                                   "wall_s": clock.elapsed()})

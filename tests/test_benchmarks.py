@@ -118,3 +118,20 @@ def test_capacity_quick(tmp_path, mlflow_server_uri, ray_join):
     for ceiling in result["pipeline"]:  # the pipeline alone: every value counted by the discarding sink
         assert ceiling["complete"] and ceiling["delivered"] == ceiling["units"] > 0, ceiling
     _assert_pngs(result)
+
+
+@pytest.mark.slow
+def test_trainer_split_quick(tmp_path, mlflow_server_uri, ray_join):
+    """Both modes are split into the trainer thread's parts, the shipper shows up only in async, and the async
+    run's lane actors and every tracker's run completed."""
+    result = _run("trainer_split", tmp_path, mlflow_server_uri, ray_join)
+    none, async_ = result["modes"]
+    assert (none["mode"], async_["mode"]) == ("none", "async") and none["steps"] == async_["steps"] == 5
+    for mode in (none, async_):
+        parts = mode["trainer_thread_ms"]
+        assert set(parts) == {"training work", "logging calls", "waiting for a CPU", "off CPU (the GIL, locks)"}
+        assert parts["training work"] > 0 and mode["step_ms_mean"] > 0
+    assert none["trainer_process_other_threads_cpu_ms"]["shipper"] == 0
+    assert async_["trainer_process_other_threads_cpu_ms"]["shipper"] > 0
+    assert async_["other_processes_cpu_ms"].get("lane actors", 0) > 0 and async_["complete"] is True
+
