@@ -22,19 +22,20 @@ from typing import Any
 
 log = logging.getLogger("tracklane")
 
-def lower_priority(setting: str | int) -> str:
-    """Lower this whole process (every thread) to ``setting``; returns what was applied, for the report.
+
+def lower_priority(setting: str | int) -> None:
+    """Lower this whole process (every thread) to ``setting``.
 
     Never raises: a platform without SCHED_IDLE falls back to nice 19, and a refusal leaves it as it was.
     """
     if setting == "normal":
-        return "normal"
+        return
     tids = _threads()
     if setting == "idle" and hasattr(os, "SCHED_IDLE"):
         try:
             for tid in tids:
                 _quietly(os.sched_setscheduler, tid, os.SCHED_IDLE, os.sched_param(0))
-            return "idle"
+            return
         except OSError as exc:
             log.debug("tracklane: SCHED_IDLE refused (%s); nice 19 instead", exc)
     level = 19 if setting == "idle" else int(setting)
@@ -43,8 +44,6 @@ def lower_priority(setting: str | int) -> str:
             _quietly(os.setpriority, os.PRIO_PROCESS, tid, max(level, os.getpriority(os.PRIO_PROCESS, tid)))
     except OSError as exc:
         log.debug("tracklane: cannot lower this process's priority (%s)", exc)
-        return "normal"
-    return f"nice {level}"
 
 
 def _threads() -> list[int]:

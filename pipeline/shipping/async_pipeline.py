@@ -15,6 +15,7 @@ from pipeline.config.async_log import AsyncLogConfig
 from pipeline.config.placement import lane_actor_options
 from pipeline.core.records import RunSpec
 from pipeline.core.report import LaneInfo, PipelineReport
+from pipeline.host.sink import CapturedOutput
 from pipeline.node.system_metrics import start_node_sampling
 from pipeline.node.terminal import TERMINAL
 from pipeline.shipping.buffer import RecordBuffer
@@ -48,10 +49,10 @@ class AsyncPipeline:
         actor_class = ray.remote(LaneActor)
         reload = SpoolReloader(spooling.spool) if spooling is not None else None
         self._lanes: dict[str, Lane] = {}
-        for name, (_, settings) in backends.items():
+        for name, (sink_class, settings) in backends.items():
             opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
                                   sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
-                                  trainer_node=trainer_node, priority=_priority(name, cfg.background_priority),
+                                  trainer_node=trainer_node, priority=_priority(sink_class, cfg.background_priority),
                                   stored=spooling.seen.get(name, {}) if spooling is not None else {})
             actor = actor_class.options(**options).remote(name, opening.pack())
             lane = Lane(name, actor, LaneSettings.of(cfg), reload=reload, on_output=TERMINAL.write)
@@ -137,8 +138,8 @@ def _fresh_state_dir(cfg: AsyncLogConfig, run: RunSpec) -> str:
     return tempfile.mkdtemp(prefix=f"{run.run_id}-", dir=parent)
 
 
-def _priority(lane: str, background: str | int) -> str | int:
-    """The console's lane is the user's terminal and costs little CPU: it keeps its place at normal priority, so
-    its lines are printed (stored) promptly. A lag there widens what a SIGKILLed trainer takes with it: the lines
-    an answer carried that it had not printed yet."""
-    return "normal" if lane == "console" else background
+def _priority(sink_class: type, background: str | int) -> str | int:
+    """A sink that prints to the user's terminal (the console: ``CapturedOutput``) costs little CPU and keeps its
+    place at normal priority, so its lines are printed (stored) promptly. A lag there widens what a SIGKILLed
+    trainer takes with it: the lines an answer carried that it had not printed yet."""
+    return "normal" if issubclass(sink_class, CapturedOutput) else background

@@ -110,7 +110,7 @@ class Lane:
         self._bytes = 0  # of the window's entries that hold a Ray object
         self._acked = 0  # applied: the tracker was handed it
         self._durable = 0  # the tracker's store holds it
-        self._handed: OrderedDict[int, Entry] = OrderedDict()  # applied, not durable yet (spool-only entries)
+        self._handed: OrderedDict[int, Entry] = OrderedDict()  # applied, not durable yet: sent again after a restart
         self._last_sent = 0  # seq of the last batch submitted since the last recovery
         # result ref -> seq. A recovery forgets every call: their batches are sent again in order
         # and the actor skips what it applied already, so an older answer is never needed.
