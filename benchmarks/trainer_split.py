@@ -40,6 +40,8 @@ class Snapshot:
     wall: float
     threads: dict[int, tuple[int, int]]
     """This process's threads: tid -> (ns on a CPU, ns runnable but waiting), from schedstat."""
+    names: dict[int, str]
+    """This process's threads: tid -> its name (``comm``: torch's, gRPC's and Ray's threads name themselves)."""
     processes: dict[int, tuple[str, float]]
     """Every other process: pid -> (what it is, CPU seconds so far)."""
     idle_s: float
@@ -48,11 +50,13 @@ class Snapshot:
 
 def snapshot() -> Snapshot:
     wall = time.perf_counter()
-    threads = {}
+    threads, names = {}, {}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
                 on_cpu, waiting, _ = f.read().split()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names[int(tid)] = f.read().strip()
             threads[int(tid)] = (int(on_cpu), int(waiting))
         except OSError:
             pass
@@ -73,7 +77,7 @@ def snapshot() -> Snapshot:
                                (int(fields[11]) + int(fields[12])) / TICK)
     with open("/proc/stat") as f:
         cpu = f.readline().split()
-    return Snapshot(wall, threads, processes, (int(cpu[4]) + int(cpu[5])) / TICK)
+    return Snapshot(wall, threads, names, processes, (int(cpu[4]) + int(cpu[5])) / TICK)
 
 
 def _what(comm: str, cmdline: str) -> str:
@@ -169,6 +173,10 @@ def run_mode(env: BenchEnv, name: str, steps: int, warmup: int, trackers: list[s
         if tid != main_tid:
             others[tid] = (cpu_ns - first.threads.get(tid, (0, 0))[0]) / 1e9 * per_step
     shipper = window.shipper
+    by_name: dict[str, float] = {}
+    for tid, ms in others.items():
+        if tid != shipper:
+            by_name[last.names.get(tid, "?")] = by_name.get(last.names.get(tid, "?"), 0.0) + ms
     elsewhere: dict[str, float] = {}
     for pid, (what, cpu) in last.processes.items():
         before = first.processes.get(pid, (what, 0.0))[1]
@@ -182,9 +190,14 @@ def run_mode(env: BenchEnv, name: str, steps: int, warmup: int, trackers: list[s
         "trainer_process_other_threads_cpu_ms": {
             "shipper": others.pop(shipper, 0.0) if shipper else 0.0,
             "Ray's driver threads and the rest": sum(others.values())},
+        "other_threads_by_name_cpu_ms": {k: v for k, v in sorted(by_name.items(), key=lambda kv: -kv[1]) if v >= 0.05},
         "other_processes_cpu_ms": {k: v for k, v in sorted(elsewhere.items(), key=lambda kv: -kv[1]) if v >= 0.05},
         "machine_idle_ms": (last.idle_s - first.idle_s) * per_step,
+        "shipper_found": shipper is not None,
         "complete": result.report.complete if result.report is not None else None,
+        # the whole run's (opening and closing too) over its steps: which lane the "lane actors" row is
+        "lane_cpu_ms_per_step_whole_run": {lane: figures.cpu_s * 1e3 / (warmup + steps) for lane, figures in
+                                           (result.report.lanes.items() if result.report is not None else ())},
     }
 
 
@@ -223,12 +236,17 @@ def _print(modes: list[dict]) -> None:
     base = modes[0]
     rows = [["step ms (mean over the window)"] + [fmt(m["step_ms_mean"], 1) for m in modes],
             ["step ms p50"] + [fmt(m["step_ms_p50"], 1) for m in modes]]
-    for group in ("trainer_thread_ms", "trainer_process_other_threads_cpu_ms", "other_processes_cpu_ms"):
+    labels = {"trainer_thread_ms": "trainer thread", "trainer_process_other_threads_cpu_ms": "trainer process, CPU",
+              "other_threads_by_name_cpu_ms": "  of which threads named", "other_processes_cpu_ms": "CPU elsewhere"}
+    for group, label in labels.items():
         keys = list(dict.fromkeys(k for m in modes for k in m[group]))
-        label = {"trainer_thread_ms": "trainer thread", "trainer_process_other_threads_cpu_ms": "trainer process, CPU",
-                 "other_processes_cpu_ms": "CPU elsewhere"}[group]
+        if group == "other_threads_by_name_cpu_ms":  # the few that matter
+            keys = [k for k in keys if max(m[group].get(k, 0.0) for m in modes) >= 0.5]
         rows += [[f"{label}: {k}"] + [fmt(m[group].get(k, 0.0), 1) for m in modes] for k in keys]
     rows.append(["machine idle (all CPUs)"] + [fmt(m["machine_idle_ms"], 1) for m in modes])
+    lanes = list(dict.fromkeys(k for m in modes for k in m["lane_cpu_ms_per_step_whole_run"]))
+    rows += [[f"lane {k} (whole run, opening included)"]
+             + [fmt(m["lane_cpu_ms_per_step_whole_run"].get(k, 0.0), 1) for m in modes] for k in lanes]
     print(f"\n== ms per step over the timed steps, {base['steps']} steps a mode ==")
     print(table(["where"] + [m["mode"] for m in modes], rows))
     for m in modes[1:]:

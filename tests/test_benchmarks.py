@@ -57,7 +57,7 @@ def test_overhead_quick(tmp_path, mlflow_server_uri, ray_join):
     costs = result["call_cost"]["modes"]
     for key in ("warm_us", "cold_us", "floor_warm_us", "floor_cold_us"):
         assert costs["async"][key]["n"] > 0
-    assert set(result["trainer"]["modes"]) == {"none", "sync", "thread", "async", "async_lean", "verl"}
+    assert set(result["trainer"]["modes"]) == {"none", "none_lean", "sync", "thread", "async", "async_lean", "verl"}
     assert result["trainer"]["extras_ratio_mean"] > 0
     assert result["trainer"]["modes"]["verl"]["skipped"]
     assert {t["name"] for t in result["targets"]} >= {"async log() p50, ~2 ms between calls"}
@@ -131,7 +131,7 @@ def test_trainer_split_quick(tmp_path, mlflow_server_uri, ray_join):
         parts = mode["trainer_thread_ms"]
         assert set(parts) == {"training work", "logging calls", "waiting for a CPU", "off CPU (the GIL, locks)"}
         assert parts["training work"] > 0 and mode["step_ms_mean"] > 0
-    assert none["trainer_process_other_threads_cpu_ms"]["shipper"] == 0
-    assert async_["trainer_process_other_threads_cpu_ms"]["shipper"] > 0
+    assert not none["shipper_found"] and none["trainer_process_other_threads_cpu_ms"]["shipper"] == 0
+    assert async_["shipper_found"]  # its CPU may round to 0: 5 steps of a busy trainer can fall between two batches
     assert async_["other_processes_cpu_ms"].get("lane actors", 0) > 0 and async_["complete"] is True
 

@@ -65,10 +65,13 @@ def test_trajectories_packed():
 
 
 def test_histogram_and_image():
-    """Histogram values become float64 bytes; an HxWxC array becomes a PNG with the same pixels."""
+    """A histogram travels as its figures (of the finite values, the NaN counted), not its values; an HxWxC array
+    becomes a PNG with the same pixels."""
     converter = Converter(RecordLimits())
     histogram = converter.record(_item("histogram", ("rewards", torch.tensor([1.0, 2.0, float("nan")]))))
-    assert histogram.array()[:2].tolist() == [1.0, 2.0] and math.isnan(histogram.array()[2])
+    figures = histogram.summary()
+    assert histogram.values == b"" and (figures.count, figures.nan, figures.min, figures.max) == (2, 1, 1.0, 2.0)
+    assert sum(figures.counts) == 2 and figures.bin_edges[0] == 1.0 and figures.bin_edges[-1] == 2.0
     pixels = np.random.default_rng(0).integers(0, 255, (4, 5, 3), dtype=np.uint8)
     image = converter.record(_item("image", ("sample", pixels)))
     assert (np.asarray(PILImage.open(io.BytesIO(image.png))) == pixels).all()

@@ -310,3 +310,37 @@ def test_first_flush_is_not_blamed_for_records_logged_after_it():
         assert not result["report"].timed_out, result["report"].summary()
     finally:
         _stop(shipper, actor)
+
+
+def _applies(recorder: Recorder, since: float, until: float) -> int:
+    return sum(name == "apply" and since <= at < until for name, _, at in recorder.calls)
+
+
+def test_batches_are_fewer_while_the_logging_thread_computes():
+    """busy_flush_interval_s applies while the thread that built the shipper keeps a CPU busy, and flush_interval_s
+    again once it sleeps: a record every 10 ms gives ~1 batch a second while it computes, ~10 while it sleeps."""
+    actor = FakeTracker.remote()
+    recorder = Recorder(actor)
+    shipper = _shipper(_config(flush_interval_s=0.1, busy_flush_interval_s=1.0), {"t": recorder})
+    try:
+        step = 0
+        started = time.monotonic()
+        while time.monotonic() - started < 4.0:  # computes: logs every 10 ms without ever sleeping
+            mark = time.monotonic()
+            while time.monotonic() - mark < 0.01:
+                pass
+            _put(shipper, [step])
+            step += 1
+        calm = time.monotonic()
+        while time.monotonic() - calm < 3.0:  # waits (a GPU step, say) between the same calls
+            time.sleep(0.01)
+            _put(shipper, [step])
+            step += 1
+        shipper.flush(_DEADLINE_S)
+        busy_batches = _applies(recorder, started + 1.0, calm)  # its first look takes up to 0.5 s
+        calm_batches = _applies(recorder, calm + 1.0, calm + 3.0)
+        assert busy_batches <= 5, busy_batches  # 3 s at 1 s a batch (+1 at a boundary, +1 of slack)
+        assert calm_batches >= 8, calm_batches  # 2 s at 0.1 s a batch; most of them
+        assert ray.get(actor.log.remote())["steps"] == list(range(step))  # and nothing lost or reordered
+    finally:
+        _stop(shipper, actor)

@@ -26,6 +26,10 @@ class AsyncLogConfig:
     """Bound on encoded bytes each lane holds that its tracker has not acknowledged."""
     flush_interval_s: float = 0.5
     """The shipper sends a batch at least this often while records wait."""
+    busy_flush_interval_s: float = 2.0
+    """The interval instead, while the thread that built the pipeline (the trainer's) keeps its CPU busy
+    (computes, or waits for a CPU, 80% of the time): each batch costs every lane, Ray and the tracker servers a
+    fixed amount of CPU, which a CPU-bound trainer gets back. 0: always ``flush_interval_s``."""
     max_batch_bytes: int = 4 * 2**20
     """A batch is sent as soon as this many (estimated) bytes are buffered."""
     max_inflight_batches: int = 2
@@ -96,8 +100,10 @@ class AsyncLogConfig:
     def __post_init__(self) -> None:
         for name in ("queue_max_bytes", "lane_max_bytes", "max_batch_bytes", "max_inflight_batches"):
             _positive(name, getattr(self, name))
-        for name in ("flush_interval_s", "block_timeout_s", "finish_timeout_s", "startup_timeout_s", "retry_backoff_s"):
-            _positive(name, getattr(self, name), allow_zero=name in ("block_timeout_s", "retry_backoff_s"))
+        for name in ("flush_interval_s", "busy_flush_interval_s", "block_timeout_s", "finish_timeout_s",
+                     "startup_timeout_s", "retry_backoff_s"):
+            _positive(name, getattr(self, name),
+                      allow_zero=name in ("busy_flush_interval_s", "block_timeout_s", "retry_backoff_s"))
         if self.gil_switch_interval_s is not None:
             _positive("gil_switch_interval_s", self.gil_switch_interval_s)
         if self.gil_switch_interval_s is not None and not 1e-5 <= self.gil_switch_interval_s <= 0.1:

@@ -101,7 +101,7 @@ class Histogram:
     step: int
     name: str
     values: bytes
-    """float64 little-endian; use ``array()``."""
+    """float64 little-endian; use ``array()``. Empty when ``figures`` are carried, as the pipeline ships them."""
     time: float
     only: list[str] | None = None
     figures: HistogramFigures | None = None

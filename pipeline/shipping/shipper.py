@@ -30,6 +30,7 @@ from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.acks import Ack
 from pipeline.core.records import Metrics, Record, Text
 from pipeline.core.report import PipelineReport, ProducerReport
+from pipeline.node.busy import ThreadBusy
 from pipeline.shipping.buffer import RecordBuffer
 from pipeline.shipping.health import health_figures
 from pipeline.shipping.hub import HubWatch
@@ -99,6 +100,8 @@ class Shipper:
         self.late_drops = 0  # records logged after finish()
         self.health: dict[str, float | int] = {}
         """The latest ``tracklane/*`` figures, replaced whole at each batch (a reader never sees half)."""
+        # built on the thread that logs (the trainer's; a producer actor's): while it computes, batch longer
+        self._busy = ThreadBusy() if cfg.busy_flush_interval_s > cfg.flush_interval_s else None
         self._thread = threading.Thread(target=self._run, name="tracklane-shipper", daemon=True)
 
     def start(self) -> None:
@@ -171,7 +174,7 @@ class Shipper:
                 time.sleep(min(1.0, 0.01 * failures))
 
     def _sleep(self) -> None:
-        wait = min(self._buffer.due(self._cfg.flush_interval_s), _IDLE_WAIT_S)
+        wait = min(self._buffer.due(self._interval()), _IDLE_WAIT_S)
         refs = [ref for lane in self._lanes.values() for ref in lane.waitables()]
         if self._orphans is not None:
             refs += self._orphans.waitables()
@@ -185,8 +188,15 @@ class Shipper:
             with self._buffer.ready:
                 self._buffer.ready.wait(wait)
 
+    def _interval(self) -> float:
+        """How long records may wait: ``flush_interval_s``, or ``busy_flush_interval_s`` while the logging thread
+        keeps its CPU busy (fewer batches: the CPU each costs the lanes, Ray and the trackers goes to the trainer)."""
+        if self._busy is not None and self._busy.busy():
+            return self._cfg.busy_flush_interval_s
+        return self._cfg.flush_interval_s
+
     def _ship(self, force: bool) -> None:
-        while not self._closing and self._buffer and (force or self._buffer.due(self._cfg.flush_interval_s) == 0):
+        while not self._closing and self._buffer and (force or self._buffer.due(self._interval()) == 0):
             items = self._buffer.take(self._cfg.max_batch_bytes)
             self.taken += len(items)
             records = self._records(items)

@@ -44,6 +44,7 @@ class ConsoleSink(Sink):
         chosen = console_config(settings)  # {} (a spool of an older version): verl's format
         self._format, self._patterns, self._every = chosen.format, chosen.keys, chosen.every
         self._chosen: dict[str, bool] = {}  # key -> whether a compact line shows it (patterns matched once)
+        self._orders: dict[tuple[str, ...], list[str]] = {}  # a step's keys -> those shown, in display order
         self._kept: list[str] | None = None  # capture_output(): lines for take_output()
         self._kept_chars = 0
         self._said = 0  # characters captured so far
@@ -71,9 +72,15 @@ class ConsoleSink(Sink):
 
     def _ordered(self, values: Mapping[str, Any]) -> list[str]:
         """The chosen keys present in ``values``, in the order of the patterns (then the key's own order)."""
-        ordered: list[str] = []
-        for pattern in self._patterns:
-            ordered += [key for key in values if key not in ordered and fnmatchcase(key, pattern)]
+        keys = tuple(values)
+        ordered = self._orders.get(keys)
+        if ordered is None:  # a step's keys are mostly the last step's: matched once (they were 15% of this lane)
+            ordered = []
+            for pattern in self._patterns:
+                ordered += [key for key in keys if key not in ordered and fnmatchcase(key, pattern)]
+            if len(self._orders) >= 64:
+                self._orders.clear()
+            self._orders[keys] = ordered
         return ordered
 
     def _shows(self, key: str) -> bool:
