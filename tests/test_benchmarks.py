@@ -135,3 +135,13 @@ def test_trainer_split_quick(tmp_path, mlflow_server_uri, ray_join):
     assert async_["shipper_found"]  # its CPU may round to 0: 5 steps of a busy trainer can fall between two batches
     assert async_["other_processes_cpu_ms"].get("lane actors", 0) > 0 and async_["complete"] is True
 
+
+
+@pytest.mark.slow
+def test_main_job_quick(tmp_path, mlflow_server_uri, ray_join):
+    """One run of `python -m trainer` with its trackers and one with none, each timed over its own steps."""
+    result = _run("main_job", tmp_path, mlflow_server_uri, ray_join)
+    assert [r["mode"] for r in result["runs"]] == ["six trackers", "logger=[]"]
+    for run in result["runs"]:
+        assert run["steps"] == result["steps"] - result["first"] + 1 and run["median_ms"] > 0
+    assert result["ratio"] == result["medians_ms"]["six trackers"] / result["medians_ms"]["logger=[]"]

@@ -40,7 +40,10 @@ class AsyncPipeline:
         import ray
 
         if not ray.is_initialized():
-            ray.init(**{"num_cpus": 1, "include_dashboard": False, "log_to_driver": True, **cfg.ray_init})
+            # RAY_ADDRESS names a running cluster that ray.init() joins: it refuses num_cpus then
+            joining = os.environ.get("RAY_ADDRESS", "local") not in ("", "local")
+            start = {} if joining else {"num_cpus": 1, "include_dashboard": False}
+            ray.init(**{**start, "log_to_driver": True, **cfg.ray_init})
         spooling = open_spooling(cfg, run, {name: settings for name, (_, settings) in backends.items()}) \
             if cfg.spool else None
         state_dir = spooling.state_dir if spooling is not None else _fresh_state_dir(cfg, run)
