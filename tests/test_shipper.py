@@ -339,7 +339,9 @@ def test_batches_are_fewer_while_the_logging_thread_computes():
         shipper.flush(_DEADLINE_S)
         busy_batches = _applies(recorder, started + 1.0, calm)  # its first look takes up to 0.5 s
         calm_batches = _applies(recorder, calm + 1.0, calm + 3.0)
-        assert busy_batches <= 5, busy_batches  # 3 s at 1 s a batch (+1 at a boundary, +1 of slack)
+        # 3 s at 1 s a batch is 3; a loaded CI machine left the thread off CPU for a look or two (7 seen), and
+        # without the busy interval it is ~28
+        assert busy_batches <= 12, busy_batches
         assert calm_batches >= 8, calm_batches  # 2 s at 0.1 s a batch; most of them
         assert ray.get(actor.log.remote())["steps"] == list(range(step))  # and nothing lost or reordered
     finally:
