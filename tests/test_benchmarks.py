@@ -133,7 +133,9 @@ def test_trainer_split_quick(tmp_path, mlflow_server_uri, ray_join):
         assert parts["training work"] > 0 and mode["step_ms_mean"] > 0
     assert not none["shipper_found"] and none["trainer_process_other_threads_cpu_ms"]["shipper"] == 0
     assert async_["shipper_found"]  # its CPU may round to 0: 5 steps of a busy trainer can fall between two batches
-    assert async_["other_processes_cpu_ms"].get("lane actors", 0) > 0 and async_["complete"] is True
+    # every lane actor was found (its CPU over 5 steps may round to 0 ticks: with a busy trainer they fall
+    # between two batches)
+    assert set(async_["lane_cpu_ms"]) == {"tensorboard", "file"} and async_["complete"] is True
 
 
 
