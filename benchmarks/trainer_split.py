@@ -148,8 +148,7 @@ def run_mode(env: BenchEnv, name: str, steps: int, warmup: int, trackers: list[s
             # the step's last call (its metrics): the window opens after warm-up and closes after the last
             if step == warmup and window.first is None:
                 window.first, window.calls_ns, window.shipper = snapshot(), (calls.ns, 0), _shipper_tid()
-                window.lanes = {info.pid: name for name, info in tracking.lanes().items() if info.pid} \
-                    if hasattr(tracking, "lanes") else {}
+                window.lanes = {info.pid: tracker for tracker, info in tracking.lanes().items() if info.pid}
             elif step == warmup + steps and window.last is None:
                 window.last, window.calls_ns = snapshot(), (window.calls_ns[0], calls.ns)
         tracking.log = log_and_mark
@@ -180,7 +179,8 @@ def run_mode(env: BenchEnv, name: str, steps: int, warmup: int, trackers: list[s
     by_name: dict[str, float] = {}
     for tid, ms in others.items():
         if tid != shipper:
-            by_name[last.names.get(tid, "?")] = by_name.get(last.names.get(tid, "?"), 0.0) + ms
+            thread = last.names.get(tid, "?")
+            by_name[thread] = by_name.get(thread, 0.0) + ms
     elsewhere: dict[str, float] = {}
     for pid, (what, cpu) in last.processes.items():
         before = first.processes.get(pid, (what, 0.0))[1]

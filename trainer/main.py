@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from omegaconf import OmegaConf
+from threadpoolctl import threadpool_limits
 
 from pipeline import ConfigError, PipelineReport, Tracking, ValidationGenerationsLogger, plain_config
 
@@ -66,8 +67,6 @@ class FitResult:
 def fit(cfg: Config, tracking_class: Callable[..., Tracking] = Tracking) -> FitResult:
     """Train as ``cfg`` says. ``tracking_class``: what logs the run (Tracking's signature; the overhead
     benchmark passes its thread peer)."""
-    from threadpoolctl import threadpool_limits
-
     threads = torch.get_num_threads()
     count = cfg.trainer.cpu_threads or max(1, (os.cpu_count() or 2) - 1)
     torch.set_num_threads(count)

@@ -14,14 +14,15 @@ import time
 
 BUSY_SHARE = 0.8
 """Of the wall time since the last look, the share the thread was on a CPU or waiting for one."""
+LOOK_EVERY_S = 0.5
+"""The shortest interval between two looks (a look is one read of ``schedstat``)."""
 
 
 class ThreadBusy:
-    """Looks at one thread of this process (by default the one that builds it) at most every ``every_s``."""
+    """Looks at the thread that builds it, at most every ``LOOK_EVERY_S``."""
 
-    def __init__(self, tid: int | None = None, every_s: float = 0.5) -> None:
-        self._path = f"/proc/self/task/{tid or threading.get_native_id()}/schedstat"
-        self._every_s = every_s
+    def __init__(self) -> None:
+        self._path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
         self._last = self._read()
         self._busy = False
 
@@ -36,7 +37,7 @@ class ThreadBusy:
     def busy(self) -> bool:
         """Whether the thread wanted a CPU for ``BUSY_SHARE`` of the last look's interval."""
         last = self._last
-        if last is None or time.monotonic() - last[0] < self._every_s:
+        if last is None or time.monotonic() - last[0] < LOOK_EVERY_S:
             return self._busy
         now = self._read()
         if now is None:

@@ -43,7 +43,6 @@ class ConsoleSink(Sink):
         super().__init__(run, settings)
         chosen = console_config(settings)  # {} (a spool of an older version): verl's format
         self._format, self._patterns, self._every = chosen.format, chosen.keys, chosen.every
-        self._chosen: dict[str, bool] = {}  # key -> whether a compact line shows it (patterns matched once)
         self._orders: dict[tuple[str, ...], list[str]] = {}  # a step's keys -> those shown, in display order
         self._kept: list[str] | None = None  # capture_output(): lines for take_output()
         self._kept_chars = 0
@@ -65,13 +64,14 @@ class ConsoleSink(Sink):
     def _compact(self, step: int, values: Mapping[str, Any]) -> list[str]:
         shown = self._ordered(values)
         lines = [" | ".join([f"step {step:>6}", *(f"{key} {_fixed(values[key])}" for key in shown)])] if shown else []
-        rest = {key: value for key, value in values.items() if not self._shows(key)}
+        rest = {key: value for key, value in values.items() if key not in shown}
         if rest and self._every and step % self._every == 0:
             lines.append(_verl_line(f"  step:{step}", rest))
         return lines
 
     def _ordered(self, values: Mapping[str, Any]) -> list[str]:
-        """The chosen keys present in ``values``, in the order of the patterns (then the key's own order)."""
+        """The chosen keys present in ``values``, in the order of the patterns (then the key's own order): the keys
+        a compact line shows."""
         keys = tuple(values)
         ordered = self._orders.get(keys)
         if ordered is None:  # a step's keys are mostly the last step's: matched once (they were 15% of this lane)
@@ -82,12 +82,6 @@ class ConsoleSink(Sink):
                 self._orders.clear()
             self._orders[keys] = ordered
         return ordered
-
-    def _shows(self, key: str) -> bool:
-        shown = self._chosen.get(key)
-        if shown is None:
-            shown = self._chosen[key] = any(fnmatchcase(key, pattern) for pattern in self._patterns)
-        return shown
 
     # -- rich records: one summary line each --------------------------------------------
     def write_generations(self, records: Sequence[Generations]) -> None:
