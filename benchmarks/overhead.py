@@ -188,7 +188,11 @@ def _max_by_key(dicts) -> dict:
 NO_EXTRAS = ["trainer.image_freq=0", "trainer.log_gradients=false", "trainer.text_freq=0"]
 
 
-def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4, sft_steps: int | None = None) -> dict:
+TRAINER_MODES = ("none", "none_lean", "sync", "thread", "async", "async_lean")
+
+
+def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4, sft_steps: int | None = None,
+                rounds: int = 1) -> dict:
     """The real trainer (trainer.main.fit): no logging vs sync vs the thread peer vs async, and async without the
     extra logging.
 
@@ -196,40 +200,22 @@ def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4,
     figures (``sft_steps``: the supervised warm-up's, default the job's). torch gets one thread, so the step time is
     less at the mercy of other load on 2 cores. The extras
     come every 10th step, so the mean step time shows their cost where the median would hide it.
+    ``rounds``: every mode runs ``steps / rounds`` steps per round, every other round in reverse order, so a machine
+    that drifts over the minutes (one mode's run alone moves +-2% here) weighs on every mode alike, and no mode
+    always runs first in a fresh process or right after the in-line modes.
     """
     import torch
 
-    from benchmarks.thread_peer import thread_tracking
-    from pipeline import Tracking
-    from trainer.config import load_config
-    from trainer.main import fit
-
     torch.set_num_threads(1)
-    out: dict = {"steps": steps, "trackers": trackers, "modes": {"verl": {"skipped": TRAINER_NO_VERL}}}
-    for name in ("none", "none_lean", "sync", "thread", "async", "async_lean"):
-        place = env.place(f"trainer-{name}")
-        logger = "[]" if name.startswith("none") else "[" + ",".join(trackers) + "]"
-        cfg = load_config([f"trainer.logger={logger}", f"trainer.log_async={name.startswith('async')}",
-                           f"trainer.total_steps={steps + warmup}", "trainer.progress=false", "trainer.save_freq=0",
-                           f"trainer.default_local_dir={place.root / 'ckpt'}", f"trainer.project_name={place.project}",
-                           f"trainer.experiment_name={place.experiment}", *(NO_EXTRAS if name.endswith("_lean") else []),
-                           *([f"actor_rollout_ref.warmup.steps={sft_steps}"] if sft_steps is not None else [])])
-        with quiet_stdout():
-            result = fit(cfg, thread_tracking if name == "thread" else Tracking)
-        step_s = [s for step, s in result.step_s.items() if step > warmup]
-        report = result.report
-        mode = {"step_ms_p50": statistics.median(step_s) * 1e3, "step_ms_mean": statistics.fmean(step_s) * 1e3,
-                "steps": len(step_s),
-                "finish_s": report.elapsed_s if report else 0.0, "complete": report.complete if report else None}
-        if not name.startswith("none"):
-            mode["delivered"] = {t: read_back(t, place) for t in trackers if t != "console"}
-            mode["lag_ms"] = {t: {"p50": lane.lag_p50_s * 1e3, "p99": lane.lag_p99_s * 1e3}
-                              for t, lane in report.lanes.items()} if name == "async" else {}
-            # what each lane actor spent (its whole process: Ray's threads and the SDK's included)
-            mode["lane_cpu_s_per_1000_records"] = {
-                t: 1e3 * lane.cpu_s / lane.records_written for t, lane in report.lanes.items() if lane.records_written
-            } if name == "async" else {}
-        out["modes"][name] = mode
+    per_round = max(1, steps // rounds)
+    out: dict = {"steps": per_round * rounds, "rounds": rounds, "trackers": trackers,
+                 "modes": {"verl": {"skipped": TRAINER_NO_VERL}}}
+    runs: dict[str, list[dict]] = {name: [] for name in TRAINER_MODES}
+    for r in range(rounds):
+        for name in TRAINER_MODES[::-1] if r % 2 else TRAINER_MODES:
+            runs[name].append(_trainer_run(env, name, per_round, trackers, warmup, sft_steps))
+    for name in TRAINER_MODES:
+        out["modes"][name] = _merge_trainer_runs(runs[name])
     for name, mode in out["modes"].items():
         if "step_ms_p50" in mode:
             base = out["modes"]["none_lean" if name.endswith("_lean") else "none"]
@@ -237,6 +223,56 @@ def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4,
             mode["ratio_mean"] = mode["step_ms_mean"] / base["step_ms_mean"]
     out["extras_ratio_mean"] = out["modes"]["async"]["step_ms_mean"] / out["modes"]["async_lean"]["step_ms_mean"]
     return out
+
+
+def _trainer_run(env: BenchEnv, name: str, steps: int, trackers: list[str], warmup: int,
+                 sft_steps: int | None) -> dict:
+    from benchmarks.thread_peer import thread_tracking
+    from pipeline import Tracking
+    from trainer.config import load_config
+    from trainer.main import fit
+
+    place = env.place(f"trainer-{name}")
+    logger = "[]" if name.startswith("none") else "[" + ",".join(trackers) + "]"
+    cfg = load_config([f"trainer.logger={logger}", f"trainer.log_async={name.startswith('async')}",
+                       f"trainer.total_steps={steps + warmup}", "trainer.progress=false", "trainer.save_freq=0",
+                       f"trainer.default_local_dir={place.root / 'ckpt'}", f"trainer.project_name={place.project}",
+                       f"trainer.experiment_name={place.experiment}", *(NO_EXTRAS if name.endswith("_lean") else []),
+                       *([f"actor_rollout_ref.warmup.steps={sft_steps}"] if sft_steps is not None else [])])
+    with quiet_stdout():
+        result = fit(cfg, thread_tracking if name == "thread" else Tracking)
+    report = result.report
+    run: dict = {"step_s": [s for step, s in result.step_s.items() if step > warmup],
+                 "finish_s": report.elapsed_s if report else 0.0, "complete": report.complete if report else None}
+    if not name.startswith("none"):
+        run["delivered"] = {t: read_back(t, place) for t in trackers if t != "console"}
+        if report is not None and name == "async":
+            run["lag_ms"] = {t: {"p50": lane.lag_p50_s * 1e3, "p99": lane.lag_p99_s * 1e3}
+                             for t, lane in report.lanes.items()}
+            # what each lane actor spent (its whole process: Ray's threads and the SDK's included)
+            run["lane_cpu"] = {t: (lane.cpu_s, lane.records_written) for t, lane in report.lanes.items()}
+    return run
+
+
+def _merge_trainer_runs(runs: list[dict]) -> dict:
+    """One trainer mode: its rounds' steps pooled, read-back counts summed (a read failure kept as it was said)."""
+    steps = [s for run in runs for s in run["step_s"]]
+    mode: dict = {"step_ms_p50": statistics.median(steps) * 1e3, "step_ms_mean": statistics.fmean(steps) * 1e3,
+                  "steps": len(steps), "round_ms_p50": [statistics.median(run["step_s"]) * 1e3 for run in runs],
+                  "finish_s": max(run["finish_s"] for run in runs),
+                  "complete": None if runs[0]["complete"] is None else all(run["complete"] for run in runs)}
+    if "delivered" in runs[0]:
+        mode["delivered"] = {}
+        for tracker in runs[0]["delivered"]:
+            counts = [run["delivered"][tracker] for run in runs]
+            bad = next((c for c in counts if isinstance(c, str)), None)
+            mode["delivered"][tracker] = bad if bad else _sum_by_key(counts)
+    if "lag_ms" in runs[0]:
+        mode["lag_ms"] = {t: _max_by_key(run["lag_ms"][t] for run in runs) for t in runs[0]["lag_ms"]}
+        spent = _sum_by_key({t: cpu for t, (cpu, _) in run["lane_cpu"].items()} for run in runs)
+        written = _sum_by_key({t: n for t, (_, n) in run["lane_cpu"].items()} for run in runs)
+        mode["lane_cpu_s_per_1000_records"] = {t: 1e3 * spent[t] / written[t] for t in spent if written[t]}
+    return mode
 
 
 def main(argv: list[str]) -> int:
@@ -270,7 +306,7 @@ def main(argv: list[str]) -> int:
             print(f"[{clock.elapsed():6.0f} s] the real trainer", flush=True)
             # quick: two light trackers and 2 + 2 steps, so the smoke test stays short (6 + 4: ~7 s more); full: all six
             result["trainer"] = (run_trainer(env, 2, ["tensorboard", "file"], warmup=2, sft_steps=10) if args.quick
-                                 else run_trainer(env, 200, ALL_TRACKERS))
+                                 else run_trainer(env, 200, ALL_TRACKERS, rounds=2))
     result["targets"] = print_report(result)
     result["plots"] = [str(p) for p in plot_report(result, args.out)]
     result["wall_s"] = clock.elapsed()

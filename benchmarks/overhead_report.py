@@ -102,16 +102,18 @@ def _print_trainer(tr: dict) -> None:
     rows = []
     for mode, m in tr["modes"].items():
         if "skipped" in m:
-            rows.append([mode, "skipped: " + m["skipped"], "", "", "", "", "", "", ""])
+            rows.append([mode, "skipped: " + m["skipped"], "", "", "", "", "", "", "", ""])
             continue
         counts = m.get("delivered", {})
         stored = ", ".join(f"{t} {c['scalars'] if isinstance(c, dict) else 'ERR'}" for t, c in counts.items())
         rows.append([mode, "none_lean" if mode.endswith("_lean") else "none", fmt(m["step_ms_p50"], 1),
                      fmt(m["step_ms_mean"], 1), fmt(m.get("ratio"), 3), fmt(m.get("ratio_mean"), 3),
+                     " / ".join(fmt(v, 1) for v in m.get("round_ms_p50", [])),
                      fmt(m["finish_s"], 2), "-" if m["complete"] is None else str(m["complete"]), stored or "-"])
-    print(f"\n== The real trainer (trainer.main.fit, {tr['steps']} timed steps, trackers {', '.join(tr['trackers'])}) ==")
-    print(table(["mode", "against", "step ms p50", "step ms mean", "ratio (p50)", "ratio (mean)", "finish s", "complete",
-                 "scalars read back"], rows))
+    print(f"\n== The real trainer (trainer.main.fit, {tr['steps']} timed steps in {tr.get('rounds', 1)} rounds, every "
+          f"other round in reverse order; trackers {', '.join(tr['trackers'])}) ==")
+    print(table(["mode", "against", "step ms p50", "step ms mean", "ratio (p50)", "ratio (mean)", "p50 per round",
+                 "finish s", "complete", "scalars read back"], rows))
     print(f"extra logging (KL heatmap, gradient histograms, Markdown samples, every 10th step; the _lean modes neither "
           f"compute nor log them): mean step time async / async_lean = {fmt(tr['extras_ratio_mean'], 3)}")
     cpu = tr["modes"].get("async", {}).get("lane_cpu_s_per_1000_records", {})
