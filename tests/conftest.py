@@ -20,6 +20,9 @@ os.environ.setdefault("TRACKLANE_SPOOL_ROOT", tempfile.mkdtemp(prefix="tracklane
 # Tests compare every point logged; system metrics (on by default, every 10 s) are checked by the tests
 # that ask for them in their config.
 os.environ.setdefault("TRACKLANE_SYSTEM_METRICS_S", "0")
+# A prometheus backend (or rl_insight, served by it) a test does not give a port serves on one the OS picks: two
+# test workers never race for the default port.
+os.environ.setdefault("TRACKLANE_PROMETHEUS_PORT", "0")
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""verl's other public names: DapoFilteredRewardTableLogger into wandb's run, the platform backends' clear errors."""
+"""verl's other public names: DapoFilteredRewardTableLogger into wandb's run, the platform backends' clear errors
+(rl_insight, served by the prometheus backend: tests/test_prometheus_sink.py)."""
 
 from __future__ import annotations
 
@@ -38,21 +39,6 @@ def test_dapo_counts_that_are_not_a_map_of_numbers_are_a_counted_skip(offline_tr
     report = tracking.finish()
     assert report.dropped_records == 1  # the rejected call, counted with the run's drops
     assert "DapoFilteredRewardTableLogger.log() could not take dict; skipped and counted" in caplog.text
-
-
-def test_rl_insight_runs_as_in_verl_with_one_warning_and_a_line_in_the_report(offline_trackers, caplog):
-    """rl_insight (a platform tracklane does not ship) does not stop the job: one warning, the rest delivered, reported."""
-    tracking = Tracking("p", "e", ["file", "rl_insight"], config={"trainer": {"log_async": False}})
-    tracking.log({"a": 1.0}, step=1)
-    report = tracking.finish()
-    warned = [r.getMessage() for r in caplog.records if "rl_insight" in r.getMessage()]
-    assert len(warned) == 1 and "nothing is logged there" in warned[0] and "rl-insight server start" in warned[0]
-    assert report.complete and list(report.lanes) == ["file"] and list(report.skipped_backends) == ["rl_insight"]
-    assert "rl_insight: skipped, not shipped by tracklane" in report.summary()
-    assert tracking.backends == ["file"]
-    from trainer.config import load_config
-
-    assert load_config(["trainer.logger=[console,rl_insight]"]).trainer.logger == ["console", "rl_insight"]
 
 
 def test_vemlp_wandb_fails_where_verl_fails_and_runs_where_verl_runs(offline_trackers, tmp_path, monkeypatch):

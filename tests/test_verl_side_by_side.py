@@ -222,10 +222,10 @@ def test_tracklane_stores_every_point_verls_tracking_stores(style, place, mode, 
 
 def test_a_verl_config_naming_rl_insight_runs_with_one_warning(shared, capfd, monkeypatch, caplog, ray_session):
     """verl's trainer with ``rl_insight`` among its loggers (no rl-insight package here) runs under tracklane as
-    under verl: every step in the file, one warning that nothing goes to rl_insight."""
+    under verl: every step in the file, one warning that the prometheus backend serves it instead."""
     cell = Cell(shared, shared["sqlite"], "rl-insight")
     cell.run("in_process", "v0", ["trainer.logger=[console,file,rl_insight]", "+trainer.log_async=true"], True,
              capfd, monkeypatch, {})
     assert {step for step, _ in cell.read("file").points} == set(range(STEPS + 1))
     warned = [r.getMessage() for r in caplog.records if "backend rl_insight" in r.getMessage()]
-    assert len(warned) == 1 and "nothing is logged there" in warned[0]
+    assert len(warned) == 1 and "served by tracklane's `prometheus` backend instead" in warned[0]

@@ -145,7 +145,8 @@ class PipelineReport:
     producers: dict[str, ProducerReport] = field(default_factory=dict)
     """Every producer (``Tracking.producer``) that logged, by source id (one per producer and process)."""
     skipped_backends: dict[str, str] = field(default_factory=dict)
-    """verl's platform backends named in the config that tracklane does not ship (name -> why): nothing went there."""
+    """verl's platform backends named in the config that tracklane does not ship (name -> why): nothing went there,
+    or to the stand-in the reason names."""
     spooled: dict[str, int] = field(default_factory=dict)
     """The synchronous path: records each tracker did not take after its retries (also counted failed in its
     lane), kept in ``spool`` for ``tracklane replay``."""
@@ -165,7 +166,7 @@ class PipelineReport:
                 f"{self.truncated_strings} strings truncated, {self.sampled_out} samples left out")
         lines = [head, *(f"  {lane.line()}" for lane in self.lanes.values())]
         lines += [f"  {producer.line()}" for producer in self.producers.values()]
-        lines += [f"  {name}: skipped, {why.partition(':')[0]}" for name, why in self.skipped_backends.items()]
+        lines += [f"  {name}: {why.partition(':')[0]}" for name, why in self.skipped_backends.items()]
         if self.spool is not None:
             lines.append(f"  {self.spool.line()}")
             behind = [name for name, lane in self.lanes.items() if lane.unacked_records]

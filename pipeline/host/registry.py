@@ -29,6 +29,7 @@ BACKENDS: dict[str, str] = {
     "file": "workers.sinks.file:FileSink",
     "trackio": "workers.sinks.trackio:TrackioSink",
     "clearml": "workers.sinks.clearml:ClearmlSink",
+    "prometheus": "workers.sinks.prometheus:PrometheusSink",
 }
 # Not in verl's list, but selectable by name: the test double (workers/sinks/memory.py).
 EXTRA_SINKS: dict[str, str] = {"memory": "workers.sinks.memory:MemorySink"}
@@ -60,21 +61,36 @@ PLATFORM_BACKENDS: dict[str, str] = {
         "history use `tensorboard`, `mlflow` or `wandb`; for RL-Insight's live dashboards keep verl's own Tracking"),
 }
 _PLATFORM_SDK = {"vemlp_wandb": "volcengine_ml_platform"}  # verl imports it when the backend is named: no SDK, no run
+# A platform backend whose package is not installed, served by one of tracklane's own: name -> (backend, package).
+STAND_INS: dict[str, tuple[str, str]] = {"rl_insight": ("prometheus", "rl_insight")}
+STAND_IN_NOTE = (
+    "served by tracklane's `prometheus` backend instead (verl's rl_insight package is not installed): the same scalars "
+    "as gauges (`actor/pg_loss` -> `actor_pg_loss`, the key in a label), on an endpoint for your Prometheus to "
+    "scrape (trainer.prometheus.host/port, default 127.0.0.1:9464) instead of pushed to an RL-Insight server; "
+    "no traces or spans, and nothing is sent without a scrape")
 
 
 def skip_platform(names: list[str]) -> tuple[list[str], dict[str, str]]:
-    """``names`` without verl's platform backends, and those skipped (name -> why). A platform backend verl could
-    not start either (its SDK missing) is a ConfigError saying what it needs, as verl's ImportError would be."""
-    kept, skipped = [], {}
+    """``names`` without verl's platform backends, and those skipped (name -> why). A platform backend with a
+    stand-in (``STAND_INS``) whose package is absent is replaced by it, and said so under "why". A platform backend
+    verl could not start either (its SDK missing) is a ConfigError saying what it needs, as verl's ImportError
+    would be."""
+    kept: list[str] = []
+    skipped = {}
     for name in names:
         if name not in PLATFORM_BACKENDS:
             kept.append(name)
             continue
+        stand_in, package = STAND_INS.get(name, ("", ""))
+        if stand_in and importlib.util.find_spec(package) is None:
+            kept.append(stand_in)
+            skipped[name] = STAND_IN_NOTE
+            continue
         sdk = _PLATFORM_SDK.get(name)
         if sdk is not None and importlib.util.find_spec(sdk) is None:
             raise ConfigError(PLATFORM_BACKENDS[name])
-        skipped[name] = f"not shipped by tracklane, nothing is logged there: {PLATFORM_BACKENDS[name]}"
-    return kept, skipped
+        skipped[name] = f"skipped, not shipped by tracklane, nothing is logged there: {PLATFORM_BACKENDS[name]}"
+    return list(dict.fromkeys(kept)), skipped
 
 
 def load(target: str) -> Any:

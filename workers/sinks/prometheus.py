@@ -1,0 +1,121 @@
+"""Prometheus tracker: the latest value of every scalar key, served as gauges on ``/metrics`` for a scrape.
+
+Prometheus keeps no run of its own here: it scrapes what the lane's process serves, so this sink holds only the
+latest value per key (and the trainer's latest step) and an HTTP endpoint (``prometheus_client``'s, on its own
+registry: nothing else of the process leaks into it). Each key becomes a gauge named after it, sanitised to
+Prometheus' ``[a-zA-Z_][a-zA-Z0-9_]*`` (``actor/pg_loss`` -> ``actor_pg_loss``, as verl's ``rl_insight`` names
+them); the original key is the ``key`` label, beside ``project`` and ``experiment``, so two keys that sanitise
+alike stay two series. ``tracklane_step`` is the trainer's step; the pipeline's health (``tracklane/*``) comes
+as ordinary keys.
+
+Where it serves: ``trainer.prometheus.host`` / ``.port``, else ``TRACKLANE_PROMETHEUS_HOST`` /
+``TRACKLANE_PROMETHEUS_PORT``, else 127.0.0.1:9464. The endpoint lives as long as the lane: after ``finish()``
+there is nothing to scrape. A lane actor that is restarted serves again from the next batch on (the values
+before it are in whatever Prometheus scraped).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from pipeline.core.errors import ConfigError
+from pipeline.core.records import Metrics, RunSpec
+from pipeline.host.sink import Sink, import_sdk
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter took; free of Prometheus' own 9090
+STEP_GAUGE = "tracklane_step"
+_NOT_IN_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def prometheus_name(key: str) -> str:
+    """``key`` as a Prometheus metric name: every other character an underscore, never a leading digit."""
+    name = _NOT_IN_NAME.sub("_", key)
+    return name if name and not name[0].isdigit() else f"_{name}"
+
+
+class PrometheusSink(Sink):
+    name = "prometheus"
+    sdk_module = "prometheus_client"
+    extra = "prometheus"
+
+    @classmethod
+    def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
+        chosen = trainer.get("prometheus") or {}
+        host = _first(chosen.get("host"), env.get("TRACKLANE_PROMETHEUS_HOST"), DEFAULT_HOST)
+        raw_port = _first(chosen.get("port"), env.get("TRACKLANE_PROMETHEUS_PORT"), DEFAULT_PORT)
+        try:
+            port = int(raw_port)
+        except (TypeError, ValueError):
+            port = -1
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"trainer.prometheus.port must be a port number (0-65535), got {raw_port!r}")
+        return {"host": str(host), "port": port}
+
+    def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
+        super().__init__(run, settings)
+        self._latest: dict[str, tuple[str | None, int, float]] = {}  # key -> (axis, step, value)
+        self._step: int | None = None
+        self._server: Any = None
+        self.port: int = self.settings["port"]
+
+    def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
+        client = import_sdk(type(self))
+        registry = client.CollectorRegistry(auto_describe=False)
+        registry.register(_LatestValues(self, import_sdk(type(self), "prometheus_client.core").GaugeMetricFamily))
+        # Its own registry: the process's default one (Python's GC and process figures) stays out.
+        self._server, _thread = client.start_http_server(self.port, addr=self.settings["host"], registry=registry)
+        self.port = self._server.server_port  # port 0: the one the OS gave
+        return {}
+
+    def write_metrics(self, records: Sequence[Metrics]) -> None:
+        for record in records:
+            for key, value in record.values.items():
+                held = self._latest.get(key)
+                # A producer a step behind never hides a newer value of the same key on the same axis.
+                if held is None or held[0] != record.axis or record.step >= held[1]:
+                    self._latest[key] = (record.axis, record.step, float(value))
+            # The step after its values: a scrape that sees the step sees what was logged at it.
+            if record.axis is None and (self._step is None or record.step >= self._step):
+                self._step = record.step
+
+    def samples(self) -> Iterator[tuple[str, str, float]]:
+        """(gauge name, original key, value) for every key held, and the step."""
+        if self._step is not None:
+            yield STEP_GAUGE, "step", float(self._step)
+        for key, (_axis, _step, value) in list(self._latest.items()):
+            yield prometheus_name(key), key, value
+
+    def close(self, exit_code: int) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def where(self) -> str:
+        return f"prometheus: http://{self.settings['host']}:{self.port}/metrics (scrape it while the run lives)"
+
+
+def _first(*values: Any) -> Any:
+    """The first value that is set (port 0 is a choice: the OS picks one)."""
+    return next(value for value in values if value is not None and value != "")
+
+
+class _LatestValues:
+    """The registry's one collector: a gauge family per name, a series per original key."""
+
+    def __init__(self, sink: PrometheusSink, gauge_family: Any) -> None:
+        self._sink, self._family = sink, gauge_family
+        self._labels = {"project": sink.run.project, "experiment": sink.run.experiment}
+
+    def collect(self) -> Iterator[Any]:
+        families: dict[str, Any] = {}
+        for name, key, value in self._sink.samples():
+            family = families.get(name)
+            if family is None:
+                family = families[name] = self._family(name, "tracklane: the latest value logged",
+                                                       labels=["key", "project", "experiment"])
+            family.add_metric([key, self._labels["project"], self._labels["experiment"]], value)
+        yield from families.values()
