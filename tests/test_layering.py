@@ -20,7 +20,7 @@ FLOORS: dict[str, int] = {
     "capture": 2, "wire": 2, "host": 2, "spool": 2,
     "node": 3,
     "shipping": 4,
-    "facade": 5,
+    "facade": 5, "view": 5,
     "verl": 6, "cli": 6,
     "face": 7,
 }

@@ -14,6 +14,9 @@
         --from trackio --project P [--run NAME]            ($TRACKIO_DIR; --source-project P to read P and
                                                            write into --project)
         --from spool --spool DIR                           what a tracklane spool still holds
+    tracklane view PATH [--host H] [--port P]   a run's rollouts in a local web page, live while it writes
+                                                (PATH: a spool, or the file tracker's .jsonl or its folder;
+                                                default 127.0.0.1:8765; it never writes to the run)
 
 ``replay`` exits 0 when every tracker has everything the spool held, 1 when something is left
 (it says what), 2 when the spool cannot be used. ``migrate`` exits 0 when every target holds what the
@@ -33,6 +36,7 @@ from typing import Any
 from pipeline.cli.inspect import inspect_spool
 from pipeline.cli.migrate import MigrateArgs, migrate
 from pipeline.cli.replay import replay_spool
+from pipeline.cli.view import DEFAULT_PORT, view_run
 from pipeline.core.errors import ConfigError, TracklaneError
 from pipeline.host.registry import SOURCES
 
@@ -52,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay.add_argument("--timeout", type=float, default=600.0, help="deadline for the whole delivery, seconds")
     replay.add_argument("--no-progress", action="store_true", help="no progress bar")
     _migrate_parser(commands)
+    view = commands.add_parser("view", help="a run's rollouts in a local web page")
+    view.add_argument("path", help="a spool folder, or the file tracker's .jsonl or its folder")
+    view.add_argument("--host", default="127.0.0.1", help="address to serve on (default: loopback only)")
+    view.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
@@ -59,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return inspect_spool(args.spool_dir, sys.stdout)
         if args.command == "migrate":
             return _migrate(args)
+        if args.command == "view":
+            return view_run(args.path, args.host, args.port)
         return replay_spool(args.spool_dir, _names(args.to), args.exit_code, args.timeout, not args.no_progress)
     except TracklaneError as exc:
         print(f"tracklane: {exc}", file=sys.stderr)

@@ -1,0 +1,101 @@
+"""``tracklane view``'s HTTP server: the page (shipped in ``static/``) and three JSON answers, read-only.
+
+    GET /                   the page (index.html, app.js, app.css: no CDN, no build step)
+    GET /api/run            the run and its steps' summaries (re-read when the run's files changed)
+    GET /api/step/<step>    that step's trajectories and validation generations
+
+Python's own ``http.server`` (``ThreadingHTTPServer``): a page and three GETs for one local browser need no
+framework, and the viewer then installs nothing beyond tracklane. Anything but GET is refused (405); the server
+never writes to the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pipeline.view.run_data import RunData
+
+log = logging.getLogger("tracklane")
+STATIC = Path(__file__).with_name("static")
+_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+
+
+def make_server(data: RunData, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """A server for ``data`` bound to host:port (0: a free one, ``server.server_port``); call ``serve_forever``."""
+    handler = type("ViewHandler", (_Handler,), {"data": data})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+class _Handler(BaseHTTPRequestHandler):
+    data: RunData
+    server_version = "tracklane-view"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        route = urlsplit(self.path).path
+        if route == "/api/run":
+            snapshot = self.data.snapshot()
+            self._json({"run": snapshot.run, "steps": list(snapshot.steps.values()), "read_at": snapshot.read_at,
+                        "error": snapshot.error, "skipped": snapshot.skipped})
+        elif route.startswith("/api/step/"):
+            self._step(route.removeprefix("/api/step/"))
+        else:
+            self._static("index.html" if route == "/" else route.lstrip("/"))
+
+    def _step(self, text: str) -> None:
+        try:
+            step = int(text)
+        except ValueError:
+            return self._error(HTTPStatus.BAD_REQUEST, f"not a step: {text!r}")
+        snapshot = self.data.snapshot()
+        if step not in snapshot.steps:
+            return self._error(HTTPStatus.NOT_FOUND, f"step {step} holds no rollouts or generations")
+        self._json({"step": step, "summary": snapshot.steps[step], "trajectories": snapshot.trajectories.get(step, []),
+                    "generations": snapshot.generations.get(step, [])})
+
+    def _static(self, name: str) -> None:
+        path = STATIC / name
+        if "/" in name or path.suffix not in _TYPES or not path.is_file():  # only the shipped files, no traversal
+            return self._error(HTTPStatus.NOT_FOUND, f"no page {name!r}")
+        self._send(HTTPStatus.OK, _TYPES[path.suffix], path.read_bytes())
+
+    def _json(self, body: Any) -> None:
+        self._send(HTTPStatus.OK, "application/json", json.dumps(_finite(body)).encode())
+
+    def _error(self, status: HTTPStatus, message: str) -> None:
+        self._send(status, "application/json", json.dumps({"error": message}).encode())
+
+    def _send(self, status: HTTPStatus, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _refuse(self) -> None:
+        self._error(HTTPStatus.METHOD_NOT_ALLOWED, "the viewer only reads")
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
+        log.debug("tracklane view: " + format, *args)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as None: the browser's JSON.parse takes no NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value

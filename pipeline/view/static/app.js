@@ -1,0 +1,195 @@
+// tracklane view: the steps on the left, a step's rollouts (or validation generations) on the right, filtered,
+// sorted, searched, and optionally beside another step or as the step's best and worst. Every text from the run is
+// put in with textContent, never as HTML.
+"use strict";
+
+const state = { run: null, steps: [], step: null, data: null, other: null };
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "text") node.textContent = value;
+    else if (key === "class") node.className = value;
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) if (child) node.append(child);
+  return node;
+}
+
+const fmt = (x) => (x === null || x === undefined ? "–" : Number(x).toFixed(3));
+
+async function getJSON(url) {
+  const response = await fetch(url, { cache: "no-store" });
+  if (!response.ok) throw new Error(`${url}: ${response.status}`);
+  return response.json();
+}
+
+async function refreshRun() {
+  let answer;
+  try {
+    answer = await getJSON("/api/run");
+  } catch (err) {
+    $("live").textContent = `cannot reach the viewer: ${err.message}`;
+    $("live").className = "error";
+    return;
+  }
+  state.run = answer.run;
+  $("run-title").textContent = `${answer.run.project || ""} / ${answer.run.experiment || ""}`;
+  $("run-where").textContent = answer.run.where || "";
+  const read = answer.read_at ? new Date(answer.read_at * 1000).toLocaleTimeString() : "never";
+  $("live").textContent = answer.error ? `read at ${read}; now: ${answer.error}` : `read at ${read}`;
+  $("live").className = answer.error ? "error" : "";
+  const before = state.steps.find((s) => s.step === state.step);
+  state.steps = answer.steps;
+  renderSteps();
+  renderCompareChoices();
+  const after = state.steps.find((s) => s.step === state.step);
+  if (after && before && (after.trajectories !== before.trajectories || after.generations !== before.generations)) {
+    await openStep(state.step);
+  }
+}
+
+function renderSteps() {
+  const body = $("steps").tBodies[0];
+  body.replaceChildren(...state.steps.map((s) => {
+    const row = el("tr", { "data-step": s.step, class: s.step === state.step ? "selected" : "" },
+      el("td", { text: s.step }), el("td", { text: s.trajectories }), el("td", { text: fmt(s.score_mean) }),
+      el("td", { text: fmt(s.score_min) }), el("td", { text: fmt(s.score_max) }), el("td", { text: s.generations || "" }));
+    row.addEventListener("click", () => openStep(s.step));
+    return row;
+  }));
+}
+
+function renderCompareChoices() {
+  const select = $("compare");
+  const chosen = select.value;
+  const fixed = [...select.options].slice(0, 2);
+  const others = state.steps.filter((s) => s.step !== state.step)
+    .map((s) => el("option", { value: `step:${s.step}`, text: `step ${s.step}` }));
+  select.replaceChildren(...fixed, ...others);
+  select.value = [...select.options].some((o) => o.value === chosen) ? chosen : "";
+}
+
+async function openStep(step) {
+  state.step = step;
+  state.data = await getJSON(`/api/step/${step}`);
+  renderSteps();
+  renderCompareChoices();
+  const sources = new Set(state.data.trajectories.map((t) => t.data_source).filter(Boolean));
+  const select = $("source");
+  const chosen = select.value;
+  select.replaceChildren(el("option", { value: "", text: "all" }),
+    ...[...sources].sort().map((s) => el("option", { value: s, text: s })));
+  select.value = sources.has(chosen) ? chosen : "";
+  await loadOther();
+  render();
+}
+
+async function loadOther() {
+  const compare = $("compare").value;
+  state.other = compare.startsWith("step:") ? await getJSON(`/api/step/${compare.slice(5)}`) : null;
+}
+
+function matches(t) {
+  const low = parseFloat($("min-score").value);
+  const high = parseFloat($("max-score").value);
+  if (!Number.isNaN(low) && !(t.score >= low)) return false;
+  if (!Number.isNaN(high) && !(t.score <= high)) return false;
+  if ($("source").value && t.data_source !== $("source").value) return false;
+  const needle = $("search").value.trim().toLowerCase();
+  if (!needle) return true;
+  const texts = [...t.messages.map((m) => m.content), ...t.tool_calls.flatMap((c) => [c.name, c.arguments, c.result])];
+  return texts.some((x) => String(x ?? "").toLowerCase().includes(needle));
+}
+
+function ordered(rows) {
+  const sort = $("sort").value;
+  const key = (t) => (t.score === null ? -Infinity : t.score);
+  const copy = [...rows];
+  if (sort === "score-desc") copy.sort((a, b) => key(b) - key(a));
+  if (sort === "score-asc") copy.sort((a, b) => key(a) - key(b));
+  return copy;
+}
+
+function render() {
+  if (!state.data) return;
+  const metrics = Object.entries(state.data.summary.metrics || {}).map(([k, v]) => `${k} ${fmt(v)}`);
+  $("step-metrics").textContent = metrics.join(" · ");
+  const compare = $("compare").value;
+  const paneB = $("pane-b");
+  paneB.hidden = !compare;
+  if ($("show").value === "generations") {
+    fillGenerations($("pane-a"), state.data);
+    if (state.other) fillGenerations(paneB, state.other);
+    else paneB.hidden = true;
+    return;
+  }
+  const shown = ordered(state.data.trajectories.filter(matches));
+  if (compare === "best-worst") {
+    const byScore = [...shown].sort((a, b) => (b.score ?? -Infinity) - (a.score ?? -Infinity));
+    fillTrajectories($("pane-a"), `step ${state.step}: best`, byScore.slice(0, 1));
+    fillTrajectories(paneB, `step ${state.step}: worst`, byScore.slice(-1));
+    return;
+  }
+  fillTrajectories($("pane-a"), `step ${state.step}: ${shown.length} of ${state.data.trajectories.length} rollouts`, shown);
+  if (state.other) {
+    const other = ordered(state.other.trajectories.filter(matches));
+    fillTrajectories(paneB, `step ${state.other.step}: ${other.length} of ${state.other.trajectories.length} rollouts`, other);
+  }
+}
+
+function fillTrajectories(pane, title, rows) {
+  pane.replaceChildren(el("h2", { text: title }), ...rows.map(trajectoryCard));
+}
+
+function trajectoryCard(t) {
+  const meta = t.meta || {};
+  const where = [`#${t.index}`];
+  if (meta.sample_index !== undefined) where.push(`sample ${meta.sample_index}`);
+  if (meta.rollout_index !== undefined) where.push(`rollout ${meta.rollout_index}`);
+  if (t.data_source) where.push(t.data_source);
+  const card = el("div", { class: "trajectory", "data-index": t.index, "data-score": t.score ?? "" },
+    el("div", { class: "head", text: `${where.join(" · ")} · reward ${fmt(t.score)} · ${t.tokens} tokens` }),
+    el("div", { class: "rewards" }, ...Object.entries(t.rewards).map(([k, v]) => el("span", { text: `${k} ${fmt(v)}` }))));
+  let assistantTurn = 0;
+  let toolIndex = 0;
+  for (const message of t.messages) {
+    const role = message.role || "?";
+    if (role === "assistant") assistantTurn += 1;
+    const tokens = role === "assistant" ? meta[`turn_${assistantTurn}_assistant_tokens`]
+      : role === "tool" ? meta[`turn_${assistantTurn}_tool_tokens`] : undefined;
+    const label = `${role}${role === "assistant" ? ` turn ${assistantTurn}` : ""}${tokens !== undefined ? ` · ${tokens} tokens` : ""}`;
+    const turn = el("div", { class: `turn role-${role}` }, el("div", { class: "role", text: label }));
+    if (role === "tool" && toolIndex < t.tool_calls.length) turn.append(toolCall(t.tool_calls[toolIndex++]));
+    else turn.append(el("pre", { text: String(message.content ?? "") }));
+    card.append(turn);
+  }
+  for (; toolIndex < t.tool_calls.length; toolIndex++) card.append(toolCall(t.tool_calls[toolIndex]));
+  const metaText = Object.entries(meta).filter(([k]) => !k.startsWith("turn_")).map(([k, v]) => `${k}: ${JSON.stringify(v)}`);
+  card.append(el("div", { class: "meta", text: metaText.join(" · ") }));
+  return card;
+}
+
+function toolCall(call) {
+  const latency = call.latency_s !== undefined && call.latency_s !== null ? ` · ${Number(call.latency_s * 1000).toFixed(2)} ms` : "";
+  return el("details", { class: "tool-call" },
+    el("summary", { text: `tool call: ${call.name}${latency}` }),
+    el("div", { class: "role", text: "arguments" }), el("pre", { class: "arguments", text: String(call.arguments ?? "") }),
+    el("div", { class: "role", text: "result" }), el("pre", { class: "result", text: String(call.result ?? "") }));
+}
+
+function fillGenerations(pane, data) {
+  const needle = $("search").value.trim().toLowerCase();
+  const rows = data.generations.filter((g) => !needle || `${g.input}\n${g.output}`.toLowerCase().includes(needle));
+  pane.replaceChildren(el("h2", { text: `step ${data.step}: ${rows.length} validation generations` }),
+    ...rows.map((g) => el("div", { class: "generation" },
+      el("div", { class: "head", text: `#${g.index} · score ${fmt(g.score)}` }),
+      el("div", { class: "role", text: "input" }), el("pre", { text: g.input }),
+      el("div", { class: "role", text: "output" }), el("pre", { text: g.output }))));
+}
+
+for (const id of ["search", "min-score", "max-score", "source", "sort", "show"]) $(id).addEventListener("input", render);
+$("compare").addEventListener("change", async () => { await loadOther(); render(); });
+refreshRun();
+setInterval(refreshRun, 2000);
