@@ -129,6 +129,22 @@ def test_it_follows_a_run_that_is_still_writing_and_never_writes_to_it(served):
     assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()} == before
 
 
+def test_a_spool_that_keeps_its_batches_is_viewed_as_the_file_is(tmp_path, monkeypatch, ray_session):
+    """An async run's spool (spool_retention_s keeps what the trackers acknowledged) gives the same steps and
+    rollouts as the run's file tracker."""
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "run.jsonl"))
+    config = {"trainer": {"log_async": True, "async_log": {"spool_dir": str(tmp_path / "spool"),
+                                                           "spool_retention_s": 3600}}}
+    tracking = Tracking("proj", "spooled", ["file"], config=config)
+    log_steps(tracking, range(1, 4))
+    assert tracking.finish().complete
+    from_spool, from_file = RunData(str(tmp_path / "spool")).snapshot(), RunData(str(tmp_path)).snapshot()
+    assert from_spool.run["kind"] == "spool" and from_spool.run["experiment"] == "spooled" and not from_spool.error
+    assert from_spool.steps == from_file.steps and list(from_spool.steps) == [1, 2, 3]
+    assert from_spool.trajectories == from_file.trajectories
+    assert from_spool.generations == from_file.generations
+
+
 # -- the page in a real browser, on the main job's run -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def main_job_run(tmp_path_factory) -> Path:
