@@ -13,6 +13,7 @@ anything else with one warning per key, counted.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from typing import Any
 
@@ -112,3 +113,15 @@ def _describe(value: Any) -> str:
     if isinstance(value, np.ndarray) or _is_tensor(value):
         return f"{type(value).__name__} of shape {tuple(value.shape)}"
     return type(value).__name__
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` (nested dicts and lists) with NaN and +-Inf as None: for strict JSON (a browser's JSON.parse,
+    stores that refuse the NaN token)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(item) for item in value]
+    return value

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pipeline.core.values import finite_or_none
 from pipeline.view.run_data import RunData
 
 log = logging.getLogger("tracklane")
@@ -68,7 +68,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, _TYPES[path.suffix], path.read_bytes())
 
     def _json(self, body: Any) -> None:
-        self._send(HTTPStatus.OK, "application/json", json.dumps(_finite(body)).encode())
+        self._send(HTTPStatus.OK, "application/json", json.dumps(finite_or_none(body)).encode())
 
     def _error(self, status: HTTPStatus, message: str) -> None:
         self._send(status, "application/json", json.dumps({"error": message}).encode())
@@ -89,13 +89,3 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
         log.debug("tracklane view: " + format, *args)
 
-
-def _finite(value: Any) -> Any:
-    """``value`` with NaN and infinities as None: the browser's JSON.parse takes no NaN."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value

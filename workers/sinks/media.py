@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from pipeline.core.records import Generations, Trajectories, Trajectory
+from pipeline.core.values import finite_or_none
 
 GENERATION_COLUMNS = ["step", "input", "output", "score"]
 TRAJECTORY_COLUMNS = ["step", "sample_index", "rollout_index", "validation", "score", "rewards", "messages",
@@ -45,18 +46,8 @@ def as_json(value: Any, strict: bool = False) -> str:
     """JSON text. By default NaN stays the token NaN, which Python reads back; ``strict`` writes
     NaN and +-Inf as null, for stores that want strict JSON."""
     if strict:
-        return json.dumps(_finite_or_none(value), ensure_ascii=False, allow_nan=False)
+        return json.dumps(finite_or_none(value), ensure_ascii=False, allow_nan=False)
     return json.dumps(value, ensure_ascii=False)
-
-
-def _finite_or_none(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite_or_none(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_none(item) for item in value]
-    return value
 
 
 def safe_name(name: str, fill: str = "_") -> str:
