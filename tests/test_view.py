@@ -253,8 +253,10 @@ def test_the_command_serves_until_interrupted(tmp_path, monkeypatch):
     bad = subprocess.run([sys.executable, "-m", "pipeline", "view", str(tmp_path / "none")], env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no such file or folder" in bad.stderr
+    # Ctrl-C as a terminal sends it: a pytest-xdist worker ignores SIGINT, and its children would inherit that.
     proc = subprocess.Popen([sys.executable, "-m", "pipeline", "view", str(tmp_path), "--port", "0"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout is not None
         lines = [proc.stdout.readline(), proc.stdout.readline()]
