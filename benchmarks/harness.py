@@ -57,7 +57,6 @@ class BenchEnv:
             "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         })
         os.environ.pop("MLFLOW_RUN_ID", None)
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # child processes too (benchmarks/__init__.py)
         # Only the async path samples system/* metrics (every 10 s): a run that outlives that would be read back
         # with points nobody logged, and the modes would not log the same records.
         os.environ.setdefault("TRACKLANE_SYSTEM_METRICS_S", "0")

@@ -10,6 +10,7 @@ half written) keeps the last good snapshot and says why.
 from __future__ import annotations
 
 import math
+import stat
 import threading
 import time
 from collections.abc import Iterable
@@ -94,13 +95,14 @@ class RunData:
     def _files_signature(self) -> tuple[Any, ...]:
         seen = []
         for root in self._watched():
-            files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+            files = [root] if root.is_file() else sorted(root.rglob("*"))  # rglob of a missing folder: nothing
             for file in files:
                 try:
-                    stat = file.stat()
+                    info = file.stat()
                 except OSError:  # gone between the listing and the look: the next check sees it
                     continue
-                seen.append((str(file), stat.st_size, stat.st_mtime_ns))
+                if not stat.S_ISDIR(info.st_mode):
+                    seen.append((str(file), info.st_size, info.st_mtime_ns))
         return tuple(seen)
 
     def _read(self, signature: tuple[Any, ...]) -> None:
@@ -169,6 +171,5 @@ def _number(value: Any) -> float | None:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, float):
-        return _number(value)
-    return value if isinstance(value, (str, int, bool, type(None), list, dict)) else str(value)
+    """A meta value JSON can carry (NaN becomes null where the server answers: ``finite_or_none``)."""
+    return value if isinstance(value, (str, int, float, bool, type(None), list, dict)) else str(value)
