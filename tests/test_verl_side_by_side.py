@@ -159,10 +159,29 @@ def assert_holds_every_point(tracker: str, verl: Stored, ours: Stored, logged: S
     assert not twice, f"{tracker}: {len(twice)} of verl's points stored twice, e.g. {twice[:5]}"
 
 
-def assert_reference_is_whole(verl: Cell) -> None:
-    """verl's own run holds the validation at step 0 and every training step: the comparison is not vacuous."""
+def reference_lacks(verl: Cell) -> str:
+    """What verl's own run lacks of the validation at step 0, every training step and the last validation's table
+    ("" if nothing): the comparison must not be vacuous. verl's wandb run in a TaskRunner ends unfinished (the
+    actor is killed with its driver), and wandb-core has sometimes not yet stored the last table then."""
+    from workers.testing.readers.wandb_reader import read_wandb_media
+
     steps = {step for step, _ in verl.read("file").points}
-    assert steps == set(range(STEPS + 1)), steps
+    if steps != set(range(STEPS + 1)):
+        return f"file steps {sorted(steps)}"
+    tables = read_wandb_media(verl.stores.root / "wandb").table_rows("val/generations")
+    return "" if STEPS in tables else f"wandb val/generations tables at steps {sorted(tables)}, not {STEPS}"
+
+
+def verl_reference(shared, mlflow_uri: str, style: str, place: str, capfd, monkeypatch, ray_join) -> Cell:
+    """verl's own run of (style, place), made again (at most twice more) where verl's trackers lost its end."""
+    lacks = []
+    for attempt in range(3):
+        verl = Cell(shared, mlflow_uri, f"{style}-{place.replace('_', '-')}-verl{attempt or ''}")
+        verl.run(place, style, [], False, capfd, monkeypatch, ray_join)
+        lacks.append(reference_lacks(verl))
+        if not lacks[-1]:
+            return verl
+    raise AssertionError(f"verl's own run lacked its end three times: {lacks}")
 
 
 FINISHED = {"mlflow": "FINISHED", "wandb": "exit_code=0", "swanlab": "FINISHED"}
@@ -204,10 +223,7 @@ def test_tracklane_stores_every_point_verls_tracking_stores(style, place, mode, 
     mlflow_uri = shared["sqlite"] if place == "in_process" else mlflow_server_uri
     key = (style, place)
     if key not in references:
-        verl = Cell(shared, mlflow_uri, f"{style}-{place.replace('_', '-')}-verl")
-        verl.run(place, style, [], False, capfd, monkeypatch, ray_join)
-        assert_reference_is_whole(verl)
-        references[key] = verl
+        references[key] = verl_reference(shared, mlflow_uri, style, place, capfd, monkeypatch, ray_join)
     verl = references[key]
     ours = Cell(shared, mlflow_uri, f"{style}-{place.replace('_', '-')}-{mode}")
     ours.run(place, style, MODES[mode], True, capfd, monkeypatch, ray_join)
