@@ -45,10 +45,12 @@ from pipeline.core.records import (
     Image,
     Metrics,
     Record,
+    Reduction,
     Text,
     Trajectories,
     Trajectory,
 )
+from pipeline.core.reduction import OPS, ROLES
 from pipeline.wire.ack import pack_ack, unpack_ack
 from pipeline.wire.batch import DecodeLimits, decode_batch, encode_batch
 
@@ -129,7 +131,11 @@ def _histograms(draw: st.DrawFn) -> Histogram:
 _text_records = st.builds(Text, name=_texts, text=st.text(max_size=30), **_common)
 _images = st.builds(Image, name=_texts, png=st.binary(max_size=32).map(lambda b: PNG_SIGNATURE + b), **_common)
 _artifacts = st.builds(Artifact, path=_texts, name=_texts, type=_texts, **_common)
-_records = st.one_of(_metrics, _generations, _trajectories, _histograms(), _text_records, _images, _artifacts)
+_reductions = st.builds(Reduction, role=st.sampled_from(sorted(ROLES)), values=st.dictionaries(_texts, _numbers, max_size=3),
+                        op=st.sampled_from(["", *OPS]), ops=st.dictionaries(_texts, st.sampled_from(OPS), max_size=2),
+                        **_common)
+_records = st.one_of(_metrics, _generations, _trajectories, _histograms(), _text_records, _images, _artifacts,
+                     _reductions)
 
 
 def _batches(records: st.SearchStrategy = _records, max_records: int = 4) -> st.SearchStrategy[Batch]:
@@ -205,6 +211,9 @@ def _well_typed(record: Record) -> bool:
         return type(record.name) is str and type(record.text) is str
     if isinstance(record, Image):
         return type(record.name) is str and type(record.png) is bytes and record.png.startswith(PNG_SIGNATURE)
+    if isinstance(record, Reduction):
+        return (record.role in ROLES and _str_map(record.values, _is_number) and (record.op == "" or record.op in OPS)
+                and _str_map(record.ops, lambda op: op in OPS))
     return all(type(getattr(record, n)) is str for n in ("path", "name", "type"))
 
 
@@ -289,6 +298,7 @@ def _every_kind() -> Batch:
         Image(name="i", png=PNG_SIGNATURE + b"\x00" * 8, **common),
         Artifact(path="/ckpt/a.pt", name="a", type="checkpoint", **common),
         Metrics(values={"loss": 0.5, "big": 2**60}, **common),  # an int past 2**53: the map form
+        Reduction(role="part", values={"r": 1.5}, op="", ops={"r": "max"}, **common),
     ])
 
 
@@ -420,6 +430,12 @@ def _accepts(spec: Any, v: Any) -> bool:
         return type(v) is bytes and len(v) % 4 == 0
     if spec == "png":
         return type(v) is bytes and v.startswith(PNG_SIGNATURE)
+    if spec == "role":
+        return type(v) is str and v in ROLES
+    if spec == "op":
+        return type(v) is str and (v == "" or v in OPS)
+    if spec == "opname":
+        return type(v) is str and v in OPS
     if spec == "row":
         return type(v) is list and len(v) == 3 and type(v[0]) is str and type(v[1]) is str and _is_number(v[2])
     if spec == "figures":
@@ -455,6 +471,8 @@ _SPECS: dict[int, list[tuple[tuple, Any]]] = {  # index of the record in _every_
     5: [(("name",), "str"), (("text",), "str")],
     6: [(("name",), "str"), (("png",), "png")],
     7: [(("path",), "str"), (("name",), "str"), (("type",), "str")],
+    9: [(("role",), "role"), (("values",), ("dict", "number")), (("values", "r"), "number"), (("op",), "op"),
+        (("ops",), ("dict", "opname")), (("ops", "r"), "opname")],
 }
 _CANDIDATES = [None, True, False, 0, 1, -1, 2**64 - 1, 1.5, math.nan, -math.inf, "", "x", b"", b"\x00" * 4, PNG_SIGNATURE,
                [], ["x"], [1], [None], {}, {"a": 1}, {"a": "x"}, {"a": None}, {"a": [1]}, msgpack.ExtType(1, b"x"),
@@ -738,7 +756,12 @@ def _ack_field(annotation: str) -> st.SearchStrategy:
             "SinkCounts": st.builds(SinkCounts, failed_records=st.integers(0, 2**63), artifacts_missing=st.integers(0, 9),
                                     unsupported=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3),
                                     cuts=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3)),
-            "Work": st.builds(Work, busy_s=st.floats(0, 1e9), cpu_s=st.floats(0, 1e9), records=st.integers(0, 2**63))
+            "Work": st.builds(Work, busy_s=st.floats(0, 1e9), cpu_s=st.floats(0, 1e9), records=st.integers(0, 2**63)),
+            "dict[str, Any]": st.just({}) | st.fixed_dictionaries({
+                "points": st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1),
+                                             st.dictionaries(st.text(max_size=8), st.floats(-1e9, 1e9) | st.integers(0, 9),
+                                                             max_size=3)).map(list), max_size=3),
+                "figures": st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3)}),
             }[annotation]
 
 
@@ -754,7 +777,10 @@ def _ack_well_typed(ack: Ack) -> bool:
             and (ack.last_error is None or type(ack.last_error) is str) and type(ack.last_error_at) is float
             and type(counts.failed_records) is int and type(counts.artifacts_missing) is int
             and _str_map(counts.unsupported, lambda n: type(n) is int) and _str_map(counts.cuts, lambda n: type(n) is int)
-            and type(ack.work.busy_s) is float and type(ack.work.cpu_s) is float and type(ack.work.records) is int)
+            and type(ack.work.busy_s) is float and type(ack.work.cpu_s) is float and type(ack.work.records) is int
+            and (ack.reduced == {} or (set(ack.reduced) == {"points", "figures"} and type(ack.reduced["figures"]) is dict
+                                       and all(type(p) is list and type(p[0]) is int and _str_map(p[1], _is_number)
+                                               for p in ack.reduced["points"]))))
 
 
 def _unpack_or_refuse(blob: bytes) -> None:

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from pipeline.core.errors import CodecError
-from pipeline.core.records import Metrics, Record
+from pipeline.core.records import Metrics, Record, Reduction
 from pipeline.spool.lane_state import LaneState
 from pipeline.spool.manifest import lanes_dir, state_path
 from pipeline.spool.segments import Spool
@@ -42,7 +42,7 @@ def inspect_spool(directory: str, out: Any) -> int:
 
 
 def _keys(record: Record) -> list[str]:
-    if isinstance(record, Metrics):
+    if isinstance(record, (Metrics, Reduction)):  # a Reduction: the keys it reduces, or the producers it names
         return sorted(record.values)
     name = getattr(record, "name", None) or getattr(record, "key", None)
     return [name] if name else []

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.records import Generations, Metrics, Record, RunSpec, Trajectories
+from pipeline.core.records import Generations, Metrics, Record, Reduction, RunSpec, Trajectories
 from pipeline.core.report import PipelineReport
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ class Holdings:
         return sum(len(steps) for steps, _ in self.scalars.values())
 
     def add(self, record: Record) -> None:
+        if isinstance(record, Reduction):  # the reduce lane's, never a tracker's: its points are plain metrics
+            return
         self.records += 1
         if isinstance(record, Metrics):
             for key, value in record.values.items():

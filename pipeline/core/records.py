@@ -158,11 +158,29 @@ class Artifact:
     kind = "artifact"
 
 
-Record = Union[Metrics, Generations, Trajectories, Histogram, Text, Image, Artifact]
+@dataclass(slots=True, kw_only=True)
+class Reduction:
+    """For the run's reduce lane only (``only``), never a tracker: a producer's values to reduce across producers
+    (role ``part``: ``values`` keyed without the producer's prefix, reduced with ``op`` or ``ops[key]``), or one of
+    rank 0's notices to the reducer (the roles in core/reduction.py)."""
+
+    step: int
+    time: float
+    role: str
+    values: dict[str, Any] = field(default_factory=dict)
+    """part: key -> number; declare: producer name -> 0; ended: source id -> its last batch; else empty."""
+    op: str = ""
+    ops: dict[str, str] = field(default_factory=dict)
+    only: list[str] | None = None
+
+    kind = "reduction"
+
+
+Record = Union[Metrics, Generations, Trajectories, Histogram, Text, Image, Artifact, Reduction]
 """Every record kind a sink may receive."""
 
 RECORD_TYPES: dict[str, type] = {cls.kind: cls for cls in (Metrics, Generations, Trajectories, Histogram, Text,
-                                                            Image, Artifact)}
+                                                            Image, Artifact, Reduction)}
 """Kind tag on the wire -> record class."""
 
 

@@ -25,6 +25,7 @@ checkpoint storage does the same); the host asks ``isinstance`` once and uses it
     LaggingStore     written() / durable(point)          a store that lands in the background (wandb-core)
     Undoable         mark(records) / rollback(mark)      a partial write undone by the next actor
     CapturedOutput   capture_output() / take_output()    printed lines sent to the trainer's terminal
+    Reducing         take_reduced()                      points reduced across producers, sent to the trainer
 """
 
 from __future__ import annotations
@@ -37,7 +38,18 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pipeline.core.acks import SinkCounts
 from pipeline.core.errors import MissingExtraError
-from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
+from pipeline.core.records import (
+    Artifact,
+    Generations,
+    Histogram,
+    Image,
+    Metrics,
+    Record,
+    Reduction,
+    RunSpec,
+    Text,
+    Trajectories,
+)
 
 log = logging.getLogger("tracklane")
 
@@ -70,6 +82,7 @@ class Sink:
             Metrics.kind: self.write_metrics, Generations.kind: self.write_generations,
             Trajectories.kind: self.write_trajectories, Histogram.kind: self.write_histogram,
             Text.kind: self.write_text, Image.kind: self.write_image, Artifact.kind: self.write_artifact,
+            Reduction.kind: _not_a_trackers,  # the reduce lane's (core/reduction.py): a tracker never stores them
         }
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -191,6 +204,19 @@ class CapturedOutput(Protocol):
 
     def take_output(self) -> str:
         """The text kept since the last call (whole lines), and forget it."""
+
+
+def _not_a_trackers(records: Sequence[Record]) -> None:
+    pass
+
+
+@runtime_checkable
+class Reducing(Protocol):
+    """The reduce lane's sink (workers/sinks/reduce.py): what it reduced goes back to the trainer, into every tracker."""
+
+    def take_reduced(self) -> dict[str, Any]:
+        """``{"points": [[step, {key: value}], ...], "figures": {...}}``: the steps completed since the last call
+        (every unconfirmed one at the first call of an actor), and the reducer's figures for the report."""
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:

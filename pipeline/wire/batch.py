@@ -38,10 +38,12 @@ from pipeline.core.records import (
     Image,
     Metrics,
     Record,
+    Reduction,
     Text,
     Trajectories,
     Trajectory,
 )
+from pipeline.core.reduction import OPS, ROLES
 from pipeline.wire.metrics import KIND as KEYED_METRICS
 from pipeline.wire.metrics import SchemaTable, is_axis, metrics_from_wire, schemas_from_wire
 
@@ -209,6 +211,7 @@ def _record_from_wire(wire: Any, schemas: list) -> Record:
 
 _STR = frozenset({str})
 _NUMERIC = frozenset({int, float})
+_OPS = frozenset(OPS)
 
 
 def _is_only(value: Any) -> bool:
@@ -272,6 +275,10 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     Text.kind: {**_COMMON, "name": _is_str, "text": _is_str},
     Image.kind: {**_COMMON, "name": _is_str, "png": lambda v: type(v) is bytes and v[:8] == PNG_SIGNATURE},
     Artifact.kind: {**_COMMON, "path": _is_str, "name": _is_str, "type": _is_str},
+    Reduction.kind: {**_COMMON, "role": lambda v: type(v) is str and v in ROLES,
+                     "values": lambda v: _str_map_of(v, _NUMERIC),
+                     "op": lambda v: type(v) is str and (v == "" or v in _OPS),
+                     "ops": lambda v: _str_map_of(v, _STR) and set(v.values()) <= _OPS},
 }
 
 
