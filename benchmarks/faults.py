@@ -8,6 +8,7 @@ tracklane's report). ``tests/test_faults.py`` runs the short versions and assert
 figures; ``--long`` runs the sizes the README's Reliability section quotes (minutes).
 
     sigkill   the trainer SIGKILLed mid-run, then resumed with the same run id and spool
+    reduce    the same with 4 producers whose values the run reduces (log(..., reduce=...)): each step once
     actors    every lane actor SIGKILLed several times mid-run
     outage    the MLflow server unreachable (a cut loopback proxy) for a while, then back
     slow      a tracker ~10x slower than the producer: memory and disk stay within bounds, drops counted
@@ -60,13 +61,20 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--pause", type=float, default=0.02)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--finish", action="store_true", help="finish at the end (else wait to be killed)")
+    parser.add_argument("--reduce-workers", type=int, default=0,
+                        help="Ray actors that log REDUCED's keys (reduce=) at every step before the trainer does")
     args = parser.parse_args(argv)
     config = {"trainer": {"log_async": True, "async_log": json.loads(args.async_log), **json.loads(args.trainer)}}
     tracking = Tracking(PROJECT, args.experiment, args.backends.split(","), config=config, run_id=args.run_id,
                         resume=args.resume)
     tracking.flush(timeout=180)  # every lane actor up
+    workers = _reduce_workers(tracking, args.reduce_workers)
     print("ready", flush=True)
     for step in range(args.first, args.last + 1):
+        if workers:
+            import ray
+
+            ray.get([worker.log.remote(step) for worker in workers])
         tracking.log(values(step, args.keys), step=step)
         print(f"logged {step} {time.time():.6f}", flush=True)
         time.sleep(args.pause)
@@ -74,9 +82,48 @@ def child_main(argv: list[str]) -> int:
         print("waiting", flush=True)
         time.sleep(3600)
         return 0
+    if workers:  # a producer's last calls reach the run before it finishes (finish waits for what they shipped)
+        import ray
+
+        ray.get([worker.flush.remote() for worker in workers])
     report = tracking.finish(timeout=300)
     print("finished " + json.dumps({"complete": report.complete, "summary": report.summary()}), flush=True)
     return 0
+
+
+REDUCED = {"r/mean": "mean", "r/sum": "sum", "r/min": "min", "r/max": "max", "r/count": "count"}
+"""The keys the reduce scenario's workers log, each with its op: worker i logs ``step + i`` under every one."""
+
+
+def reduced_values(step: int, workers: int) -> dict[str, float]:
+    """What every tracker must hold at ``step`` for REDUCED's keys, reduced over ``workers`` workers."""
+    logged = [float(step + i) for i in range(workers)]
+    return {"r/mean": sum(logged) / workers, "r/sum": sum(logged), "r/min": min(logged), "r/max": max(logged),
+            "r/count": float(workers)}
+
+
+def _reduce_workers(tracking: Any, n: int) -> list[Any]:
+    if not n:
+        return []
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class ReduceWorker:
+        def __init__(self, producer: Any, index: int) -> None:
+            self.producer, self.index = producer, index
+
+        def ready(self) -> bool:
+            return True
+
+        def log(self, step: int) -> None:
+            self.producer.log(dict.fromkeys(REDUCED, float(step + self.index)), step=step, reduce=REDUCED)
+
+        def flush(self) -> bool:
+            return self.producer.flush(60.0)
+
+    workers = [ReduceWorker.remote(tracking.producer(f"w{i}"), i) for i in range(n)]
+    ray.get([worker.ready.remote() for worker in workers])
+    return workers
 
 
 class Child:
@@ -165,8 +212,16 @@ def tracker_env(work: Path, mlflow_uri: str) -> dict[str, str]:
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
-def stored_points(tracker: str, work: Path, run_id: str, experiment: str, mlflow_uri: str) -> Counter:
+def stored_points(tracker: str, work: Path, run_id: str, experiment: str, mlflow_uri: str,
+                  prefix: str = "k") -> Counter:
     """(step, key) -> how many times the tracker stored it (user keys only)."""
+    return Counter((step, key) for step, key, _ in stored_values(tracker, work, run_id, experiment, mlflow_uri)
+                   if key.startswith(prefix))
+
+
+def stored_values(tracker: str, work: Path, run_id: str, experiment: str, mlflow_uri: str,
+                  ) -> list[tuple[int, str, float]]:
+    """Every (step, key, value) the tracker stored of the run, in its own order."""
     points: list[tuple[int, str, float]]
     if tracker == "file":
         lines = [json.loads(line) for line in open(work / "metrics.jsonl", encoding="utf-8")]
@@ -195,7 +250,7 @@ def stored_points(tracker: str, work: Path, run_id: str, experiment: str, mlflow
         points = [(r.step, key, v) for r in memory_records(run_id) for key, v in getattr(r, "values", {}).items()]
     else:
         raise ValueError(tracker)
-    return Counter((step, key) for step, key, _ in points if key.startswith("k"))
+    return [(int(step), key, float(value)) for step, key, value in points]
 
 
 def tally(stored: Counter, must: set[int], may: set[int], keys: int) -> dict[str, int]:
@@ -207,6 +262,26 @@ def tally(stored: Counter, must: set[int], may: set[int], keys: int) -> dict[str
             "missing": sum(1 for point in expected if point not in stored),
             "duplicated": sum(1 for point, n in stored.items() if n > 1),
             "unexpected": sum(1 for point in stored if point not in allowed)}
+
+
+def _run_then_kill(common: list[str], env: Mapping[str, str], work: Path, steps: int, kill_at: int) -> tuple[Child, float]:
+    """A trainer child run towards ``steps``, SIGKILLed once it logged ``kill_at``; with the time of the kill."""
+    first = Child([*common, "--last", str(steps)], env, work / "first.log")
+    try:
+        first.read_until(lambda line: line.startswith(f"logged {kill_at} "), timeout=600)
+        return first, first.kill()
+    finally:
+        first.reap()
+
+
+def _resume_to_the_end(common: list[str], env: Mapping[str, str], work: Path) -> Child:
+    """The same run resumed (same run id and spool): steps 10,001-10,020, then finish()."""
+    resumed = Child([*common, "--resume", "--first", "10001", "--last", "10020", "--finish"], env, work / "resumed.log")
+    try:
+        resumed.read_until(lambda line: line.startswith("finished "), timeout=900)
+        return resumed
+    finally:
+        resumed.reap()
 
 
 # -- sigkill: the trainer dies, a resumed trainer delivers what was spooled --------------------
@@ -224,24 +299,14 @@ def sigkill_trainer(work: Path, mlflow_uri: str, steps: int = 600, keys: int = 1
     common = ["--run-id", run_id, "--experiment", experiment, "--backends", ",".join(trackers),
               "--async-log", async_log, "--keys", str(keys), "--pause", str(pause)]
     kill_at = int(steps * 0.8)
-    first = Child([*common, "--last", str(steps)], env, work / "first.log")
-    try:
-        first.read_until(lambda line: line.startswith(f"logged {kill_at} "), timeout=600)
-        killed_at = first.kill()
-    finally:
-        first.reap()
+    first, killed_at = _run_then_kill(common, env, work, steps, kill_at)
     lost_states = [path.unlink() or path.name for path in (work / "spool" / "lanes").glob("*.state")] \
         if lose_lane_state else []
     cutoff = killed_at - (flush_interval_s + 0.1)
     must = {step for step, when in first.logged.items() if when < cutoff}
     may = set(first.logged) - must
     started = time.monotonic()
-    resumed = Child([*common, "--resume", "--first", str(10_001), "--last", str(10_020), "--finish"], env,
-                    work / "resumed.log")
-    try:
-        resumed.read_until(lambda line: line.startswith("finished "), timeout=900)
-    finally:
-        resumed.reap()
+    resumed = _resume_to_the_end(common, env, work)
     recovery_s = time.monotonic() - started
     must |= set(range(10_001, 10_021))
     per_tracker = {t: tally(stored_points(t, work, run_id, experiment, mlflow_uri), must, may, keys) for t in trackers}
@@ -251,6 +316,44 @@ def sigkill_trainer(work: Path, mlflow_uri: str, steps: int = 600, keys: int = 1
             "resume_and_finish_s": round(recovery_s, 1), "complete_after_resume": bool(resumed.finished
                                                                                      and resumed.finished["complete"]),
             "trackers": per_tracker}
+
+
+# -- reduce: the trainer SIGKILLed while 4 producers' values are reduced, then resumed ---------------
+def sigkill_reductions(work: Path, mlflow_uri: str, steps: int = 300, workers: int = 4, trackers: list[str] = TRACKERS,
+                       flush_interval_s: float = 0.2) -> dict[str, Any]:
+    """Four Ray actors log REDUCED's keys at every step (``reduce=``), the trainer after them; the trainer is
+    SIGKILLed (its actors and lanes die with its Ray) and resumed with new actors under the same names. Every
+    reduced step must be in every tracker once: exactly the op over the four for the steps logged well before
+    the kill (their producers' spools are delivered by the resumed rank 0), at most once for those near it."""
+    run_id, experiment = uuid.uuid4().hex[:12], f"reduce-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, **tracker_env(work, mlflow_uri)}
+    async_log = json.dumps({"spool_dir": str(work / "spool"), "flush_interval_s": flush_interval_s,
+                            "reductions": True, "ray_init": {"num_cpus": os.cpu_count() or 1}})
+    common = ["--run-id", run_id, "--experiment", experiment, "--backends", ",".join(trackers),
+              "--async-log", async_log, "--keys", "1", "--pause", "0.02", "--reduce-workers", str(workers)]
+    kill_at = int(steps * 0.7)
+    first, killed_at = _run_then_kill(common, env, work, steps, kill_at)
+    # A worker logs a step before the trainer does; its shipper spools it within flush_interval_s (later on a
+    # loaded machine), and its process outlives the trainer's by ~2 s: 2 s more is ample.
+    must = {step for step, when in first.logged.items() if when < killed_at - (flush_interval_s + 2.0)}
+    may = set(first.logged) - must
+    resumed = _resume_to_the_end(common, env, work)
+    must |= set(range(10_001, 10_021))
+    per_tracker = {}
+    for tracker in trackers:
+        stored = [(s, k, v) for s, k, v in stored_values(tracker, work, run_id, experiment, mlflow_uri) if k in REDUCED]
+        counts = Counter((s, k) for s, k, _ in stored)
+        want = {(step, key): value for step in must for key, value in reduced_values(step, workers).items()}
+        per_tracker[tracker] = {
+            "expected": len(want), "once": sum(1 for point in want if counts.get(point) == 1),
+            "wrong": sorted((s, k, v, want[(s, k)]) for s, k, v in stored if (s, k) in want and v != want[(s, k)])[:5],
+            "duplicated": sum(1 for n in counts.values() if n > 1),
+            "unexpected": sum(1 for s, _ in counts if s not in must | may)}
+    return {"scenario": "reduce", "steps_logged": len(first.logged), "killed_after_step": kill_at,
+            "must_steps": len(must), "may_steps": len(may),
+            "finished": resumed.finished is not None,
+            "complete_after_resume": bool(resumed.finished and resumed.finished["complete"]),
+            "summary": resumed.finished["summary"] if resumed.finished else "", "trackers": per_tracker}
 
 
 # -- actors: every lane actor SIGKILLed several times --------------------------------------------
@@ -517,7 +620,7 @@ def _p50(values: list[float]) -> float:
     return sorted(values)[len(values) // 2] if values else 0.0
 
 
-SCENARIOS = ("sigkill", "actors", "outage", "slow", "hung", "damage")
+SCENARIOS = ("sigkill", "reduce", "actors", "outage", "slow", "hung", "damage")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -546,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_scenario(name: str, work: Path, mlflow_uri: str, long: bool) -> dict[str, Any]:
     if name == "sigkill":
         return sigkill_trainer(work, mlflow_uri, steps=3000 if long else 600)
+    if name == "reduce":
+        return sigkill_reductions(work, mlflow_uri, steps=1000 if long else 300)
     if name == "actors":
         return actor_kills(work, mlflow_uri, steps=3000 if long else 600, kills_per_lane=3 if long else 2)
     if name == "outage":

@@ -17,7 +17,7 @@ from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.errors import CodecError, ConfigError, MissingExtraError, SinkError, TracklaneError
 from pipeline.core.params import plain_config
 from pipeline.core.records import Trajectory
-from pipeline.core.report import LaneInfo, LaneReport, PipelineReport, ProducerReport
+from pipeline.core.report import LaneInfo, LaneReport, PipelineReport, ProducerReport, ReductionReport
 from pipeline.node.terminal import TERMINAL
 from pipeline.producer import Producer
 from pipeline.tracking import Tracking, check_settings
@@ -30,7 +30,7 @@ __all__ = [
     # logging from other processes, and rich records
     "Producer", "Trajectory",
     # what flush() and finish() return
-    "PipelineReport", "LaneReport", "LaneInfo", "ProducerReport",
+    "PipelineReport", "LaneReport", "LaneInfo", "ProducerReport", "ReductionReport",
     # settings: trainer.async_log and trainer.record_limits as objects, checked before a run starts
     "AsyncLogConfig", "RecordLimits", "check_settings", "plain_config",
     # the trainer's terminal: a status line below the console's lines, without tearing them

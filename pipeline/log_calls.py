@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.capture.captured import METRICS, METRICS_ON_AXIS
+from pipeline.capture.captured import METRICS, METRICS_ON_AXIS, REDUCE
 from pipeline.core.values import BYTES_PER_ENTRY
 
 log = logging.getLogger("tracklane")
@@ -30,16 +30,25 @@ class LogCalls:
     def _drop_late(self) -> None:
         raise NotImplementedError
 
-    def log(self, data: dict, step: int, backend: str | list[str] | None = None, axis: str | None = None) -> None:
+    def log(self, data: dict, step: int, backend: str | list[str] | None = None, axis: str | None = None,
+            reduce: str | dict[str, str] | None = None, keep_per_producer: bool = False) -> None:
         """Hand over the metrics of one step. In async mode this is a shallow copy and an append.
 
         ``axis`` names what ``step`` counts when it is not the trainer's step (``rollout/step``,
-        ``param_version``): every tracker keeps the points on that axis, in any order."""
+        ``param_version``): every tracker keeps the points on that axis, in any order.
+
+        ``reduce`` ("mean", "sum", "min", "max", "count", or a dict key -> one of them): the run gets one point
+        per key and step, under the key as given, reduced over every producer that logged it at that step
+        (core/reduction.py says when a step is complete); ``keep_per_producer`` logs each producer's own values
+        too, under its prefix. Needs ``trainer.async_log.reductions: true`` on the asynchronous path."""
         try:
             if self._report is not None:
                 return self._drop_late()
             values = data.copy() if type(data) is dict else dict(data)
-            if axis is None:
+            if reduce is not None:
+                self._put((step, (values, reduce, bool(keep_per_producer), axis), _now(), backend, REDUCE,
+                           len(values) * BYTES_PER_ENTRY))
+            elif axis is None:
                 self._put((step, values, _now(), backend, METRICS, len(values) * BYTES_PER_ENTRY))  # a Captured
             else:
                 self._put((step, (values, str(axis)), _now(), backend, METRICS_ON_AXIS,

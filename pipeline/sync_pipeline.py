@@ -20,9 +20,11 @@ from pipeline.capture.rich import RecordLimits
 from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.acks import Ack
 from pipeline.core.errors import ConfigError
-from pipeline.core.records import RunSpec
-from pipeline.core.report import LaneInfo, LaneReport, PipelineReport
+from pipeline.core.records import Record, RunSpec
+from pipeline.core.reduction import LANE as REDUCE_LANE
+from pipeline.core.report import LaneInfo, LaneReport, PipelineReport, ReductionReport
 from pipeline.host.sink_host import SinkHost
+from pipeline.shipping.reduced import ReducedPoints
 from pipeline.sync_spool import SyncSpool
 
 
@@ -40,16 +42,25 @@ class SyncPipeline:
             if cfg.spool and cfg.spool_dir else None
         for host in self._hosts.values():
             host.open()
+        # trainer.async_log.reductions: rank 0's log(..., reduce=) through the same reducer, in-process
+        self._reducer = self._hosts.get(REDUCE_LANE)
+        self._reduced = ReducedPoints() if self._reducer is not None else None
 
     def put(self, item: Captured) -> None:
         """Write one captured item into every tracker it is addressed to, in turn."""
         self._last_step = item[STEP]
-        records = self._converter.records(item)
-        if records:
-            for host in self._hosts.values():
-                host.write(records)
-                if host.last_failed and self._spool is not None:
-                    self._spool.keep(host.lane, host.last_failed, host.resume)
+        self._write(self._converter.records(item))
+
+    def _write(self, records: list[Record]) -> None:
+        if not records:
+            return
+        for host in self._hosts.values():
+            host.write(records)
+            if host.last_failed and self._spool is not None:
+                self._spool.keep(host.lane, host.last_failed, host.resume)
+        if self._reducer is not None and self._reduced is not None:
+            self._reduced.take(self._reducer.take_reduced())
+            self._write(self._reduced.drain())  # the points, and their CONFIRMs for the reducer
 
     def drop_late(self) -> None:
         self._late_drops += 1
@@ -76,6 +87,8 @@ class SyncPipeline:
     def close(self, exit_code: int, timeout: float) -> PipelineReport:
         """Close every tracker in turn (in-process closes cannot be cut short: ``timeout`` is not applied)."""
         started = time.monotonic()
+        if self._reduced is not None:  # every open step reduced, into the trackers, before they close
+            self._write([self._reduced.finish()])
         for host in self._hosts.values():
             host.close(exit_code)
         if self._spool is not None:
@@ -86,6 +99,8 @@ class SyncPipeline:
         spool = self._spool.report() if self._spool is not None else None
         return self._converter.counted(PipelineReport(
             lanes={name: _lane_report(name, host.ack(applied=0)) for name, host in self._hosts.items()},
+            reductions=ReductionReport.of(self._reduced.figures, self._reduced.repeats)
+            if self._reduced is not None else None,
             dropped_records=self._late_drops, elapsed_s=time.monotonic() - started, spool=spool,
             spooled=dict(self._spool.records) if self._spool is not None else {}))
 

@@ -21,18 +21,22 @@ import re
 import secrets
 import sys
 import threading
+import time
 import traceback
 import weakref
 from types import MappingProxyType
 from typing import Any
 
 from pipeline.backend_view import BackendView
+from pipeline.capture.captured import REDUCE_NOTICE
 from pipeline.capture.rich import record_limits
 from pipeline.config.async_log import async_log_config, trainer_section
 from pipeline.config.console import console_config
 from pipeline.core.errors import ConfigError
 from pipeline.core.params import plain_config
 from pipeline.core.records import RunSpec
+from pipeline.core.reduction import DECLARE
+from pipeline.core.reduction import LANE as REDUCE_LANE
 from pipeline.core.report import LaneInfo, PipelineReport
 from pipeline.core.values import as_number
 from pipeline.host.registry import BACKENDS, backend_names, resolve_backends, skip_platform
@@ -65,9 +69,13 @@ class Tracking(LogCalls):
         if self._cfg.spool and not self._cfg.spool_dir:
             self._cfg = dataclasses.replace(self._cfg, spool_dir=default_spool_dir(self.run, trainer, os.environ))
         names, self._skipped_backends = skip_platform(backend_names(default_backend))
+        if self._cfg.reductions:
+            names = [name for name in names if name != REDUCE_LANE] + [REDUCE_LANE]
         for name, why in self._skipped_backends.items():
             log.warning("tracklane: backend %s %s", name, why)
         backends = resolve_backends(names, self.run, os.environ, trainer)
+        if REDUCE_LANE in backends:
+            backends[REDUCE_LANE][1]["timeout_s"] = self._cfg.reduce_timeout_s
         self.backends = list(backends)
         self._pipe = open_pipe(self.log_async, self._cfg, limits, self.run, backends, os.environ)
         # Bound once: log() is the hot path. It is fed plain tuples in Captured's field order (captured.py
@@ -104,14 +112,19 @@ class Tracking(LogCalls):
         the same ``log*()`` calls and ``flush(timeout)``, each producer's records in its own order, keys
         prefixed with ``key_prefix`` (default ``"<name>/"``; ``""`` for none). ``finish()`` waits (within its
         deadline) for what live producers shipped before it and reports each of them. ``axis``: what its
-        metrics' steps count when not the trainer's step (``rollout/step``, ``param_version``)."""
+        metrics' steps count when not the trainer's step (``rollout/step``, ``param_version``). With
+        ``trainer.async_log.reductions`` on, a step's reduction (``log(..., reduce=)``) waits until every process
+        logging under ``name`` got past it, ended, or ``reduce_timeout_s`` passed."""
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
             raise ConfigError(f"a producer name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}")
         if self._report is not None:
             raise ConfigError("Tracking.producer() after finish()")
         if axis is not None and (not isinstance(axis, str) or not re.fullmatch(r"[A-Za-z0-9_./-]{1,128}", axis)):
             raise ConfigError(f"a producer axis must be 1-128 letters, digits, '_', '.', '/' or '-', got {axis!r}")
-        return Producer(name, self._pipe.producer_spec(), key_prefix=key_prefix, axis=axis)
+        spec = self._pipe.producer_spec()
+        if REDUCE_LANE in self.backends:  # the reducer waits for a producer of this name (core/reduction.py)
+            self._put((0, (DECLARE, {name: 0}), time.time(), None, REDUCE_NOTICE, 64))
+        return Producer(name, spec, key_prefix=key_prefix, axis=axis)
 
     def health(self) -> dict[str, float | int]:
         """The pipeline's latest ``tracklane/*`` figures (lag, queue bytes, drops), as of the last batch

@@ -44,7 +44,11 @@ METRICS_ON_AXIS: Final = "metrics_on_axis"
 """``log(..., axis=...)``: the payload is (values, axis)."""
 SYSTEM_METRICS: Final = "system_metrics"
 """A node's system metrics (system_metrics.py): keyed as they are, never prefixed; the step is seconds."""
-OTHER_AXES: Final = frozenset({METRICS_ON_AXIS, SYSTEM_METRICS})
+REDUCE: Final = "reduce"
+"""``log(..., reduce=op)``: the payload is (values, op or {key: op}, keep_per_producer, axis)."""
+REDUCE_NOTICE: Final = "reduce_notice"
+"""Rank 0's notice to the reducer (``Tracking.producer`` declares a name; ``finish``): the payload is (role, values)."""
+OTHER_AXES: Final = frozenset({METRICS_ON_AXIS, SYSTEM_METRICS, REDUCE_NOTICE})
 """Kinds whose step is not the trainer's."""
 assert Captured._fields[STEP] == "step" and Captured._fields[TIME] == "time" and Captured._fields[SIZE] == "size"
 assert Captured._fields[KIND] == "kind"

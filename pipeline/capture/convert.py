@@ -11,9 +11,11 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from pipeline.capture.captured import METRICS, METRICS_ON_AXIS, SYSTEM_METRICS, Captured
+from pipeline.capture.captured import METRICS, METRICS_ON_AXIS, REDUCE, REDUCE_NOTICE, SYSTEM_METRICS, Captured
 from pipeline.capture.rich import RecordLimits, RichConverter, thin
-from pipeline.core.records import SYSTEM_AXIS, Generations, Metrics, Record, Trajectories
+from pipeline.core.records import SYSTEM_AXIS, Generations, Metrics, Record, Reduction, Trajectories
+from pipeline.core.reduction import LANE as REDUCE_LANE
+from pipeline.core.reduction import PART, check_ops
 from pipeline.core.report import PipelineReport
 from pipeline.core.values import MetricCleaner, as_number
 
@@ -21,6 +23,7 @@ log = logging.getLogger("tracklane")
 
 
 _METRIC_KINDS = frozenset({METRICS, METRICS_ON_AXIS, SYSTEM_METRICS})
+_REDUCTION_KINDS = frozenset({REDUCE, REDUCE_NOTICE})
 _NAME_INDEX = {"generations": 1, "trajectories": 1, "histogram": 0, "text": 0, "image": 0}
 """Where the key or name sits in each rich kind's payload (log_calls.py builds them)."""
 _SAMPLED = {Generations.kind: ("max_generations", "samples"), Trajectories.kind: ("max_trajectories", "trajectories")}
@@ -71,6 +74,8 @@ class Converter:
     def records(self, item: Captured) -> list[Record]:
         """The records of one captured item: one, or for samples that backends limit differently, one per
         group of backends with the same limit (each addressed to its group with ``only``); none if rejected."""
+        if item[4] in _REDUCTION_KINDS:
+            return self._reduction(item)
         record = self.record(item)
         if record is None:
             return []
@@ -78,6 +83,39 @@ class Converter:
         if sampled is None or not self._backends:
             return [record]
         return self._per_backend(record, *sampled)
+
+    def _reduction(self, item: Captured) -> list[Record]:
+        """``log(..., reduce=)``: the values, keyed as given, for the reduce lane only; with ``keep_per_producer``
+        also as plain metrics under the producer's prefix (rank 0's under ``rank0/``: its own keys are the reduced
+        points'). Rank 0's notices to the reducer go as they are."""
+        raw_step, payload, when, backend, kind, _size = item
+        step = as_number(raw_step)
+        if type(step) is not int:
+            self._reject(kind, f"step {raw_step!r} is not an integer")
+            return []
+        if REDUCE_LANE not in self._backends:
+            self._reject(kind, "reduce= needs the reduce lane: set trainer.async_log.reductions: true")
+            return []
+        if kind == REDUCE_NOTICE:
+            role, values = payload
+            return [Reduction(step=step, time=when, role=role, values=values, only=[REDUCE_LANE])]
+        data, reduce, keep, axis = payload
+        if axis is not None or self._axis is not None:
+            self._reject(kind, "reduce= reduces over the trainer's step: not on an axis of its own")
+            return []
+        values = self.metrics.clean(data)
+        try:
+            op, ops = check_ops(reduce, values)
+        except ValueError as exc:
+            self._reject(kind, str(exc))
+            return []
+        records: list[Record] = [Reduction(step=step, time=when, role=PART, values=values, op=op, ops=ops,
+                                           only=[REDUCE_LANE])]
+        if keep:
+            only = None if backend is None else ([backend] if isinstance(backend, str) else [str(b) for b in backend])
+            records.append(Metrics(step=step, values=self.metrics.clean(data, self._prefix or "rank0/"), time=when,
+                                   only=only))
+        return records
 
     def _per_backend(self, record: Record, limit_name: str, attribute: str) -> list[Record]:
         given, items = self.rich.last_count, getattr(record, attribute)

@@ -82,6 +82,12 @@ class AsyncLogConfig:
     finish()'s deadline (what is left stays in the spool for ``tracklane replay``)."""
     max_retry_backoff_s: float = 30.0
     """Cap of the doubling backoff between attempts at a tracker that is down."""
+    reductions: bool = False
+    """Start the run's reduce lane, for ``log(..., reduce=...)`` from rank 0 and any producer: one point per key
+    and step, reduced over every producer that logged it (core/reduction.py)."""
+    reduce_timeout_s: float = 60.0
+    """A step still waiting after this long for a producer that got no further (alive, but not logging) is
+    reduced over what it has; what comes later for it is counted late."""
     health_metrics: bool = True
     """Log the pipeline's own figures as ``tracklane/*`` metrics."""
     state_dir: str | None = None
@@ -126,6 +132,9 @@ class AsyncLogConfig:
             _positive(name, getattr(self, name), allow_zero=True)
         if self.max_outage_s is not None:
             _positive("max_outage_s", self.max_outage_s, allow_zero=True)
+        if not isinstance(self.reductions, bool):
+            raise ConfigError(f"trainer.async_log.reductions must be true or false, got {self.reductions!r}")
+        _positive("reduce_timeout_s", self.reduce_timeout_s)
         if not isinstance(self.spool, bool):
             raise ConfigError(f"trainer.async_log.spool must be true or false, got {self.spool!r}")
         if self.spool_segment_bytes > self.spool_max_bytes:

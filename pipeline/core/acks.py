@@ -108,6 +108,9 @@ class Ack:
     output: str = ""
     """Lines the sink printed since the last answer to the trainer (the console's), for the trainer's own
     stdout: a lane actor's stdout reaches the driver only through Ray's log forwarding, late and prefixed."""
+    reduced: dict[str, Any] = field(default_factory=dict)
+    """The reduce lane's answer to the trainer: ``{"points": [[step, {key: value}], ...], "figures": {...}}``
+    (host/sink.py ``Reducing``); empty from every other lane."""
     state_unsaved_since: float = 0.0
     """Since when (time.time(); 0: saved) the lane actor's acknowledgement state could not be saved (a full,
     read-only or failing disk): it is kept in memory and saved again once the disk takes it."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.core.acks import Ack
 
@@ -121,6 +122,37 @@ class LaneReport:
 
 
 @dataclass(slots=True, kw_only=True)
+class ReductionReport:
+    """The reduce lane (``trainer.async_log.reductions``), as its reducer last answered rank 0."""
+
+    steps: int = 0
+    """Steps reduced: one point per key each, in every tracker."""
+    open_steps: int = 0
+    """Steps still waiting for a producer (none after a finish that reached the reduce lane)."""
+    late: int = 0
+    """Values that came for a step already reduced: not in its points (counted, warned)."""
+    conflicts: int = 0
+    """Values whose op differed from the op of the key's first value at that step: not in its points."""
+    repeats: int = 0
+    """Points a new reduce actor sent again that rank 0 held already: logged once."""
+    left_out: dict[str, int] = field(default_factory=dict)
+    """Producer source id -> the first step reduced without it (it died or closed before)."""
+
+    @classmethod
+    def of(cls, figures: dict[str, Any], repeats: int) -> ReductionReport:
+        return cls(steps=int(figures.get("emitted", 0)), open_steps=int(figures.get("open", 0)),
+                   late=int(figures.get("late", 0)), conflicts=int(figures.get("conflicts", 0)), repeats=repeats,
+                   left_out={str(k): int(v) for k, v in (figures.get("left_out") or {}).items()})
+
+    def line(self) -> str:
+        text = (f"reductions: {self.steps} steps reduced, {self.open_steps} still open, {self.late} late values, "
+                f"{self.conflicts} with another op (neither in any point)")
+        if self.left_out:
+            text += "; " + ", ".join(f"{source} left out from step {step}" for source, step in self.left_out.items())
+        return text
+
+
+@dataclass(slots=True, kw_only=True)
 class PipelineReport:
     """The whole pipeline: producer side plus every lane."""
 
@@ -147,6 +179,8 @@ class PipelineReport:
     skipped_backends: dict[str, str] = field(default_factory=dict)
     """verl's platform backends named in the config that tracklane does not ship (name -> why): nothing went there,
     or to the stand-in the reason names."""
+    reductions: ReductionReport | None = None
+    """The reduce lane's figures, when ``trainer.async_log.reductions`` is on."""
     spooled: dict[str, int] = field(default_factory=dict)
     """The synchronous path: records each tracker did not take after its retries (also counted failed in its
     lane), kept in ``spool`` for ``tracklane replay``."""
@@ -157,6 +191,7 @@ class PipelineReport:
         return (not self.timed_out and self.buffered_records == 0 and self.dropped_records == 0
                 and self.rejected_records == 0 and all(lane.complete for lane in self.lanes.values())
                 and (self.spool is None or self.spool.damaged == 0)
+                and (self.reductions is None or self.reductions.late + self.reductions.conflicts == 0)
                 and all(producer.complete for producer in self.producers.values()))
 
     def summary(self) -> str:
@@ -167,6 +202,8 @@ class PipelineReport:
         lines = [head, *(f"  {lane.line()}" for lane in self.lanes.values())]
         lines += [f"  {producer.line()}" for producer in self.producers.values()]
         lines += [f"  {name}: {why.partition(':')[0]}" for name, why in self.skipped_backends.items()]
+        if self.reductions is not None:
+            lines.append(f"  {self.reductions.line()}")
         if self.spool is not None:
             lines.append(f"  {self.spool.line()}")
             behind = [name for name, lane in self.lanes.items() if lane.unacked_records]

@@ -32,7 +32,8 @@ BACKENDS: dict[str, str] = {
     "prometheus": "workers.sinks.prometheus:PrometheusSink",
 }
 # Not in verl's list, but selectable by name: the test double (workers/sinks/memory.py).
-EXTRA_SINKS: dict[str, str] = {"memory": "workers.sinks.memory:MemorySink"}
+# The reduce lane's (trainer.async_log.reductions; added by Tracking, not named in trainer.logger).
+EXTRA_SINKS: dict[str, str] = {"memory": "workers.sinks.memory:MemorySink", "reduce": "workers.sinks.reduce:ReduceSink"}
 # source name -> "module:Class": what ``tracklane migrate --from`` reads, and what reads a migration's
 # targets back to compare them (pipeline/host/source.py); a module is imported only when used.
 SOURCES: dict[str, str] = {

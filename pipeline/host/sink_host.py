@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline.core.acks import Ack, SinkCounts, Work
 from pipeline.core.records import Record
-from pipeline.host.sink import BatchPositions, CapturedOutput, LaggingStore, Sink, Undoable
+from pipeline.host.sink import BatchPositions, CapturedOutput, LaggingStore, Reducing, Sink, Undoable
 
 log = logging.getLogger("tracklane")
 
@@ -38,6 +38,7 @@ class SinkHost:
         self._lagging = sink if isinstance(sink, LaggingStore) else None
         self._undoable = sink if isinstance(sink, Undoable) else None
         self._printing = sink if isinstance(sink, CapturedOutput) else None
+        self._reducing = sink if isinstance(sink, Reducing) else None
         if counts is not None:
             sink.counts = counts
         self.resume: dict[str, Any] | None = dict(resume) if resume is not None else None
@@ -215,6 +216,10 @@ class SinkHost:
     def take_output(self) -> str:
         """The lines the sink printed since the last call ("" for a sink that does not print)."""
         return self._printing.take_output() if self._printing is not None else ""
+
+    def take_reduced(self) -> dict[str, Any]:
+        """What the reduce lane's sink completed since the last call ({} from any other sink, or before it opened)."""
+        return self._reducing.take_reduced() if self._reducing is not None and self._opened else {}
 
     def ack(self, applied: int, durable: int | None = None, gap: bool = False, held: bool = False,
             sources: dict[str, int] | None = None, work: Work | None = None, output: str = "") -> Ack:

@@ -14,6 +14,7 @@ from pipeline.capture.rich import RecordLimits
 from pipeline.config.async_log import AsyncLogConfig
 from pipeline.config.placement import lane_actor_options
 from pipeline.core.records import RunSpec
+from pipeline.core.reduction import LANE as REDUCE_LANE
 from pipeline.core.report import LaneInfo, PipelineReport
 from pipeline.host.sink import CapturedOutput
 from pipeline.node.system_metrics import start_node_sampling
@@ -23,6 +24,7 @@ from pipeline.shipping.hub import ProducerHub, ProducerSpec
 from pipeline.shipping.lane import Lane, LaneSettings
 from pipeline.shipping.lane_actor import LaneActor
 from pipeline.shipping.orphans import Orphans
+from pipeline.shipping.reduced import ReducedPoints, confirmed_in
 from pipeline.shipping.shipper import Shipper
 from pipeline.shipping.spool_stage import SpoolReloader, SpoolStage
 from pipeline.shipping.tracker_calls import TrackerCalls
@@ -51,14 +53,18 @@ class AsyncPipeline:
         options = lane_actor_options(cfg.actor_options, cfg.max_restarts, env, trainer_node)
         actor_class = ray.remote(LaneActor)
         reload = SpoolReloader(spooling.spool) if spooling is not None else None
+        self._reduced = _reduced_points(spooling) if REDUCE_LANE in backends else None
         self._lanes: dict[str, Lane] = {}
         for name, (sink_class, settings) in backends.items():
+            if name == REDUCE_LANE:  # its reducer's state beside the lanes' own (workers/sinks/reduce.py)
+                settings = {**settings, "state_path": os.path.join(state_dir, "reduce.reducer")}
             opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
                                   sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
                                   trainer_node=trainer_node, priority=_priority(sink_class, cfg.background_priority),
                                   stored=spooling.seen.get(name, {}) if spooling is not None else {})
             actor = actor_class.options(**options).remote(name, opening.pack())
-            lane = Lane(name, actor, LaneSettings.of(cfg), reload=reload, on_output=TERMINAL.write)
+            lane = Lane(name, actor, LaneSettings.of(cfg), reload=reload, on_output=TERMINAL.write,
+                        on_reduced=self._reduced.take if self._reduced is not None and name == REDUCE_LANE else None)
             if spooling is not None:
                 lane.preload(spooling.pending.get(name, ()))
             self._lanes[name] = lane
@@ -66,11 +72,13 @@ class AsyncPipeline:
         # Rank 0's shipper: the whole run's converter, the spool, and the calls that flush and close the trackers.
         # Producers that die leave their spools to rank 0 (orphans.py): found under the run's spool.
         orphans = Orphans(producers_dir(spooling.spool.directory), {n: lane.actor for n, lane in self._lanes.items()},
-                          LaneSettings.of(cfg)) if spooling is not None else None
+                          LaneSettings.of(cfg), on_gone=self._reduced.ended if self._reduced is not None else None) \
+            if spooling is not None else None
         self._shipper = Shipper(cfg, self.buffer, self._lanes, Converter(limits, backends=list(self._lanes)),
                                 spool=SpoolStage(spooling, cfg.spool_max_bytes) if spooling is not None else None,
                                 tracker_calls=TrackerCalls(), orphans=orphans,
-                                copies=StoredCopies(spooling.spool.directory) if spooling is not None else None)
+                                copies=StoredCopies(spooling.spool.directory) if spooling is not None else None,
+                                reduced=self._reduced)
         self._switch_interval = sys.getswitchinterval()
         if cfg.gil_switch_interval_s is not None:
             sys.setswitchinterval(cfg.gil_switch_interval_s)
@@ -130,6 +138,14 @@ class AsyncPipeline:
         if console is not None and TERMINAL.dropped_chars:  # stdout did not keep up: said in the summary too
             console.cuts["stdout_chars_dropped"] = TERMINAL.dropped_chars
         return report
+
+
+def _reduced_points(spooling: Any) -> ReducedPoints:
+    """Rank 0's end of the reductions; after a resume it knows the steps it confirmed in batches the reduce lane
+    had not acknowledged yet (still in the spool, sent to it again), so their points are not logged twice."""
+    if spooling is None:
+        return ReducedPoints()
+    return ReducedPoints(confirmed_in(spooling.spool, [entry.seq for entry in spooling.pending.get(REDUCE_LANE, ())]))
 
 
 def _fresh_state_dir(cfg: AsyncLogConfig, run: RunSpec) -> str:

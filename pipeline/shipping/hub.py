@@ -133,6 +133,13 @@ class HubWatch:
             self._ref = None
         return self._view
 
+    def closed(self) -> dict[str, int]:
+        """source id -> its last batch, for the producers that closed, as the hub last said (never blocks)."""
+        view = self._poll()
+        if view is None:
+            return {}
+        return {source: int(f["seq"]) for source, f in msgpack.unpackb(view, raw=False).items() if f["closed"]}
+
     def reports(self, lanes: dict[str, Any], final: bool) -> dict[str, ProducerReport]:
         """Every producer as the hub last said; ``final``: ask it for the producers' last words first."""
         import ray

@@ -86,14 +86,17 @@ class LaneSettings:
 
 class Lane:
     def __init__(self, name: str, actor: Any, settings: LaneSettings, *, reload: Reload | None = None,
-                 source: str = "", on_output: Callable[[str], None] | None = None) -> None:
+                 source: str = "", on_output: Callable[[str], None] | None = None,
+                 on_reduced: Callable[[dict[str, Any]], None] | None = None) -> None:
         """``reload``: reads a batch back from the spool (rank 0's lanes). ``source``: "" for the trainer's lane;
         a producer's source id for a producer's lane (its own sequence numbers at the same actor). ``on_output``:
-        where the lines the tracker printed go (the console's, in the order its answers arrive: batch order)."""
+        where the lines the tracker printed go (the console's, in the order its answers arrive: batch order).
+        ``on_reduced``: where the reduce lane's points go (rank 0's ``ReducedPoints``)."""
         self.name = name
         self.actor = actor
         self._source = source
         self._on_output = on_output
+        self._on_reduced = on_reduced
         self._max_bytes = settings.max_bytes
         self._max_inflight = settings.max_inflight
         self._dead_after_s = settings.dead_after_s
@@ -271,6 +274,8 @@ class Lane:
         """Take an answer of the actor: trim what it applied, merge its figures into the report."""
         if ack.output and self._on_output is not None:
             self._on_output(ack.output)
+        if ack.reduced and self._on_reduced is not None:
+            self._on_reduced(ack.reduced)
         applied, durable = ack.applied, ack.durable_seq
         now = time.time()
         while self._window:

@@ -190,6 +190,8 @@ class LaneActor:
                              sources={k: v for k, v in self._written.items() if k}, work=self._work, output=output)
         ack.state_unsaved_since = self._state_disk.off_since if self._state_disk is not None else 0.0
         ack.stored = self._state.stored()
+        if not source:  # the reduce lane's points go to rank 0, which logs them into every tracker
+            ack.reduced = self._host.take_reduced()
         return pack_ack(ack)
 
 

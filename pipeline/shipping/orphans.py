@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,8 +116,11 @@ def _delivered(folder: str) -> Adopted | None:
 class Orphans:
     """The producers' folder of one run, watched by rank 0's shipper thread."""
 
-    def __init__(self, directory: str, actors: dict[str, Any], settings: LaneSettings) -> None:
-        """``actors``: lane name -> its lane actor; ``settings``: the lanes' bounds (rank 0's)."""
+    def __init__(self, directory: str, actors: dict[str, Any], settings: LaneSettings,
+                 on_gone: Callable[[str, int], None] | None = None) -> None:
+        """``actors``: lane name -> its lane actor; ``settings``: the lanes' bounds (rank 0's); ``on_gone(source,
+        last batch)``: told of each producer found gone (the reduce lane stops waiting for it once that arrived)."""
+        self._on_gone = on_gone
         self._directory = directory
         self._actors = actors
         self._settings = settings
@@ -158,6 +162,8 @@ class Orphans:
         done = _delivered(folder)
         if done is not None:  # delivered by an earlier process of this run: its figures only
             self._adopted[name] = _Adoption(folder, None, done, {})
+            if self._on_gone is not None:
+                self._on_gone(done.source, 0)
             return
         try:
             spool = Spool(folder, max_bytes=2**62)  # never evicts: it only shrinks
@@ -179,6 +185,8 @@ class Orphans:
         lanes = {lane: Lane(lane, actor, self._settings, reload=SpoolReloader(spool), source=mark["source"])
                  for lane, actor in self._actors.items()}
         self._adopted[name] = _Adoption(folder, spool, figures, lanes)
+        if self._on_gone is not None:
+            self._on_gone(mark["source"], spool.last_seq)
         if figures.batches or figures.unshipped or tally.unspooled:
             log.warning("tracklane: producer %s is gone; rank 0 delivers its %d spooled batch(es) where they are "
                         "missing (%d of its calls never reached its spool)", mark["source"], figures.batches,

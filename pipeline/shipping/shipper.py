@@ -29,13 +29,14 @@ from pipeline.capture.convert import Converter
 from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.acks import Ack
 from pipeline.core.records import Metrics, Record, Text
-from pipeline.core.report import PipelineReport, ProducerReport
+from pipeline.core.report import PipelineReport, ProducerReport, ReductionReport
 from pipeline.node.busy import ThreadBusy
 from pipeline.shipping.buffer import RecordBuffer
 from pipeline.shipping.health import health_figures
 from pipeline.shipping.hub import HubWatch
 from pipeline.shipping.lane import Entry, Lane
 from pipeline.shipping.orphans import Orphans
+from pipeline.shipping.reduced import ReducedPoints
 from pipeline.shipping.spool_stage import SpoolStage
 from pipeline.shipping.tracker_calls import TrackerCalls
 from pipeline.spool.lane_state import StoredCopies
@@ -59,6 +60,7 @@ class _Barrier:
     started: float = field(default_factory=time.monotonic)
     target: int | None = None  # last seq that must be settled
     producer_targets: dict[str, int] | None = None  # closing: source id -> the producer's last batch before finish
+    reduce_phase: int = 0  # closing with a reduce lane: 1 its FINISH sent, 2 the points it answered with sent
     calls: dict[str, Any] = field(default_factory=dict)  # lane -> ref of flush()/close()
     done: threading.Event = field(default_factory=threading.Event)
     report: PipelineReport | None = None
@@ -68,7 +70,8 @@ class Shipper:
     def __init__(self, cfg: AsyncLogConfig, buffer: RecordBuffer, lanes: dict[str, Lane], converter: Converter, *,
                  spool: SpoolStage | None = None, tracker_calls: TrackerCalls | None = None,
                  progress: Callable[[Shipper, bool], None] | None = None, tally: Tally | None = None,
-                 orphans: Orphans | None = None, copies: StoredCopies | None = None) -> None:
+                 orphans: Orphans | None = None, copies: StoredCopies | None = None,
+                 reduced: ReducedPoints | None = None) -> None:
         """``converter``: captured calls -> records (a producer's puts its name before every key).
         ``spool``: rank 0's; batches are numbered after what an earlier process of the run used.
         ``tracker_calls``: rank 0's, to flush and close the trackers at barriers; a producer's shipper only drains.
@@ -76,6 +79,7 @@ class Shipper:
         ``tally``: a producer's exact counts on disk, told which calls each batch holds before it is spooled.
         ``orphans``: rank 0's; the spools of producers that died, delivered to the lanes (its close waits for them).
         ``copies``: rank 0's copy of each lane's state in its spool (for lanes on other nodes' disks).
+        ``reduced``: rank 0's, with a reduce lane: the points it completes, sent on into every tracker.
         ``hub`` (set with ``watch_producers``): rank 0's view of its producers; its close waits for them."""
         self._cfg = cfg
         self._tracker_calls = tracker_calls
@@ -87,6 +91,8 @@ class Shipper:
         self._tally = tally
         self._orphans = orphans
         self._copies = copies
+        self._reduced = reduced
+        self._next_hub_look = 0.0
         self._buffer = buffer
         self._lanes = lanes
         self._converter = converter
@@ -161,6 +167,8 @@ class Shipper:
                     lane.pump()
                 if self._orphans is not None:
                     self._orphans.pump()
+                if self._reduced is not None:
+                    self._send_reduced()
                 self._tell_about_dead_lanes()
                 self._release()
                 self._serve_barriers()
@@ -262,6 +270,18 @@ class Shipper:
                 time.sleep(0.01)
             lane.pump()
 
+    def _send_reduced(self) -> None:
+        """The reduce lane's new points (and rank 0's notices to it) into the stream, and producers that closed."""
+        assert self._reduced is not None
+        now = time.monotonic()
+        if self.hub is not None and now >= self._next_hub_look:
+            self._next_hub_look = now + 1.0
+            for source, last in self.hub.closed().items():
+                self._reduced.ended(source, last)
+        records = self._reduced.drain()
+        if records and not self._closing:
+            self._send(records)
+
     def _tell_about_dead_lanes(self) -> None:
         """A lane that gave up leaves its last error in every other tracker, as text ``error/lane/<name>``."""
         records: list[Record] = []
@@ -297,9 +317,24 @@ class Shipper:
                 barrier.target = self._seq
             if not barrier.calls and ((self._all_settled(barrier.target) and self._producers_settled(barrier)
                                        and self._orphans_settled(barrier)) or now >= barrier.drain_deadline):
+                if self._reduce_first(barrier, now):
+                    continue
                 barrier.calls = self._call_lanes(barrier)
             if barrier.calls and (self._calls_done(barrier) or now >= barrier.deadline):
                 self._answer(barrier, timed_out=now >= barrier.deadline)
+
+    def _reduce_first(self, barrier: _Barrier, now: float) -> bool:
+        """Closing with a reduce lane, once every producer's last batch is in it: its FINISH (it completes every
+        open step), then the points it answered with, each waited for like the batches before; True while so."""
+        if not barrier.closing or self._reduced is None or barrier.reduce_phase >= 2 or now >= barrier.drain_deadline:
+            return False
+        if barrier.reduce_phase == 0:
+            self._send([self._reduced.finish()])
+        else:  # its answer to the FINISH came (the lanes settled it): the points went out in that round
+            self._send_reduced()
+        barrier.reduce_phase += 1
+        barrier.target = self._seq
+        return True
 
     def _all_settled(self, target: int) -> bool:
         return all(lane.settled(target) for lane in self._lanes.values())
@@ -369,6 +404,8 @@ class Shipper:
             timed_out=timed_out,
             spool=self._spool.report() if self._spool is not None else None,
             producers=self._producer_reports(barrier.closing),
+            reductions=ReductionReport.of(self._reduced.figures, self._reduced.repeats)
+            if self._reduced is not None else None,
         ))
 
     def _producer_reports(self, final: bool) -> dict[str, ProducerReport]:

@@ -1,0 +1,87 @@
+"""The reduce lane's sink: every source's batches in, one point per key and step out (core/reduction.py).
+
+Not a tracker: its store is the reducer's state, one msgpack file rewritten after every batch (``flush``), so
+what it acknowledged survives its actor. It keeps the last batch of every source it applied in that state
+and skips a batch sent again, so a batch lands once even when its actor died between the file and the lane's
+own acknowledgement state. What it completes goes back to rank 0 (``take_reduced``, in the lane's answers), which
+logs it into every tracker and confirms it (core/reduction.py).
+
+Selected by ``trainer.async_log.reductions: true`` (the trainer adds it to the run's backends), never by
+``trainer.logger``. Settings: ``timeout_s`` (``trainer.async_log.reduce_timeout_s``) and ``state_path`` (set by
+the pipeline: the spool's lanes folder, or in memory only on the synchronous path).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+from pipeline.core.files import write_atomically
+from pipeline.core.records import Metrics, Record, Reduction, RunSpec
+from pipeline.core.reduction import PART, Reducer
+from pipeline.host.sink import Sink
+
+log = logging.getLogger("tracklane")
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class ReduceSink(Sink):
+    name = "reduce"
+
+    @classmethod
+    def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
+        return {"timeout_s": DEFAULT_TIMEOUT_S, "state_path": ""}  # the trainer's settings and the pipeline fill them
+
+    def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
+        super().__init__(run, settings)
+        self._path = str(self.settings.get("state_path") or "")
+        self.reducer = Reducer(float(self.settings.get("timeout_s", DEFAULT_TIMEOUT_S)))
+        self._source, self._apply = "", True  # the synchronous path has no batches: rank 0's, every time
+        self._fresh: list[list[Any]] = []
+        self._sent_pending = False  # a new actor's first answer carries every unconfirmed step again
+
+    def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
+        if self._path and os.path.exists(self._path):
+            with open(self._path, "rb") as handle:
+                self.reducer = Reducer.from_plain(msgpack.unpackb(handle.read(), raw=False, strict_map_key=False),
+                                                  self.reducer.timeout_s)
+        return {}
+
+    def begin_batch(self, source: str, seq: int, records: Sequence[Record]) -> None:
+        self._source, self._apply = source, self.reducer.begin(source, seq)
+
+    def write(self, records: Sequence[Record]) -> None:
+        if not self._apply:  # a batch this reducer applied before its lane's state said so
+            return
+        source, reducer = self._source, self.reducer
+        for record in records:
+            if isinstance(record, Reduction):
+                if record.role == PART:
+                    reducer.contribute(source, record.step, record.values, record.op, record.ops)
+                elif not source:  # notices come from rank 0 only
+                    reducer.notice(record.role, record.step, record.values)
+            elif not isinstance(record, Metrics) or record.axis is None:  # anything on the trainer's step
+                reducer.saw(source, record.step)
+        self._fresh.extend([step, points] for step, points in reducer.complete())
+        self._source, self._apply = "", True
+
+    def flush(self) -> None:
+        self._fresh.extend([step, points] for step, points in self.reducer.complete())  # a timeout may have passed
+        if self._path:
+            write_atomically(self._path, msgpack.packb(self.reducer.to_plain(), use_bin_type=True))
+
+    def take_reduced(self) -> dict[str, Any]:
+        if not self._sent_pending:
+            self._sent_pending = True
+            self._fresh = [[step, points] for step, points in sorted(self.reducer.pending.items())]
+        points, self._fresh = self._fresh, []
+        return {"points": points, "figures": self.reducer.figures()}
+
+    def where(self) -> str:
+        figures = self.reducer.figures()
+        return f"reduce: {figures['emitted']} steps reduced" + (f", state in {self._path}" if self._path else "")
