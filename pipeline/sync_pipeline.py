@@ -99,7 +99,7 @@ class SyncPipeline:
         spool = self._spool.report() if self._spool is not None else None
         return self._converter.counted(PipelineReport(
             lanes={name: _lane_report(name, host.ack(applied=0)) for name, host in self._hosts.items()},
-            reductions=ReductionReport.of(self._reduced.figures, self._reduced.repeats)
+            reductions=ReductionReport.of(self._reduced.figures, self._reduced.repeats, self._reduced.unlogged)
             if self._reduced is not None else None,
             dropped_records=self._late_drops, elapsed_s=time.monotonic() - started, spool=spool,
             spooled=dict(self._spool.records) if self._spool is not None else {}))

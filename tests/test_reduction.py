@@ -67,6 +67,28 @@ def test_rank0_and_declared_names_hold_a_step_until_they_got_past_it():
     assert reducer.complete() == [(0, {"x": 1.0})]
 
 
+def test_a_declared_name_that_never_logs_on_the_trainers_step_is_waited_for_only_the_timeout():
+    """A handle given to a process that never logs (or logs only on an axis of its own) holds steps back for
+    ``timeout_s`` from its declaration, once, not every step."""
+    clock = Clock()
+    reducer = Reducer(timeout_s=5, clock=clock)
+    reducer.notice(DECLARE, 0, {"w0": 0, "idle": 0, "axis": 0})
+    assert reducer.begin("axis#0000000000", 1)  # a batch of records on its own axis only: never saw() a step
+    for step in range(3):
+        clock.now = step * 2.0
+        _feed(reducer, SOURCES[0], step + 1, step, {"x": 1.0})
+        reducer.saw("", step + 1)
+        reducer.saw(SOURCES[0], step + 1)
+    assert reducer.complete() == []  # 4 s after the declaration
+    clock.now = 5.0
+    assert [step for step, _ in reducer.complete()] == [0, 1, 2]  # step 2 opened 1 s ago: past by all who log
+    _feed(reducer, SOURCES[0], 4, 3, {"x": 1.0})
+    assert reducer.complete() == []
+    reducer.saw(SOURCES[0], 4)
+    reducer.saw("", 4)
+    assert [step for step, _ in reducer.complete()] == [3]  # the two names no longer hold anything back
+
+
 def test_an_ended_producer_is_left_out_once_its_last_batch_arrived_and_the_step_is_reported():
     reducer = Reducer(timeout_s=60)
     reducer.notice(DECLARE, 0, {"w0": 0, "w1": 0})

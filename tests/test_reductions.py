@@ -1,4 +1,5 @@
-"""Metrics reduced across producers (``log(..., reduce=...)``), read back from every tracker's own store.
+"""Metrics reduced across producers (``log(..., reduce=...)``), read back from every tracker's own store (prometheus
+keeps only each key's latest value, not a history to compare: tests/test_prometheus_sink.py).
 
 Four Ray actors log the same keys at every step with each op; the values are chosen so every op's result is
 known (worker i logs ``s + i`` at step s). Every tracker must hold exactly one point per key and step, equal to
@@ -50,14 +51,14 @@ def reduced(stored: Stored) -> dict[tuple[int, str], float]:
 
 
 @pytest.mark.slow
-def test_four_producers_reduce_each_op_once_into_every_tracker(tmp_path, capfd, monkeypatch):
+def test_four_producers_reduce_each_op_once_into_every_tracker(tmp_path, offline_trackers, capfd, monkeypatch):
     stores = RunStores(tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "trackio")
     for key, value in stores.env().items():
         monkeypatch.setenv(key, value)
     stores.prepare()
     config = {"trainer": {"log_async": True, "async_log": {
         "flush_interval_s": 0.05, "reductions": True, "spool_dir": str(tmp_path / "spool")}}}
-    tracking = Tracking("reduce", "four", list(TRACKERS), config=config)
+    tracking = Tracking("reduce", "four", [*TRACKERS, "clearml"], config=config)
     assert tracking.wait_ready(120)
     workers = [Worker.remote(tracking.producer(f"w{i}"), i) for i in range(WORKERS)]
     first = [w.run.remote(0, KILL_AFTER) for w in workers]
@@ -87,8 +88,9 @@ def test_four_producers_reduce_each_op_once_into_every_tracker(tmp_path, capfd, 
     live = [i for i in range(WORKERS) if i != KILLED]
     want = {(step, key): value for step in range(STEPS)
             for key, value in expected(step, list(range(WORKERS)) if step <= KILL_AFTER else live).items()}
-    for tracker in TRACKERS:
-        stored = stores.read(tracker, "reduce", "four", output)
+    for tracker in [*TRACKERS, "clearml"]:
+        stored = stores.read(tracker, "reduce", "four", output) if tracker != "clearml" else \
+            _clearml(offline_trackers["clearml-cache"], tracking.run_id)
         assert not [twice for twice in stored.twice if twice[1] in OPS], (tracker, stored.twice[:5])
         got = reduced(stored)
         assert got.keys() == want.keys(), (tracker, sorted(set(want) ^ set(got))[:5])
@@ -97,6 +99,15 @@ def test_four_producers_reduce_each_op_once_into_every_tracker(tmp_path, capfd, 
         assert stored.points[(5, "w0/own")] == 5.0  # the producers' own keys still arrive, under their names
         kept = {(s, k): v for (s, k), v in stored.points.items() if k == "w1/r/max"}  # keep_per_producer
         assert kept == {(s, "w1/r/max"): float(s + 1) for s in range(0, STEPS, 2)}, tracker
+
+
+def _clearml(cache, run_id: str) -> Stored:
+    from workers.testing.readers.clearml_reader import read_clearml_run
+
+    stored = Stored()
+    for step, key, value in read_clearml_run(cache, run_id=run_id).points:
+        stored.add(int(step), key, float(value))
+    return stored
 
 
 def test_the_synchronous_path_reduces_rank0s_own_values_and_a_run_without_the_lane_counts_them(offline_trackers):

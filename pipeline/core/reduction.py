@@ -6,9 +6,10 @@ keeps one ``Reducer``, on disk after every batch, which decides when a step is c
 
 A step is complete (the lowest open one first, so the points leave in step order) when
   - rank 0 got past it (logged anything at a later step of the trainer), every source that contributed got past
-    it, and every producer name rank 0 handed out (``Tracking.producer``, a ``DECLARE``) has a source and all of
-    its sources got past it; a source rank 0 said ended (``ENDED``: it died or closed) is past every step once
-    its last batch arrived;
+    it, and every producer name rank 0 handed out (``Tracking.producer``, a ``DECLARE``) has a source logging on
+    the trainer's step and all such sources got past it; a source rank 0 said ended (``ENDED``: it died or closed)
+    is past every step once its last batch arrived. A name with no such source is waited for ``timeout_s`` from
+    its declaration, no longer (a handle given to a process that never logs, or logs only on an axis of its own);
   - or rank 0 is finishing (``FINISH``: every step open then; a resumed run opens new ones after it);
   - or it has been open ``timeout_s`` (a producer that stopped logging without dying).
 A contribution to a step already complete is late: counted, never applied. The points stay ``pending`` (and are
@@ -69,7 +70,8 @@ class Reducer:
         self.reached: dict[str, int] = {}
         """source -> the latest trainer step it logged anything at."""
         self.contributors: set[str] = set()
-        self.declared: set[str] = set()
+        self.declared: dict[str, float] = {}
+        """Producer name -> when its DECLARE came (this actor's clock: a new actor waits ``timeout_s`` again)."""
         self.ended: dict[str, int] = {}
         """source -> its last batch, as rank 0 said when it ended."""
         self._finishing = False  # a FINISH arrived: the next complete() takes every open step
@@ -127,7 +129,9 @@ class Reducer:
     def notice(self, role: str, step: int, values: Mapping[str, Any]) -> None:
         """One of rank 0's notices (``values``: producer names for DECLARE, source -> last batch for ENDED)."""
         if role == DECLARE:
-            self.declared.update(values)
+            now = self._clock()
+            for name in values:
+                self.declared.setdefault(name, now)
         elif role == ENDED:
             for source, last in values.items():
                 self.ended[source] = int(last)
@@ -160,9 +164,11 @@ class Reducer:
             return True
         if not self._past("", step) or not all(self._past(source, step) for source in self.contributors):
             return False
-        for name in self.declared:
-            mine = [source for source in self.seq if source and producer_name(source) == name]
-            if not mine or not all(self._past(source, step) for source in mine):
+        for name, since in self.declared.items():
+            mine = [source for source in self.reached if source and producer_name(source) == name]
+            if not mine and now - since < self.timeout_s:
+                return False
+            if not all(self._past(source, step) for source in mine):
                 return False
         return True
 
@@ -195,10 +201,10 @@ class Reducer:
                    clock: Callable[[], float] = time.monotonic) -> Reducer:
         reducer = cls(timeout_s, clock)
         reducer.seq, reducer.reached = dict(data["seq"]), dict(data["reached"])
-        reducer.contributors, reducer.declared = set(data["contributors"]), set(data["declared"])
+        now = clock()
+        reducer.contributors, reducer.declared = set(data["contributors"]), dict.fromkeys(data["declared"], now)
         reducer.ended = dict(data["ended"])
         reducer.open = {int(step): keys for step, keys in data["open"]}
-        now = clock()
         reducer.opened_at = {step: now for step in reducer.open}
         reducer.done = int(data["done"])
         reducer.pending = {int(step): points for step, points in data["pending"]}

@@ -135,18 +135,27 @@ class ReductionReport:
     """Values whose op differed from the op of the key's first value at that step: not in its points."""
     repeats: int = 0
     """Points a new reduce actor sent again that rank 0 held already: logged once."""
+    unlogged: int = 0
+    """Steps reduced after the trackers began to close: not in them; the reduce lane keeps them unconfirmed, and a
+    resumed run logs them."""
     left_out: dict[str, int] = field(default_factory=dict)
     """Producer source id -> the first step reduced without it (it died or closed before)."""
 
     @classmethod
-    def of(cls, figures: dict[str, Any], repeats: int) -> ReductionReport:
+    def of(cls, figures: dict[str, Any], repeats: int, unlogged: int) -> ReductionReport:
         return cls(steps=int(figures.get("emitted", 0)), open_steps=int(figures.get("open", 0)),
                    late=int(figures.get("late", 0)), conflicts=int(figures.get("conflicts", 0)), repeats=repeats,
-                   left_out={str(k): int(v) for k, v in (figures.get("left_out") or {}).items()})
+                   unlogged=unlogged, left_out={str(k): int(v) for k, v in (figures.get("left_out") or {}).items()})
+
+    @property
+    def complete(self) -> bool:
+        return self.late == self.conflicts == self.unlogged == 0
 
     def line(self) -> str:
         text = (f"reductions: {self.steps} steps reduced, {self.open_steps} still open, {self.late} late values, "
                 f"{self.conflicts} with another op (neither in any point)")
+        if self.unlogged:
+            text += f", {self.unlogged} reduced after the trackers closed (logged by a resumed run)"
         if self.left_out:
             text += "; " + ", ".join(f"{source} left out from step {step}" for source, step in self.left_out.items())
         return text
@@ -191,7 +200,7 @@ class PipelineReport:
         return (not self.timed_out and self.buffered_records == 0 and self.dropped_records == 0
                 and self.rejected_records == 0 and all(lane.complete for lane in self.lanes.values())
                 and (self.spool is None or self.spool.damaged == 0)
-                and (self.reductions is None or self.reductions.late + self.reductions.conflicts == 0)
+                and (self.reductions is None or self.reductions.complete)
                 and all(producer.complete for producer in self.producers.values()))
 
     def summary(self) -> str:

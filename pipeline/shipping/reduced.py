@@ -57,6 +57,12 @@ class ReducedPoints:
         """The notice that completes every open step: sent once every producer's last batch is in the lanes."""
         return Reduction(step=0, time=time.time(), role=FINISH, only=[LANE])
 
+    @property
+    def unlogged(self) -> int:
+        """Points taken and not yet sent on (at a report: they came after the trackers closed; the reducer keeps
+        them unconfirmed, so a resumed run logs them)."""
+        return sum(1 for record in self._out if isinstance(record, Metrics))
+
     def drain(self) -> list[Record]:
         """What to send next, in order (the shipper sends it as one batch)."""
         out, self._out = self._out, []

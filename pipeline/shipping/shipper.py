@@ -278,8 +278,10 @@ class Shipper:
             self._next_hub_look = now + 1.0
             for source, last in self.hub.closed().items():
                 self._reduced.ended(source, last)
+        if self._closing:  # the trackers are closing: what comes now stays unconfirmed in the reducer (reported)
+            return
         records = self._reduced.drain()
-        if records and not self._closing:
+        if records:
             self._send(records)
 
     def _tell_about_dead_lanes(self) -> None:
@@ -404,7 +406,7 @@ class Shipper:
             timed_out=timed_out,
             spool=self._spool.report() if self._spool is not None else None,
             producers=self._producer_reports(barrier.closing),
-            reductions=ReductionReport.of(self._reduced.figures, self._reduced.repeats)
+            reductions=ReductionReport.of(self._reduced.figures, self._reduced.repeats, self._reduced.unlogged)
             if self._reduced is not None else None,
         ))
 
