@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
+from typing import Any
 
-from pipeline.capture.captured import METRICS, METRICS_ON_AXIS, REDUCE, REDUCE_NOTICE, SYSTEM_METRICS, Captured
+from pipeline.capture.captured import KIND, METRICS, METRICS_ON_AXIS, REDUCE, REDUCE_NOTICE, SYSTEM_METRICS, Captured
 from pipeline.capture.rich import RecordLimits, RichConverter, thin
 from pipeline.core.records import SYSTEM_AXIS, Generations, Metrics, Record, Reduction, Trajectories
 from pipeline.core.reduction import LANE as REDUCE_LANE
@@ -49,11 +50,10 @@ class Converter:
 
     def record(self, item: Captured) -> Record | None:
         raw_step, payload, when, backend, kind, _size = item  # Captured's layout (the caller builds plain tuples)
-        step = as_number(raw_step)
-        if type(step) is not int:
-            self._reject(kind, f"step {raw_step!r} is not an integer")
+        step = self._step(raw_step, kind)
+        if step is None:
             return None
-        only = None if backend is None else ([backend] if isinstance(backend, str) else [str(b) for b in backend])
+        only = _only(backend)
         if kind in _METRIC_KINDS:
             data, prefix, axis = payload, self._prefix, self._axis
             if kind == METRICS_ON_AXIS:
@@ -74,7 +74,7 @@ class Converter:
     def records(self, item: Captured) -> list[Record]:
         """The records of one captured item: one, or for samples that backends limit differently, one per
         group of backends with the same limit (each addressed to its group with ``only``); none if rejected."""
-        if item[4] in _REDUCTION_KINDS:
+        if item[KIND] in _REDUCTION_KINDS:
             return self._reduction(item)
         record = self.record(item)
         if record is None:
@@ -89,9 +89,8 @@ class Converter:
         also as plain metrics under the producer's prefix (rank 0's under ``rank0/``: its own keys are the reduced
         points'). Rank 0's notices to the reducer go as they are."""
         raw_step, payload, when, backend, kind, _size = item
-        step = as_number(raw_step)
-        if type(step) is not int:
-            self._reject(kind, f"step {raw_step!r} is not an integer")
+        step = self._step(raw_step, kind)
+        if step is None:
             return []
         if REDUCE_LANE not in self._backends:
             self._reject(kind, "reduce= needs the reduce lane: set trainer.async_log.reductions: true")
@@ -112,9 +111,8 @@ class Converter:
         records: list[Record] = [Reduction(step=step, time=when, role=PART, values=values, op=op, ops=ops,
                                            only=[REDUCE_LANE])]
         if keep:
-            only = None if backend is None else ([backend] if isinstance(backend, str) else [str(b) for b in backend])
             records.append(Metrics(step=step, values=self.metrics.clean(data, self._prefix or "rank0/"), time=when,
-                                   only=only))
+                                   only=_only(backend)))
         return records
 
     def _per_backend(self, record: Record, limit_name: str, attribute: str) -> list[Record]:
@@ -135,6 +133,14 @@ class Converter:
         return [dataclasses.replace(record, **{attribute: kept[limit]}, only=names)  # type: ignore[arg-type]
                 for limit, names in groups.items()]
 
+    def _step(self, raw_step: object, kind: str) -> int | None:
+        """The call's step as an int; None (rejected, counted) if it is none."""
+        step = as_number(raw_step)
+        if type(step) is not int:
+            self._reject(kind, f"step {raw_step!r} is not an integer")
+            return None
+        return step
+
     def _reject(self, kind: str, why: str) -> None:
         self.rejected += 1
         log.warning("tracklane: a %s record was skipped: %s", kind, why)
@@ -150,3 +156,9 @@ class Converter:
             lane.sampled_out = self.sampled_out_by.get(name, 0)
         return report
 
+
+def _only(backend: Any) -> list[str] | None:
+    """``backend=`` of a call as a record's ``only``: None (every tracker) or a list of names."""
+    if backend is None:
+        return None
+    return [backend] if isinstance(backend, str) else [str(b) for b in backend]

@@ -332,8 +332,7 @@ class Shipper:
             return False
         if barrier.reduce_phase == 0:
             self._send([self._reduced.finish()])
-        else:  # its answer to the FINISH came (the lanes settled it): the points went out in that round
-            self._send_reduced()
+        # else: its answer to the FINISH came (the lanes settled it), and this round's _send_reduced sent the points
         barrier.reduce_phase += 1
         barrier.target = self._seq
         return True

@@ -48,7 +48,7 @@ class ReduceSink(Sink):
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         if self._path and os.path.exists(self._path):
             with open(self._path, "rb") as handle:
-                self.reducer = Reducer.from_plain(msgpack.unpackb(handle.read(), raw=False, strict_map_key=False),
+                self.reducer = Reducer.from_plain(msgpack.unpackb(handle.read(), raw=False),
                                                   self.reducer.timeout_s)
         return {}
 
