@@ -1,6 +1,6 @@
 """The fault suite's scenarios, with figures: what each fault costs, read back from the trackers' own stores.
 
-    python -m benchmarks.faults [--long] [--only sigkill,actors,outage,slow,hung,damage] [--out DIR]
+    python -m benchmarks.faults [--long] [--only sigkill,reduce,actors,dumps,outage,slow,hung,damage] [--out DIR]
 
 Each scenario stages one fault for real and counts, per tracker, the points it holds exactly once,
 the ones missing and the ones stored twice (from the tracker's own files or server, never from
@@ -10,6 +10,8 @@ figures; ``--long`` runs the sizes the README's Reliability section quotes (minu
     sigkill   the trainer SIGKILLed mid-run, then resumed with the same run id and spool
     reduce    the same with 4 producers whose values the run reduces (log(..., reduce=...)): each step once
     actors    every lane actor SIGKILLed several times mid-run
+    dumps     the same while every step also logs a rollout dump shipped in chunks (the bulk stream), the trainer
+              then SIGKILLed mid-dump and resumed: every scalar and every rollout row once
     outage    the MLflow server unreachable (a cut loopback proxy) for a while, then back
     slow      a tracker ~10x slower than the producer: memory and disk stay within bounds, drops counted
     hung      finish() with a tracker that hangs: returns by its deadline; `tracklane replay` delivers the rest
@@ -61,6 +63,7 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--pause", type=float, default=0.02)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--finish", action="store_true", help="finish at the end (else wait to be killed)")
+    parser.add_argument("--rows", type=int, default=0, help="rollout rows to log at every step (a dump)")
     parser.add_argument("--reduce-workers", type=int, default=0,
                         help="Ray actors that log REDUCED's keys (reduce=) at every step before the trainer does")
     args = parser.parse_args(argv)
@@ -76,6 +79,8 @@ def child_main(argv: list[str]) -> int:
 
             ray.get([worker.log.remote(step) for worker in workers])
         tracking.log(values(step, args.keys), step=step)
+        if args.rows:
+            tracking.log_trajectories(rollouts(step, args.rows), step=step)
         print(f"logged {step} {time.time():.6f}", flush=True)
         time.sleep(args.pause)
     if not args.finish:
@@ -89,6 +94,33 @@ def child_main(argv: list[str]) -> int:
     report = tracking.finish(timeout=300)
     print("finished " + json.dumps({"complete": report.complete, "summary": report.summary()}), flush=True)
     return 0
+
+
+def rollouts(step: int, rows: int) -> list[dict[str, Any]]:
+    """A step's dump: ``rows`` trajectories of ~1 KB, each named by (step, sample_index) in its meta."""
+    return [{"messages": [{"role": "assistant", "content": f"step {step} row {i} " + "x" * 1000}],
+             "rewards": {"score": float(i % 3)}, "meta": {"sample_index": i, "logged_step": step}} for i in range(rows)]
+
+
+def stored_rows(work: Path) -> Counter:
+    """(step, sample_index) -> how many times the file tracker holds that rollout row."""
+    rows: Counter = Counter()
+    for path in (work / "metrics_rollouts").glob("*.jsonl"):
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                row = json.loads(line)
+                rows[(row["step"], row["meta"]["sample_index"])] += 1
+    return rows
+
+
+def tally_rows(stored: Counter, must: set[int], may: set[int], rows: int) -> dict[str, int]:
+    """Rollout rows that must be there and may be there: once, missing, twice (tally's terms)."""
+    expected = {(step, i) for step in must for i in range(rows)}
+    allowed = expected | {(step, i) for step in may for i in range(rows)}
+    return {"expected": len(expected), "once": sum(1 for row in expected if stored.get(row) == 1),
+            "missing": sum(1 for row in expected if row not in stored),
+            "duplicated": sum(1 for n in stored.values() if n > 1),
+            "unexpected": sum(1 for row in stored if row not in allowed)}
 
 
 REDUCED = {"r/mean": "mean", "r/sum": "sum", "r/min": "min", "r/max": "max", "r/count": "count"}
@@ -381,6 +413,61 @@ def actor_kills(work: Path, mlflow_uri: str, steps: int = 600, keys: int = 20, k
             "complete": report.complete, "summary": report.summary(), "trackers": per_tracker}
 
 
+# -- dumps: lane actors and then the trainer SIGKILLed while rollout dumps are on their way --------------------
+def dump_kills(work: Path, mlflow_uri: str, steps: int = 40, rows: int = 2000, keys: int = 10,
+               trackers: tuple[str, ...] = ("file", "tensorboard", "wandb"), pause: float = 0.1) -> dict[str, Any]:
+    """Each step logs ``keys`` scalars and a dump of ``rows`` rows (~2 MB, shipped in 256 KB chunks in the bulk
+    stream); every lane actor is SIGKILLed twice mid-run. Every scalar is once in every tracker and every row once
+    in the file tracker (the dashboards get a 64-row sample, small: with the scalars)."""
+    from pipeline import Tracking
+
+    experiment = f"dumps-{uuid.uuid4().hex[:6]}"
+    with _environment(tracker_env(work, mlflow_uri)):
+        tracking = Tracking(PROJECT, experiment, list(trackers),
+                            config=_config(work, flush_interval_s=0.1, max_batch_bytes=256 * 1024))
+        tracking.flush(timeout=180)
+        plan = _kill_plan(list(trackers), steps, 2)
+        killed: set[int] = set()
+        for step in range(1, steps + 1):
+            tracking.log(values(step, keys), step=step)
+            tracking.log_trajectories(rollouts(step, rows), step=step)
+            for name in plan.get(step, ()):
+                _kill_lane(tracking, name, killed)
+            time.sleep(pause)
+        report = tracking.finish(timeout=300)
+    must = set(range(1, steps + 1))
+    per_tracker = {t: tally(stored_points(t, work, tracking.run_id, experiment, mlflow_uri), must, set(), keys)
+                   for t in trackers}
+    per_tracker["file rows"] = tally_rows(stored_rows(work), must, set(), rows)
+    return {"scenario": "dumps", "steps": steps, "rows": rows, "kills": sum(len(v) for v in plan.values()),
+            "restarts": {name: lane.restarts for name, lane in report.lanes.items()},
+            "complete": report.complete, "summary": report.summary(), "trackers": per_tracker}
+
+
+def sigkill_dumps(work: Path, mlflow_uri: str, steps: int = 60, rows: int = 2000, keys: int = 10,
+                  trackers: tuple[str, ...] = ("file", "tensorboard"), flush_interval_s: float = 0.2) -> dict[str, Any]:
+    """The trainer SIGKILLed while dumps are shipped a chunk at a time, then resumed: every row and scalar of a step
+    logged well before the kill is once in the file tracker (a dump's spooled chunks are delivered by the resumed
+    run); a step near the kill at most once."""
+    run_id, experiment = uuid.uuid4().hex[:12], f"sigdumps-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, **tracker_env(work, mlflow_uri)}
+    async_log = json.dumps({"spool_dir": str(work / "spool"), "flush_interval_s": flush_interval_s,
+                            "max_batch_bytes": 256 * 1024, "ray_init": {"num_cpus": os.cpu_count() or 1}})
+    common = ["--run-id", run_id, "--experiment", experiment, "--backends", ",".join(trackers),
+              "--async-log", async_log, "--keys", str(keys), "--pause", "0.1", "--rows", str(rows)]
+    first, killed_at = _run_then_kill(common, env, work, steps, int(steps * 0.7))
+    # A dump is spooled a chunk at a time behind the calls after it: ~2 MB at tens of MB/s, well within 3 s.
+    must = {step for step, when in first.logged.items() if when < killed_at - (flush_interval_s + 3.0)}
+    may = set(first.logged) - must
+    resumed = _resume_to_the_end(common, env, work)
+    must |= set(range(10_001, 10_021))
+    per_tracker = {t: tally(stored_points(t, work, run_id, experiment, mlflow_uri), must, may, keys) for t in trackers}
+    per_tracker["file rows"] = tally_rows(stored_rows(work), must, may, rows)
+    return {"scenario": "sigkill-dumps", "steps_logged": len(first.logged), "must_steps": len(must),
+            "complete_after_resume": bool(resumed.finished and resumed.finished["complete"]),
+            "summary": resumed.finished["summary"] if resumed.finished else "", "trackers": per_tracker}
+
+
 def _kill_plan(trackers: list[str], steps: int, kills_per_lane: int) -> dict[int, list[str]]:
     plan: dict[int, list[str]] = {}
     slots = len(trackers) * kills_per_lane
@@ -620,7 +707,7 @@ def _p50(values: list[float]) -> float:
     return sorted(values)[len(values) // 2] if values else 0.0
 
 
-SCENARIOS = ("sigkill", "reduce", "actors", "outage", "slow", "hung", "damage")
+SCENARIOS = ("sigkill", "reduce", "actors", "dumps", "outage", "slow", "hung", "damage")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -653,6 +740,9 @@ def run_scenario(name: str, work: Path, mlflow_uri: str, long: bool) -> dict[str
         return sigkill_reductions(work, mlflow_uri, steps=1000 if long else 300)
     if name == "actors":
         return actor_kills(work, mlflow_uri, steps=3000 if long else 600, kills_per_lane=3 if long else 2)
+    if name == "dumps":
+        return {"lane kills": dump_kills(work / "actors", mlflow_uri, steps=120 if long else 40),
+                "trainer kill": sigkill_dumps(work / "trainer", mlflow_uri, steps=200 if long else 60)}
     if name == "outage":
         return mlflow_outage(work, mlflow_uri, down_s=20.0, steps=2000) if not long else \
             {"20s": mlflow_outage(work / "20", mlflow_uri, down_s=20.0, steps=3000),

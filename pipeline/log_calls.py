@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline.capture.captured import METRICS, METRICS_ON_AXIS, REDUCE
+from pipeline.core.records import BULK_KINDS
 from pipeline.core.values import BYTES_PER_ENTRY
 
 log = logging.getLogger("tracklane")
@@ -21,9 +22,11 @@ _now = time.time
 
 
 class LogCalls:
-    """Needs ``_put`` (the pipeline's put), ``_report`` (None until finished), ``_rejected`` and ``_drop_late()``."""
+    """Needs ``_put`` and ``_put_bulk`` (the pipeline's puts of small and of bulk records), ``_report`` (None until
+    finished), ``_rejected`` and ``_drop_late()``."""
 
     _put: Any
+    _put_bulk: Any
     _report: Any
     _rejected: int
 
@@ -113,7 +116,8 @@ class LogCalls:
     def _rich(self, kind: str, step: int, payload: tuple, backend: Any, size: int) -> None:
         if self._report is not None:
             return self._drop_late()
-        self._put((step, payload, _now(), backend, kind, size))  # a Captured
+        put = self._put_bulk if kind in BULK_KINDS else self._put  # small records overtake bulk (buffer.py)
+        put((step, payload, _now(), backend, kind, size))  # a Captured
 
     def _reject(self, call: str, data: Any) -> None:
         self._rejected += 1

@@ -23,7 +23,10 @@ class Pipe(Protocol):
         """The latest ``tracklane/*`` figures (empty on the synchronous path)."""
 
     def put(self, item: Captured) -> None:
-        """Take one captured ``log*()`` call; never raises."""
+        """Take one captured ``log*()`` call of a small record; never raises."""
+
+    def put_bulk(self, item: Captured) -> None:
+        """Take one captured call of a bulk kind (``BULK_KINDS``: rollouts, generations, images, artifacts)."""
 
     def drop_late(self) -> None:
         """Count a record logged after ``close()``."""

@@ -47,7 +47,8 @@ class Producer(LogCalls):
         self._lock = threading.Lock()
         self._report = None
         self._rejected = 0
-        self._put: Any = self._start  # rebound to the buffer's put once started
+        self._put: Any = self._start  # rebound to the buffer's puts once started
+        self._put_bulk: Any = self._start_bulk
 
     def __getstate__(self) -> dict[str, Any]:
         # Only the spec travels: each process that unpickles it starts its own buffer and shipper.
@@ -59,13 +60,19 @@ class Producer(LogCalls):
         self._init_local()
 
     def _start(self, item: Any) -> None:
+        self._started().put(item)
+
+    def _start_bulk(self, item: Any) -> None:
+        self._started().put_bulk(item)
+
+    def _started(self) -> Any:
         from pipeline.shipping.producer_pipeline import ProducerPipeline  # Ray: loaded where a producer logs
 
         with self._lock:
             if self._pipeline is None:
                 self._pipeline = ProducerPipeline(self.name, self.key_prefix, self.axis, self.spec)
-                self._put = self._pipeline.put
-        self._pipeline.put(item)
+                self._put, self._put_bulk = self._pipeline.put, self._pipeline.put_bulk
+        return self._pipeline
 
     @property
     def source(self) -> str:

@@ -23,6 +23,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.records import Record, RunSpec
 from pipeline.core.reduction import LANE as REDUCE_LANE
 from pipeline.core.report import LaneInfo, LaneReport, PipelineReport, ReductionReport
+from pipeline.host.registry import takes_pieces
 from pipeline.host.sink_host import SinkHost
 from pipeline.shipping.reduced import ReducedPoints
 from pipeline.sync_spool import SyncSpool
@@ -35,7 +36,8 @@ class SyncPipeline:
         self._hosts = {name: host_class(name, cls(run, settings), cfg.sink_retries, cfg.retry_backoff_s)
                        for name, (cls, settings) in backends.items()}
         self.health: dict[str, float | int] = {}  # nothing queues on this path: no lag, no queue
-        self._converter = Converter(limits, backends=list(backends))
+        self._converter = Converter(limits, backends=list(backends), pieces=takes_pieces(backends))
+        self._chunk_bytes = cfg.max_batch_bytes
         self._late_drops = 0
         self._last_step: Any = None
         self._spool = SyncSpool(cfg, run, {name: settings for name, (_, settings) in backends.items()}) \
@@ -50,6 +52,15 @@ class SyncPipeline:
         """Write one captured item into every tracker it is addressed to, in turn."""
         self._last_step = item[STEP]
         self._write(self._converter.records(item))
+
+    def put_bulk(self, item: Captured) -> None:
+        """A bulk item, a dump written a chunk (``max_batch_bytes``) at a time: it is never converted whole."""
+        self._last_step = item[STEP]
+        now, later = self._converter.staged(item, self._chunk_bytes, self._chunk_bytes)
+        self._write(now)
+        for rest in later:
+            for record in rest:
+                self._write([record])
 
     def _write(self, records: list[Record]) -> None:
         if not records:

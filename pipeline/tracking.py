@@ -81,6 +81,7 @@ class Tracking(LogCalls):
         # Bound once: log() is the hot path. It is fed plain tuples in Captured's field order (captured.py
         # says why: Captured(...) itself costs microseconds on a cold cache).
         self._put: Any = self._pipe.put
+        self._put_bulk: Any = self._pipe.put_bulk
         self._max_chars = limits.max_chars  # the converter cuts longer text (head kept): the crash record fits in it
         self._report: PipelineReport | None = None
         self._warned_late = False

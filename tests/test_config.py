@@ -15,7 +15,7 @@ from pipeline.host.sink import Sink
 def test_defaults():
     """An absent trainer.async_log gives the documented defaults."""
     cfg = async_log_config(None)
-    assert cfg == AsyncLogConfig() and cfg.overflow == "drop_oldest" and cfg.flush_interval_s == 0.5
+    assert cfg == AsyncLogConfig() and cfg.overflow == "spill" and cfg.flush_interval_s == 0.5
 
 
 def test_unknown_key_is_named():
@@ -25,7 +25,7 @@ def test_unknown_key_is_named():
 
 
 @pytest.mark.parametrize("section, message", [
-    ({"overflow": "spill"}, "overflow must be one of drop_oldest, block"),
+    ({"overflow": "spill_over"}, "overflow must be one of spill, drop_oldest, block"),
     ({"queue_max_bytes": 0}, "queue_max_bytes must be > 0"),
     ({"flush_interval_s": "fast"}, "flush_interval_s must be a number"),
     ({"compression_level": 40}, "compression_level must be in 1..22"),

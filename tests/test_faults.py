@@ -67,6 +67,25 @@ def test_lane_actors_sigkilled_repeatedly_lose_and_duplicate_nothing(tmp_path, m
 
 
 @pytest.mark.slow
+def test_lane_actors_sigkilled_while_dumps_flow_lose_and_duplicate_no_row(tmp_path, mlflow_server_uri):
+    """Every lane actor SIGKILLed twice while each step's rollout dump goes in chunks (the bulk stream, its own
+    watermark at the actor): every scalar once in every tracker, every row once in the file tracker."""
+    result = faults.dump_kills(tmp_path, mlflow_server_uri, steps=24, rows=1500)
+    assert result["complete"], result["summary"]
+    assert all(n >= 2 for name, n in result["restarts"].items()), result["restarts"]
+    _exactly_once(result)
+
+
+@pytest.mark.slow
+def test_trainer_sigkilled_mid_dump_then_resumed_has_every_row_once(tmp_path, mlflow_server_uri):
+    """The trainer SIGKILLed while dumps flow, then resumed: rows and scalars of the steps spooled before the kill
+    are in the file tracker once; the steps near it at most once."""
+    result = faults.sigkill_dumps(tmp_path, mlflow_server_uri, steps=40, rows=1500)
+    assert result["complete_after_resume"], result
+    _exactly_once(result)
+
+
+@pytest.mark.slow
 def test_mlflow_down_then_back_loses_and_duplicates_nothing(tmp_path, mlflow_server_uri):
     """MLflow unreachable for 6 s (its connections refused; longer than the sink's own 3.5 s of retries, so the lane
     holds the batches and retries them) then back: MLflow holds every point once, the file lane too, and nothing
@@ -99,7 +118,7 @@ def test_finish_with_a_hung_tracker_returns_by_its_deadline_and_replay_delivers_
     """finish() with MLflow hanging returns by its deadline naming what is left and the replay command;
     `python -m pipeline replay` then delivers it: every point once, the run FINISHED."""
     result = faults.hung_finish_then_replay(tmp_path, mlflow_server_uri, steps=200, keys=10, finish_timeout_s=8.0)
-    assert result["finish_s"] <= result["finish_timeout_s"] + 6.0, result
+    assert result["finish_s"] <= result["finish_timeout_s"] + 1.0, result
     assert result["left_at_finish"] > 0 and "tracklane replay" in result["summary_at_finish"], result
     assert result["replay_rc"] == 0, result["replay_stderr_tail"]
     assert result["mlflow_status"] == "FINISHED"

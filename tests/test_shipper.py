@@ -16,8 +16,9 @@ from pipeline.capture.rich import RecordLimits
 from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.acks import Ack, SinkCounts
 from pipeline.shipping.buffer import RecordBuffer
-from pipeline.shipping.lane import Lane, LaneSettings
+from pipeline.shipping.lane import LaneSettings
 from pipeline.shipping.shipper import Shipper
+from pipeline.shipping.streams import TrackerLane
 from pipeline.shipping.tracker_calls import TrackerCalls
 from pipeline.wire.ack import pack_ack
 from pipeline.wire.batch import decode_batch
@@ -42,7 +43,7 @@ class FakeTracker:
     def _ack(self, gap: bool = False, **extra) -> bytes:
         return pack_ack(Ack(applied=self.applied, gap=gap, pid=os.getpid(), **extra))
 
-    def ready(self) -> bytes:
+    def ready(self, source: str = "") -> bytes:  # the lane's bulk stream asks too: it never sends anything here
         return self._ack()
 
     def apply(self, seq: int, prev: int, blob: bytes) -> bytes:
@@ -100,7 +101,7 @@ def _config(**overrides) -> AsyncLogConfig:
 def _shipper(cfg: AsyncLogConfig, actors: dict) -> Shipper:
     settings = LaneSettings(max_bytes=cfg.lane_max_bytes, max_inflight=cfg.max_inflight_batches, dead_after_s=60.0,
                             startup_timeout_s=cfg.startup_timeout_s)
-    lanes = {name: Lane(name, actor, settings) for name, actor in actors.items()}
+    lanes = {name: TrackerLane(name, actor, settings) for name, actor in actors.items()}
     buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
     shipper = Shipper(cfg, buffer, lanes, Converter(RecordLimits(), backends=list(lanes)), tracker_calls=TrackerCalls())
     shipper.start()
@@ -278,7 +279,7 @@ class SlowTracker:
     def __init__(self) -> None:
         self.applied = 0
 
-    def ready(self):
+    def ready(self, source=""):
         return pack_ack(Ack(applied=0))
 
     def apply(self, seq, prev, blob):

@@ -243,3 +243,30 @@ class SpoolMachine(RuleBasedStateMachine):
 SpoolMachine.TestCase.settings = settings(max_examples=FUZZ or 150, stateful_step_count=30, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 test_spool_state_machine = SpoolMachine.TestCase
+
+
+def test_a_frame_keeps_its_stream_and_audience_across_a_reopen(tmp_path):
+    """Each batch's stream (small or bulk) and the lanes it is for survive a crash: a resume routes it without
+    reading it; a frame of the first format (no stream, no audience) is still read, as a small batch for all."""
+    import struct
+
+    import crc32c
+
+    spool = Spool(str(tmp_path))
+    spool.append(1, 3, 1.5, _payload(1))
+    spool.append(2, 1, 2.5, _payload(2, 5000), bulk=True, audience=frozenset({"file"}))
+    spool.append(3, 2, 3.5, _payload(3), audience=frozenset({"wandb", "file"}))
+    _crash(spool)
+    old = tmp_path / "old"
+    old.mkdir()
+    checked = struct.pack("<QId", 9, 4, 9.5)
+    payload = _payload(9)
+    header = struct.pack("<4sIIQId", b"TLS1", len(payload), crc32c.crc32c(payload, crc32c.crc32c(checked)), 9, 4, 9.5)
+    (old / f"seg-{9:016d}.tls").write_bytes(header + payload)
+    back = Spool(str(tmp_path), readonly=True)
+    assert [(e.seq, e.records, e.oldest_time, e.bulk, e.audience) for e in back.entries()] == [
+        (1, 3, 1.5, False, None), (2, 1, 2.5, True, frozenset({"file"})), (3, 2, 3.5, False, frozenset({"wandb", "file"}))]
+    assert [back.read(seq) for seq in (1, 2, 3)] == [_payload(1), _payload(2, 5000), _payload(3)]
+    [first] = Spool(str(old), readonly=True).entries()
+    assert (first.seq, first.records, first.bulk, first.audience) == (9, 4, False, None)
+    assert Spool(str(old), readonly=True).read(9) == payload

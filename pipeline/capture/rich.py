@@ -21,7 +21,8 @@ import numpy as np
 from pipeline.core.errors import ConfigError
 from pipeline.core.histogram import histogram_figures
 from pipeline.core.png import PNG_SIGNATURE, encode_png
-from pipeline.core.records import Artifact, Generations, Histogram, Image, Record, Text, Trajectories, Trajectory
+from pipeline.core.records import Artifact, Histogram, Image, Record, Text, Trajectory
+from pipeline.core.trajectory_lines import trajectory_line
 
 log = logging.getLogger("tracklane")
 
@@ -108,14 +109,14 @@ def record_limits(section: Mapping[str, Any] | None) -> RecordLimits:
     return RecordLimits(**section)
 
 
-def thin(items: Sequence[Any], limit: int | None) -> list[Any]:
-    """At most ``limit`` of ``items`` (None: all), evenly spaced so that a batch stays represented."""
-    items = list(items)
-    if limit is None or len(items) <= limit:
-        return items
+def thin_indices(count: int, limit: int | None) -> Sequence[int]:
+    """The indices of at most ``limit`` of ``count`` items (None: all), evenly spaced so that a batch stays
+    represented."""
+    if limit is None or count <= limit:
+        return range(count)
     if limit == 0:
         return []
-    return [items[i] for i in np.linspace(0, len(items) - 1, limit).round().astype(int)]
+    return np.linspace(0, count - 1, limit).round().astype(int).tolist()
 
 
 class RichConverter:
@@ -131,25 +132,23 @@ class RichConverter:
         """How many samples or trajectories the latest call was given (before thinning)."""
         self._warned: set[str] = set()
         self._builders: dict[str, Callable[[int, tuple, float, list[str] | None], Record]] = {
-            Generations.kind: self.generations, Trajectories.kind: self.trajectories, Histogram.kind: self.histogram,
-            Text.kind: self.text, Image.kind: self.image, Artifact.kind: self.artifact,
+            Histogram.kind: self.histogram, Text.kind: self.text, Image.kind: self.image, Artifact.kind: self.artifact,
         }
 
     def build(self, kind: str, step: int, payload: tuple, when: float, only: list[str] | None) -> Record:
         """The record of ``kind`` from what its ``log_*`` call captured; raises on malformed input."""
         return self._builders[kind](step, payload, when, only)
 
+    # -- samples, one at a time (the converter thins and chunks them: convert.py) ------------
+    def generation_row(self, sample: Sequence[Any]) -> list[Any]:
+        """One validation sample as the row [input, output, score]."""
+        return [self._text(sample[0]), self._text(sample[1]), _score(sample[2])]
+
+    def trajectory_line(self, item: Any, step: int) -> bytes:
+        """One rollout as the file tracker's JSON line (trajectory_lines.py)."""
+        return trajectory_line(self._trajectory(item), step)
+
     # -- one method per kind: (step, payload, time, only) -> record ------------------------
-    def generations(self, step: int, payload: tuple, when: float, only: list[str] | None) -> Generations:
-        samples, key = payload
-        rows = [[self._text(s[0]), self._text(s[1]), _score(s[2])] for s in self._thin(samples, self.limits.max_generations)]
-        return Generations(step=step, samples=rows, time=when, key=key, only=only)
-
-    def trajectories(self, step: int, payload: tuple, when: float, only: list[str] | None) -> Trajectories:
-        items, key = payload
-        kept = [self._trajectory(t) for t in self._thin(items, self.limits.max_trajectories)]
-        return Trajectories(step=step, trajectories=kept, time=when, key=key, only=only)
-
     def histogram(self, step: int, payload: tuple, when: float, only: list[str] | None) -> Histogram:
         name, values = payload
         array = _float_array(values)
@@ -177,12 +176,6 @@ class RichConverter:
         return Artifact(step=step, path=path, name=str(name), type=str(kind), time=when, only=only)
 
     # -- helpers -------------------------------------------------------------------------
-    def _thin(self, items: Sequence[Any], limit: int | None) -> list[Any]:
-        self.last_count = len(items)
-        kept = thin(items, limit)
-        self.sampled_out += len(items) - len(kept)
-        return kept
-
     def _text(self, value: Any) -> str:
         text = value if type(value) is str else _as_text(value)
         if len(text) > self.limits.max_chars:

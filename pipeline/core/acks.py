@@ -7,6 +7,7 @@ one place (``LaneReport.take``). The synchronous path builds the same ``Ack`` in
 
 from __future__ import annotations
 
+import dataclasses
 import reprlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +122,14 @@ class Ack:
     @property
     def durable_seq(self) -> int:
         return self.applied if self.durable is None else min(self.durable, self.applied)
+
+    def for_source(self, source: str) -> Ack:
+        """This answer (to the trainer's source "") as its watermarks stand for another ``source`` of the same
+        actor: a bulk stream's (shipping/streams.py), told by a flush or a close."""
+        applied = self.sources.get(source, 0)
+        stored = self.stored.get(source, 0)
+        return dataclasses.replace(self, applied=applied, durable=None if stored >= applied else stored, gap=False,
+                                   held=False, output="", reduced={})
 
 
 def _int(value: Any) -> int:

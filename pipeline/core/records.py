@@ -8,6 +8,7 @@ is for, from ``log(..., backend=...)``; None means all).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -83,10 +84,12 @@ class Trajectory:
 
 @dataclass(slots=True, kw_only=True)
 class Trajectories:
-    """Sampled rollout trajectories of one step."""
+    """Rollout trajectories of one step (a backend's sample of them, or a chunk of a dump)."""
 
     step: int
-    trajectories: list[Trajectory]
+    trajectories: Sequence[Trajectory]
+    """A list, or ``TrajectoryLines`` (trajectory_lines.py): the rows as the file tracker's JSON lines, which is how
+    the pipeline carries them."""
     time: float
     key: str = "rollout/trajectories"
     only: list[str] | None = None
@@ -178,6 +181,10 @@ class Reduction:
 
 Record = Union[Metrics, Generations, Trajectories, Histogram, Text, Image, Artifact, Reduction]
 """Every record kind a sink may receive."""
+
+BULK_KINDS = frozenset({Generations.kind, Trajectories.kind, Image.kind, Artifact.kind})
+"""Kinds that travel in a lane's bulk stream (rollout dumps, tables, media): small records (metrics, params, text,
+histograms, the run's health keys) overtake them, and a full buffer never evicts a small record for them."""
 
 RECORD_TYPES: dict[str, type] = {cls.kind: cls for cls in (Metrics, Generations, Trajectories, Histogram, Text,
                                                             Image, Artifact, Reduction)}

@@ -27,7 +27,11 @@ class LaneReport:
     """Age of the oldest unacknowledged batch."""
     lag_p50_s: float = 0.0
     lag_p99_s: float = 0.0
-    """log() -> acknowledgement, over the acknowledged batches (oldest record of each)."""
+    """log() -> acknowledgement, over the acknowledged batches of small records (oldest record of each)."""
+    bulk_lag_s: float = 0.0
+    bulk_lag_p50_s: float = 0.0
+    bulk_lag_p99_s: float = 0.0
+    """The same for the bulk stream (rollouts, tables, media), which small records overtake."""
     unsupported: dict[str, int] = field(default_factory=dict)
     """Records of kinds this tracker cannot store (e.g. artifacts in TensorBoard), by kind."""
     artifacts_missing: int = 0
@@ -91,6 +95,8 @@ class LaneReport:
         text = (f"{self.name}: acked through batch {self.acked_seq}, {self.unacked_records} unacknowledged, "
                 f"{self.dropped_records} dropped, {self.failed_records} failed, lag p50 {self.lag_p50_s * 1e3:.0f} ms "
                 f"p99 {self.lag_p99_s * 1e3:.0f} ms")
+        if self.bulk_lag_p99_s:
+            text += f" (bulk p50 {self.bulk_lag_p50_s * 1e3:.0f} ms p99 {self.bulk_lag_p99_s * 1e3:.0f} ms)"
         if self.unsupported:
             text += ", not storable here: " + ", ".join(f"{n} {kind}" for kind, n in self.unsupported.items())
         if self.artifacts_missing:

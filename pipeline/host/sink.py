@@ -63,6 +63,9 @@ class Sink:
     """Top-level module of the tracker SDK, checked before anything starts."""
     extra: ClassVar[str | None] = None
     """The pip extra that installs the SDK: ``pip install 'tracklane[<extra>]'``."""
+    takes_pieces: ClassVar[bool] = False
+    """It adds up a step's samples (rollouts, generations) logged in several records of one key: a dump too big to
+    ship at once reaches it a chunk at a time. Trackers that store one document per key and step get it whole."""
 
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:

@@ -313,8 +313,8 @@ class NodeSampling:
     def __init__(self, sampler: SystemSampler, claim: NodeClaim) -> None:
         self.sampler, self._claim = sampler, claim
 
-    def stop(self) -> None:
-        self.sampler.stop()
+    def stop(self, timeout: float = 2.0) -> None:
+        self.sampler.stop(timeout)
         self._claim.release()
 
 

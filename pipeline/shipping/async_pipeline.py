@@ -16,17 +16,19 @@ from pipeline.config.placement import lane_actor_options
 from pipeline.core.records import RunSpec
 from pipeline.core.reduction import LANE as REDUCE_LANE
 from pipeline.core.report import LaneInfo, PipelineReport
+from pipeline.host.registry import takes_pieces
 from pipeline.host.sink import CapturedOutput
 from pipeline.node.system_metrics import start_node_sampling
 from pipeline.node.terminal import TERMINAL
 from pipeline.shipping.buffer import RecordBuffer
 from pipeline.shipping.hub import ProducerHub, ProducerSpec
-from pipeline.shipping.lane import Lane, LaneSettings
+from pipeline.shipping.lane import LaneSettings
 from pipeline.shipping.lane_actor import LaneActor
 from pipeline.shipping.orphans import Orphans
 from pipeline.shipping.reduced import ReducedPoints, confirmed_in
 from pipeline.shipping.shipper import Shipper
 from pipeline.shipping.spool_stage import SpoolReloader, SpoolStage
+from pipeline.shipping.streams import TrackerLane
 from pipeline.shipping.tracker_calls import TrackerCalls
 from pipeline.spool.lane_state import StoredCopies
 from pipeline.spool.producers import producers_dir
@@ -54,7 +56,7 @@ class AsyncPipeline:
         actor_class = ray.remote(LaneActor)
         reload = SpoolReloader(spooling.spool) if spooling is not None else None
         self._reduced = _reduced_points(spooling) if REDUCE_LANE in backends else None
-        self._lanes: dict[str, Lane] = {}
+        self._lanes: dict[str, TrackerLane] = {}
         for name, (sink_class, settings) in backends.items():
             if name == REDUCE_LANE:  # its reducer's state beside the lanes' own (workers/sinks/reduce.py)
                 settings = {**settings, "state_path": os.path.join(state_dir, "reduce.reducer")}
@@ -63,8 +65,9 @@ class AsyncPipeline:
                                   trainer_node=trainer_node, priority=_priority(sink_class, cfg.background_priority),
                                   stored=spooling.seen.get(name, {}) if spooling is not None else {})
             actor = actor_class.options(**options).remote(name, opening.pack())
-            lane = Lane(name, actor, LaneSettings.of(cfg), reload=reload, on_output=TERMINAL.write,
-                        on_reduced=self._reduced.take if self._reduced is not None and name == REDUCE_LANE else None)
+            lane = TrackerLane(name, actor, LaneSettings.of(cfg), reload=reload, on_output=TERMINAL.write,
+                               on_reduced=self._reduced.take if self._reduced is not None and name == REDUCE_LANE
+                               else None)
             if spooling is not None:
                 lane.preload(spooling.pending.get(name, ()))
             self._lanes[name] = lane
@@ -74,7 +77,8 @@ class AsyncPipeline:
         orphans = Orphans(producers_dir(spooling.spool.directory), {n: lane.actor for n, lane in self._lanes.items()},
                           LaneSettings.of(cfg), on_gone=self._reduced.ended if self._reduced is not None else None) \
             if spooling is not None else None
-        self._shipper = Shipper(cfg, self.buffer, self._lanes, Converter(limits, backends=list(self._lanes)),
+        converter = Converter(limits, backends=list(self._lanes), pieces=takes_pieces(backends))
+        self._shipper = Shipper(cfg, self.buffer, self._lanes, converter,
                                 spool=SpoolStage(spooling, cfg.spool_max_bytes) if spooling is not None else None,
                                 tracker_calls=TrackerCalls(), orphans=orphans,
                                 copies=StoredCopies(spooling.spool.directory) if spooling is not None else None,
@@ -84,7 +88,8 @@ class AsyncPipeline:
             sys.setswitchinterval(cfg.gil_switch_interval_s)
         self._shipper.start()
         self.put = self.buffer.put  # log()'s one call into the pipeline
-        self._cfg, self._limits, self._run_id = cfg, limits, run.run_id
+        self.put_bulk = self.buffer.put_bulk  # log_trajectories() and the other bulk kinds' (BULK_KINDS)
+        self._cfg, self._limits, self._run_id, self._pieces = cfg, limits, run.run_id, takes_pieces(backends)
         self._hub: Any = None
         self._started = time.time()
         self._sampling = start_node_sampling(self.put, run.run_id, cfg.system_metrics_s, self._started, trainer_node,
@@ -99,7 +104,7 @@ class AsyncPipeline:
             self._shipper.watch_producers(self._hub)
         actors = {name: lane.actor for name, lane in self._lanes.items()}
         return ProducerSpec(lanes=actors, hub=self._hub, cfg=self._cfg, limits=self._limits,
-                            run=(self._run_id, self._started))
+                            run=(self._run_id, self._started), pieces=self._pieces)
 
     @property
     def health(self) -> dict[str, float | int]:
@@ -127,13 +132,15 @@ class AsyncPipeline:
         return self._shipper.flush(timeout)
 
     def close(self, exit_code: int, timeout: float) -> PipelineReport:
+        """Drain, close the trackers and report, all within ``timeout`` (plus the shipper's half second to answer)."""
+        deadline = time.monotonic() + timeout
         if self._sampling is not None:
-            self._sampling.stop()
+            self._sampling.stop(min(0.5, timeout / 10))
         try:
-            report = self._shipper.close(exit_code, timeout)
+            report = self._shipper.close(exit_code, max(0.0, deadline - time.monotonic()))
         finally:
             sys.setswitchinterval(self._switch_interval)
-        TERMINAL.drain(_CONSOLE_DRAIN_S)  # the console's last lines before the run's summary
+        TERMINAL.drain(min(_CONSOLE_DRAIN_S, max(0.0, deadline - time.monotonic())))  # its last lines, then the summary
         console = report.lanes.get("console")
         if console is not None and TERMINAL.dropped_chars:  # stdout did not keep up: said in the summary too
             console.cuts["stdout_chars_dropped"] = TERMINAL.dropped_chars

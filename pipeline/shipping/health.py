@@ -6,12 +6,13 @@ from collections.abc import Iterable
 
 from pipeline.capture.convert import Converter
 from pipeline.shipping.buffer import RecordBuffer
-from pipeline.shipping.lane import Lane
+from pipeline.shipping.streams import TrackerLane
 
 
-def health_figures(buffer: RecordBuffer, converter: Converter, lanes: Iterable[Lane], late_drops: int,
+def health_figures(buffer: RecordBuffer, converter: Converter, lanes: Iterable[TrackerLane], late_drops: int,
                    spool_bytes: int | None, spool_durable: bool | None = None) -> dict[str, float | int]:
-    """The figures as they stand: the buffer, what was dropped, skipped and rejected, each lane's lag and backlog;
+    """The figures as they stand: the buffer, what was dropped, skipped and rejected, each lane's lag (of small
+    records; ``bulk_lag_s`` of rollouts, tables and media) and backlog;
     ``tracklane/spool_durable`` is 0 while a disk fault keeps new batches off the spool."""
     lanes = list(lanes)
     figures: dict[str, float | int] = {
@@ -20,6 +21,8 @@ def health_figures(buffer: RecordBuffer, converter: Converter, lanes: Iterable[L
         "tracklane/skipped_values": converter.metrics.skipped,
         "tracklane/rejected_records": converter.rejected,
         "tracklane/lag_s": max((lane.lag_s() for lane in lanes), default=0.0),
+        "tracklane/bulk_lag_s": max((lane.bulk_lag_s() for lane in lanes), default=0.0),
+        "tracklane/dropped_bulk_records": buffer.dropped_bulk,
     }
     if spool_bytes is not None:
         figures["tracklane/spool_bytes"] = spool_bytes
@@ -27,6 +30,7 @@ def health_figures(buffer: RecordBuffer, converter: Converter, lanes: Iterable[L
         figures["tracklane/spool_durable"] = int(spool_durable)
     for lane in lanes:
         figures[f"tracklane/lane/{lane.name}/lag_s"] = lane.lag_s()
+        figures[f"tracklane/lane/{lane.name}/bulk_lag_s"] = lane.bulk_lag_s()
         figures[f"tracklane/lane/{lane.name}/unacked_bytes"] = lane.unacked_bytes
         figures[f"tracklane/lane/{lane.name}/failed_records"] = lane.report.failed_records
     return figures

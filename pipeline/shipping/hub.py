@@ -17,6 +17,7 @@ import msgpack
 
 from pipeline.capture.rich import RecordLimits
 from pipeline.config.async_log import AsyncLogConfig
+from pipeline.core.reduction import LANE as REDUCE_LANE
 from pipeline.core.report import ProducerReport
 
 log = logging.getLogger("tracklane")
@@ -34,6 +35,8 @@ class ProducerSpec:
     limits: RecordLimits
     run: tuple[str, float]
     """The run's id and start time (for the node's system metrics)."""
+    pieces: frozenset[str] = frozenset()
+    """The lanes whose tracker adds up a dump shipped a chunk at a time (``Sink.takes_pieces``)."""
 
 
 REPORT_EVERY_S = 0.25  # how often a producer tells the hub how far it got (and at each barrier)
@@ -74,7 +77,10 @@ class ProducerFigures:
     rejected: int = 0
     """Records the converter refused whole (not a mapping, a bad step ...)."""
     seq: int = 0
-    """Its last batch handed to the lanes: rank 0's finish waits until every live lane has it."""
+    """Its last batch handed to the lanes."""
+    lanes: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    """Lane -> its stream (source id: the producer's, or its bulk stream's) -> the last batch handed to it: rank 0's
+    finish waits until every live lane's actor has them (a lane gets only the batches it has records in)."""
     closed: bool = False
     """It flushed and stopped (its process is ending)."""
 
@@ -87,7 +93,7 @@ def producer_reports(snapshot: bytes, lanes: dict[str, Any]) -> dict[str, Produc
     figures: dict[str, dict[str, Any]] = msgpack.unpackb(snapshot, raw=False)
     out = {}
     for source, f in figures.items():
-        behind = sorted(name for name, lane in lanes.items() if not lane.dead and lane.sources.get(source, 0) < f["seq"])
+        behind = sorted(name for name, lane in lanes.items() if not lane.dead and _lags(lane, f["lanes"].get(name, {})))
         out[source] = ProducerReport(
             name=f["name"], source=source, logged=f["logged"], shipped=f["shipped"],
             dropped=f["buffer_dropped"] + f["lane_dropped"], rejected=f["rejected"], closed=f["closed"],
@@ -95,11 +101,29 @@ def producer_reports(snapshot: bytes, lanes: dict[str, Any]) -> dict[str, Produc
     return out
 
 
-def targets(snapshot: bytes) -> dict[str, int]:
-    """source id -> the last batch it handed its lanes, for the producers still alive (reporting), from a
-    hub snapshot. A dead producer's calls in flight died with it: nothing to wait for."""
-    return {source: int(f["seq"]) for source, f in msgpack.unpackb(snapshot, raw=False).items()
-            if f["closed"] or f["age_s"] < GONE_AFTER_S}
+def _lags(lane: Any, handed: dict[str, int]) -> bool:
+    """Whether ``lane``'s actor lacks some of what a producer handed it (stream source id -> last batch)."""
+    return any(lane.sources.get(source, 0) < seq for source, seq in handed.items())
+
+
+Targets = dict[str, dict[str, int]]
+"""Lane -> stream source id -> the last batch handed to it."""
+
+
+def targets(snapshot: bytes) -> Targets:
+    """What the producers still alive (reporting) handed each lane, from a hub snapshot. A dead producer's calls
+    in flight died with it: nothing to wait for."""
+    out: Targets = {}
+    for f in msgpack.unpackb(snapshot, raw=False).values():
+        if f["closed"] or f["age_s"] < GONE_AFTER_S:
+            for lane, handed in f["lanes"].items():
+                out.setdefault(lane, {}).update(handed)
+    return out
+
+
+def behind(lanes: dict[str, Any], wanted: Targets) -> list[Any]:
+    """The live lanes whose actor lacks some of what producers handed them (``targets``)."""
+    return [lane for name, lane in lanes.items() if not lane.dead and _lags(lane, wanted.get(name, {}))]
 
 
 class HubWatch:
@@ -111,8 +135,8 @@ class HubWatch:
         self._ref: Any = None  # a snapshot() call in flight
         self._view: bytes | None = None  # the latest snapshot
 
-    def targets(self) -> dict[str, int] | None:
-        """source id -> the last batch each live producer handed its lanes; None until the hub has answered."""
+    def targets(self) -> Targets | None:
+        """What each live producer handed each lane (``targets``); None until the hub has answered."""
         view = self._poll()
         return targets(view) if view is not None else None
 
@@ -134,19 +158,22 @@ class HubWatch:
         return self._view
 
     def closed(self) -> dict[str, int]:
-        """source id -> its last batch, for the producers that closed, as the hub last said (never blocks)."""
+        """source id -> the last batch it handed the reduce lane, for the producers that closed, as the hub last
+        said (never blocks)."""
         view = self._poll()
         if view is None:
             return {}
-        return {source: int(f["seq"]) for source, f in msgpack.unpackb(view, raw=False).items() if f["closed"]}
+        return {source: int(f["lanes"].get(REDUCE_LANE, {}).get(source, 0))
+                for source, f in msgpack.unpackb(view, raw=False).items() if f["closed"]}
 
-    def reports(self, lanes: dict[str, Any], final: bool) -> dict[str, ProducerReport]:
-        """Every producer as the hub last said; ``final``: ask it for the producers' last words first."""
+    def reports(self, lanes: dict[str, Any], final: bool, timeout: float = 2.0) -> dict[str, ProducerReport]:
+        """Every producer as the hub last said; ``final``: ask it for the producers' last words first (waiting up to
+        ``timeout``)."""
         import ray
 
         if final and self.hub is not None:
             try:
-                self._view = ray.get(self.hub.snapshot.remote(), timeout=2.0)
+                self._view = ray.get(self.hub.snapshot.remote(), timeout=timeout)
             except Exception as exc:
                 log.warning("tracklane: the producers' hub cannot be read (%s)", exc)
         return producer_reports(self._view, lanes) if self._view is not None else {}

@@ -52,6 +52,8 @@ class Entry:
     records: int
     oldest_log_time: float  # time.time() of the batch's first log() call
     spooled: bool = True  # on disk (False: the spool's disk refused it, or it is off); only memory holds it
+    bulk: bool = False  # travels in the bulk stream (streams.py)
+    audience: frozenset[str] | None = None  # the lanes it holds records for (None: all)
 
 
 Reload = Callable[[int], Any]
@@ -130,12 +132,18 @@ class Lane:
         self.report = LaneReport(name=name)
         self.sources: dict[str, int] = {}
         """How far each producer's batches got at this lane's actor, as of its latest answer."""
+        self.offered = 0
+        """The last batch put in its window (what a producer's lanes must reach before rank 0 finishes)."""
         self.stored: dict[str, int] = {}
         """What its tracker's store holds of each source ("": the trainer's), as of the actor's latest answer."""
         self.answered = False
         """Its actor answered at least once (it is up, its tracker opened or failed to); read by other threads."""
 
     # -- feeding -------------------------------------------------------------------------
+    def fits(self, nbytes: int) -> bool:
+        """Whether a batch of ``nbytes`` fits in the memory bound now."""
+        return not self._dead and self._bytes + nbytes <= self._max_bytes
+
     def has_room(self, nbytes: int) -> bool:
         return self._dead or self._reload is not None or self._bytes + nbytes <= self._max_bytes
 
@@ -144,9 +152,10 @@ class Lane:
             self.report.dropped_records += entry.records
             return
         if self._reload is not None and entry.spooled:  # over the bound, the batch waits on disk only
-            fits = self._bytes + entry.nbytes <= self._max_bytes
+            fits = entry.ref is not None and self._bytes + entry.nbytes <= self._max_bytes
             self._window[entry.seq] = dataclasses.replace(entry, ref=entry.ref if fits else None)
             self._bytes += entry.nbytes if fits else 0
+            self.offered = entry.seq
             return
         if self._reload is not None:
             self._spill(entry.nbytes)
@@ -158,6 +167,7 @@ class Lane:
             pass
         self._window[entry.seq] = entry
         self._bytes += entry.nbytes
+        self.offered = entry.seq
 
     def preload(self, entries: Iterable[SpoolEntry]) -> None:
         """Batches an earlier process spooled (recovery): waiting on disk; the actor's first answer
@@ -165,6 +175,7 @@ class Lane:
         for e in entries:
             self._window[e.seq] = Entry(seq=e.seq, ref=None, nbytes=e.nbytes, records=e.records,
                                         oldest_log_time=e.oldest_time)
+            self.offered = max(self.offered, e.seq)
         self._window = OrderedDict(sorted(self._window.items()))
 
     def evicted(self, seqs: set[int]) -> int:
@@ -428,6 +439,11 @@ class Lane:
         self._handed.clear()
         self._bytes = 0
 
+    def give_up(self, why: str) -> None:
+        """Stop for good (the lane's other stream gave up on the actor): what waits is counted dropped."""
+        if not self._dead:
+            self._die(why)
+
     def freeze(self) -> None:
         """Submit nothing more: the tracker is about to be closed."""
         self._frozen = True
@@ -436,6 +452,16 @@ class Lane:
     @property
     def dead(self) -> bool:
         return self._dead
+
+    @property
+    def source(self) -> str:
+        """The source id its batches go under at the actor ("": the trainer's small stream)."""
+        return self._source
+
+    def first_pending(self, stored: bool = True) -> int | None:
+        """The oldest batch its tracker's store lacks (``stored``), or was not handed; None if there is none."""
+        seqs = [next(iter(self._window), None)] + ([next(iter(self._handed), None)] if stored else [])
+        return min((seq for seq in seqs if seq is not None), default=None)
 
     def settled(self, through_seq: int) -> bool:
         """True once nothing up to ``through_seq`` waits in this lane (acknowledged, dropped, or dead)."""

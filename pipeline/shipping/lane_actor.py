@@ -30,7 +30,7 @@ from pipeline.host.sink_host import SinkHost
 from pipeline.node.identity import ray_node_id
 from pipeline.node.priority import lower_priority
 from pipeline.spool.durability import Durability
-from pipeline.spool.lane_state import LaneState
+from pipeline.spool.lane_state import BULK, LaneState, bulk_source
 from pipeline.wire.ack import pack_ack
 from pipeline.wire.batch import decode_batch
 from pipeline.wire.opening import LaneOpening
@@ -186,13 +186,27 @@ class LaneActor:
         if output and self._not_durable:  # the console's store is the trainer's stdout: its lines are on their way
             self._settle()
             self._save()
+        # Rank 0's streams hear how far every source got; a producer's only its own (an answer to each of 64
+        # producers' batches naming all 128 streams cost the lane O(producers) a batch).
+        streams = None if source in _RANK0 else (_own(source), bulk_source(_own(source)))
         ack = self._host.ack(self._written.get(source, 0), durable=self._durable(source), gap=gap, held=held,
-                             sources={k: v for k, v in self._written.items() if k}, work=self._work, output=output)
+                             sources={k: v for k, v in self._written.items() if k and (streams is None or k in streams)},
+                             work=self._work, output=output)
         ack.state_unsaved_since = self._state_disk.off_since if self._state_disk is not None else 0.0
-        ack.stored = self._state.stored()
+        stored = self._state.stored()
+        ack.stored = stored if streams is None else {k: v for k, v in stored.items() if k in streams}
         if not source:  # the reduce lane's points go to rank 0, which logs them into every tracker
             ack.reduced = self._host.take_reduced()
         return pack_ack(ack)
+
+
+_RANK0 = ("", bulk_source(""))
+"""Rank 0's two streams (shipping/streams.py)."""
+
+
+def _own(source: str) -> str:
+    """A producer's source id, from either of its streams'."""
+    return source[:-len(BULK)] if source.endswith(BULK) else source
 
 
 def _in_ray_actor() -> bool:

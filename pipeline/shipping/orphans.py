@@ -26,9 +26,11 @@ import msgpack
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.files import write_atomically
+from pipeline.core.reduction import LANE as REDUCE_LANE
 from pipeline.core.report import ProducerReport
-from pipeline.shipping.lane import Lane, LaneSettings
+from pipeline.shipping.lane import LaneSettings
 from pipeline.shipping.spool_stage import SpoolReloader
+from pipeline.shipping.streams import TrackerLane
 from pipeline.spool.producers import read_mark, read_tally
 from pipeline.spool.segments import Spool
 
@@ -60,7 +62,7 @@ class Adopted:
 
 
 class _Adoption:
-    def __init__(self, folder: str, spool: Spool | None, figures: Adopted, lanes: dict[str, Lane]) -> None:
+    def __init__(self, folder: str, spool: Spool | None, figures: Adopted, lanes: dict[str, TrackerLane]) -> None:
         self.folder, self.spool, self.lanes, self.figures = folder, spool, lanes, figures
         entries = spool.entries() if spool is not None else []
         self.last = spool.last_seq if spool is not None else 0
@@ -182,11 +184,12 @@ class Orphans:
         entries = spool.entries()
         figures = Adopted(name=mark["name"], source=mark["source"], batches=len(entries), logged=tally.puts,
                           dropped=tally.dropped, unshipped=tally.unshipped(spool.last_seq))
-        lanes = {lane: Lane(lane, actor, self._settings, reload=SpoolReloader(spool), source=mark["source"])
+        lanes = {lane: TrackerLane(lane, actor, self._settings, reload=SpoolReloader(spool), source=mark["source"])
                  for lane, actor in self._actors.items()}
         self._adopted[name] = _Adoption(folder, spool, figures, lanes)
-        if self._on_gone is not None:
-            self._on_gone(mark["source"], spool.last_seq)
+        if self._on_gone is not None:  # its last batch for the reduce lane (the spool forgot those it acknowledged)
+            self._on_gone(mark["source"], max((e.seq for e in entries if not e.bulk and (
+                e.audience is None or REDUCE_LANE in e.audience)), default=0))
         if figures.batches or figures.unshipped or tally.unspooled:
             log.warning("tracklane: producer %s is gone; rank 0 delivers its %d spooled batch(es) where they are "
                         "missing (%d of its calls never reached its spool)", mark["source"], figures.batches,

@@ -24,9 +24,10 @@ from pipeline.node.identity import ray_node_id
 from pipeline.node.system_metrics import start_node_sampling
 from pipeline.shipping.buffer import RecordBuffer
 from pipeline.shipping.hub import REPORT_EVERY_S, ProducerFigures, ProducerSpec
-from pipeline.shipping.lane import Lane, LaneSettings
+from pipeline.shipping.lane import LaneSettings
 from pipeline.shipping.shipper import Shipper
 from pipeline.shipping.spool_stage import SpoolReloader, SpoolStage
+from pipeline.shipping.streams import TrackerLane
 from pipeline.spool.producers import Tally, producers_dir, write_mark
 from pipeline.spool.recovery import Spooling
 from pipeline.spool.segments import Spool
@@ -47,18 +48,19 @@ class ProducerPipeline:
         self._tally = self._open_tally() if spool is not None else None
         settings = LaneSettings.of(cfg)
         reload = SpoolReloader(spool) if spool is not None else None
-        lanes = {lane: Lane(lane, actor, settings, reload=reload, source=self.source) for lane, actor in actors.items()}
+        lanes = {lane: TrackerLane(lane, actor, settings, reload=reload, source=self.source) for lane, actor in actors.items()}
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
         self._figures = ProducerFigures(name=name)
         self._hub = hub
         self._last_report = 0.0
         # A producer's shipper: its own converter (its name before every key, its axis), its own spool, no tracker
         # calls (its lanes settling is enough), and its figures told to the hub after each round.
-        converter = Converter(limits, key_prefix, axis, backends=list(lanes))
+        converter = Converter(limits, key_prefix, axis, backends=list(lanes), pieces=spec.pieces)
         stage = SpoolStage(Spooling(spool=spool, manifest=None), cfg.spool_max_bytes) if spool is not None else None
         self._shipper = Shipper(cfg, self.buffer, lanes, converter, progress=self._progress, spool=stage,
                                 tally=self._tally)
         self.put = self._counted_put if self._tally is not None else self.buffer.put
+        self.put_bulk = self._counted_put_bulk if self._tally is not None else self.buffer.put_bulk
         self._shipper.start()
         self._sampling = start_node_sampling(self.put, run[0], cfg.system_metrics_s, run[1], ray_node_id() or None) \
             if run[0] else None
@@ -88,6 +90,10 @@ class ProducerPipeline:
         self.buffer.put(item)
         self._tally.put()  # type: ignore[union-attr]
 
+    def _counted_put_bulk(self, item: Any) -> None:
+        self.buffer.put_bulk(item)
+        self._tally.put()  # type: ignore[union-attr]
+
     def _progress(self, shipper: Any, force: bool) -> None:
         """Called by the shipper thread after each round: tell the hub, at most every 0.25 s unless forced."""
         now = time.monotonic()
@@ -98,6 +104,7 @@ class ProducerPipeline:
         lanes = [lane.snapshot() for lane in shipper.lanes.values()]
         figures.logged = shipper.taken + len(self.buffer) + self.buffer.dropped
         figures.shipped, figures.seq, figures.rejected = shipper.shipped_records, shipper.seq, shipper.rejected_records
+        figures.lanes = {name: lane.offered() for name, lane in shipper.lanes.items()}
         figures.buffer_dropped = self.buffer.dropped
         figures.lane_dropped = max((lane.dropped_records for lane in lanes), default=0)
         try:

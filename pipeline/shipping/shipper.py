@@ -18,8 +18,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import ray
@@ -29,24 +31,29 @@ from pipeline.capture.convert import Converter
 from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.acks import Ack
 from pipeline.core.records import Metrics, Record, Text
+from pipeline.core.reduction import LANE as REDUCE_LANE
 from pipeline.core.report import PipelineReport, ProducerReport, ReductionReport
 from pipeline.node.busy import ThreadBusy
 from pipeline.shipping.buffer import RecordBuffer
 from pipeline.shipping.health import health_figures
-from pipeline.shipping.hub import HubWatch
-from pipeline.shipping.lane import Entry, Lane
+from pipeline.shipping.hub import HubWatch, Targets, behind
+from pipeline.shipping.lane import Entry
 from pipeline.shipping.orphans import Orphans
 from pipeline.shipping.reduced import ReducedPoints
 from pipeline.shipping.spool_stage import SpoolStage
+from pipeline.shipping.streams import TrackerLane
 from pipeline.shipping.tracker_calls import TrackerCalls
 from pipeline.spool.lane_state import StoredCopies
 from pipeline.spool.producers import Tally
-from pipeline.wire.batch import encode_what_encodes
+from pipeline.wire.batch import encode_what_encodes, shared
 
 log = logging.getLogger("tracklane")
 
 _IDLE_WAIT_S = 0.2  # longest sleep while nothing is due; bounds how stale health figures get
 _BUSY_WAIT_S = 0.02  # sleep while a barrier is pending or answers are awaited
+_ANSWER_S = 0.5
+"""How long past its deadline a barrier's answer may take (the report: the producers' last words, the spool's
+close) before the caller gets a timed-out report instead: finish() returns within finish_timeout_s + this."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -59,15 +66,24 @@ class _Barrier:
     deadline: float
     started: float = field(default_factory=time.monotonic)
     target: int | None = None  # last seq that must be settled
-    producer_targets: dict[str, int] | None = None  # closing: source id -> the producer's last batch before finish
+    producer_targets: Targets | None = None  # closing: what producers handed each lane before finish (hub.py)
     reduce_phase: int = 0  # closing with a reduce lane: 1 its FINISH sent, 2 the points it answered with sent
     calls: dict[str, Any] = field(default_factory=dict)  # lane -> ref of flush()/close()
     done: threading.Event = field(default_factory=threading.Event)
     report: PipelineReport | None = None
 
 
+@dataclass(slots=True)
+class _BulkItem:
+    """A bulk item being shipped a batch at a time: its records, made lazily (a dump of hundreds of MB is never
+    converted, encoded or held whole)."""
+
+    records: Iterator[Record]
+    next: Record | None = None  # made, not shipped yet (it did not fit in the last batch)
+
+
 class Shipper:
-    def __init__(self, cfg: AsyncLogConfig, buffer: RecordBuffer, lanes: dict[str, Lane], converter: Converter, *,
+    def __init__(self, cfg: AsyncLogConfig, buffer: RecordBuffer, lanes: dict[str, TrackerLane], converter: Converter, *,
                  spool: SpoolStage | None = None, tracker_calls: TrackerCalls | None = None,
                  progress: Callable[[Shipper, bool], None] | None = None, tally: Tally | None = None,
                  orphans: Orphans | None = None, copies: StoredCopies | None = None,
@@ -99,6 +115,7 @@ class Shipper:
         self._spool = spool
         self._dead_told: set[str] = set()  # lanes whose giving up was logged to the others
         self._seq = spool.first_seq if spool is not None else 0
+        self._bulk: deque[_BulkItem] = deque()  # big parts of calls already taken, shipped a batch a round
         self._barriers: list[_Barrier] = []  # guarded by the buffer's lock
         self._finished = False
         self._closing = False  # set once trackers are being closed: nothing more is shipped
@@ -123,7 +140,7 @@ class Shipper:
         return self._seq
 
     @property
-    def lanes(self) -> dict[str, Lane]:
+    def lanes(self) -> dict[str, TrackerLane]:
         return self._lanes
 
     @property
@@ -151,7 +168,7 @@ class Shipper:
     def _await(self, barrier: _Barrier, timeout: float) -> PipelineReport:
         if not self._thread.is_alive() and not barrier.done.is_set():
             return self._report(barrier, timed_out=True)
-        if barrier.done.wait(timeout + 5.0) and barrier.report is not None:
+        if barrier.done.wait(timeout + _ANSWER_S) and barrier.report is not None:
             return barrier.report
         log.warning("tracklane: the shipper thread did not answer within %.1f s", timeout)
         return self._report(barrier, timed_out=True)
@@ -182,6 +199,8 @@ class Shipper:
                 time.sleep(min(1.0, 0.01 * failures))
 
     def _sleep(self) -> None:
+        if self._bulk:  # a dump is being shipped: on with it (its batches, and what comes meanwhile)
+            return
         wait = min(self._buffer.due(self._interval()), _IDLE_WAIT_S)
         refs = [ref for lane in self._lanes.values() for ref in lane.waitables()]
         if self._orphans is not None:
@@ -204,53 +223,101 @@ class Shipper:
         return self._cfg.flush_interval_s
 
     def _ship(self, force: bool) -> None:
+        """The due calls, in their order, to every tracker's small stream; then one batch of bulk (a dump's big
+        part, an artifact): a dump goes a chunk a round, so what is logged meanwhile never waits behind it."""
+        self._buffer.disk_ok = self._spool is not None and self._spool.durable
         while not self._closing and self._buffer and (force or self._buffer.due(self._interval()) == 0):
             items = self._buffer.take(self._cfg.max_batch_bytes)
             self.taken += len(items)
-            records = self._records(items)
+            records, whole = self._records(items)
             if records:
-                self._send(records, items=len(items))
-            self._settled += len(items)
+                self._send(records, items=whole)
+            self._settled += whole
+        if not self._closing and self._bulk:
+            self._ship_bulk()
 
-    def _records(self, items: list[Captured]) -> list[Record]:
-        records = []
+    def _records(self, items: list[Captured]) -> tuple[list[Record], int]:
+        """The records to send now, and how many of ``items`` they complete; what is too big to send now is queued
+        for the bulk stream."""
+        records: list[Record] = []
+        whole = 0
         for item in items:
-            for record in self._converter.records(item):
+            now, later = self._converter.staged(item, self._cfg.max_batch_bytes, BULK_BYTES)
+            for record in now:
                 records.append(record)
                 if getattr(record, "axis", None) is None:  # the health figures go at the trainer's step
                     self._last_step = record.step
+            if later:
+                self._bulk.append(_BulkItem(records=chain.from_iterable(later)))
+            else:
+                whole += 1
         if records:
             self.health = health_figures(self._buffer, self._converter, self._lanes.values(), self.late_drops,
                                          self._spool.spool.nbytes if self._spool is not None else None,
                                          self._spool.durable if self._spool is not None else None)
             if self._cfg.health_metrics:
                 records.append(Metrics(step=self._last_step, values=dict(self.health), time=time.time()))
-        return records
+        return records, whole
 
-    def _send(self, records: list[Record], items: int = 0) -> None:
-        blob = self._encode(records)
+    def _ship_bulk(self) -> None:
+        """One batch of the oldest bulk item (about ``max_batch_bytes``); the item counts as shipped with its last."""
+        bulk = self._bulk[0]
+        records: list[Record] = []
+        nbytes = 0
+        while nbytes < self._cfg.max_batch_bytes:
+            record = bulk.next if bulk.next is not None else next(bulk.records, None)
+            bulk.next = None
+            if record is None:
+                break
+            size = record_bytes(record)
+            if records and nbytes + size > self._cfg.max_batch_bytes:
+                bulk.next = record  # the next batch's
+                break
+            records.append(record)
+            nbytes += size
+        if bulk.next is None:  # is this the item's last batch?
+            bulk.next = next(bulk.records, None)
+        done = bulk.next is None
+        if records:
+            self._send(records, items=int(done), bulk=True)
+        if done:
+            self._settled += 1
+            self._bulk.popleft()
+
+    def bulk_pending(self) -> bool:
+        """A bulk item is being shipped."""
+        return bool(self._bulk)
+
+    def _send(self, records: list[Record], items: int = 0, bulk: bool = False) -> None:
+        """One batch of ``records`` (``bulk``: for the lanes' bulk stream) to the spool and every lane it is for;
+        ``items``: the captured calls it completes."""
+        blob = self._encode(records, self._cfg.bulk_compression_level if bulk else self._cfg.compression_level)
         if blob is None:
             return
         oldest = min(r.time for r in records)
+        audience = _audience(records, bulk, self._lanes)
         if self._tally is not None:
             self._tally.spooling(self._seq, self._settled, self._settled + items, self._buffer.dropped)
         # On disk before any lane can see it; a disk fault leaves it in the lanes' memory only (spool_stage.py).
         spooled = self._spool is not None and self._spool.append(self._seq, len(records), oldest, blob,
-                                                                 self._lanes.values())
+                                                                 self._lanes.values(), bulk, audience)
         if self._spool is not None and not spooled and self._tally is not None:
             self._tally.unspooled(self._seq, len(records))
-        entry = Entry(seq=self._seq, ref=ray.put(blob), nbytes=len(blob), records=len(records), oldest_log_time=oldest,
-                      spooled=spooled)
+        entry = Entry(seq=self._seq, ref=None, nbytes=len(blob), records=len(records), oldest_log_time=oldest,
+                      spooled=spooled, bulk=bulk, audience=audience)
+        # Into Ray only if a lane holds it in memory: past their bounds, lanes read it back from the spool.
+        if not spooled or any(lane.holds(entry) for lane in self._lanes.values()):
+            entry.ref = ray.put(shared(blob))
         self.shipped_records += len(records)
         for lane in self._lanes.values():
             if self._cfg.overflow == "block":
-                self._wait_for_room(lane, entry.nbytes)
+                self._wait_for_room(lane, entry.nbytes, bulk)
             lane.offer(entry)
 
-    def _encode(self, records: list[Record]) -> bytes | None:
+    def _encode(self, records: list[Record], level: int | None) -> bytes | None:
         """The batch's bytes (its seq taken). A record msgpack cannot take (an int past 64 bits, say) is
         rejected and counted alone, not with the batch around it; the records list is trimmed in place."""
-        blob, kept, refused = encode_what_encodes(records, self._seq + 1, time.time(), self._cfg.compression_level)
+        blob, kept, refused = encode_what_encodes(records, self._seq + 1, time.time(), level)
         for record, exc in refused:
             self._converter.rejected += 1
             log.warning("tracklane: a %s record at step %s cannot be encoded; skipped (counted)", record.kind,
@@ -260,9 +327,9 @@ class Shipper:
             self._seq += 1
         return blob
 
-    def _wait_for_room(self, lane: Lane, nbytes: int) -> None:
+    def _wait_for_room(self, lane: TrackerLane, nbytes: int, bulk: bool) -> None:
         deadline = time.monotonic() + self._cfg.block_timeout_s
-        while not lane.has_room(nbytes) and time.monotonic() < deadline:
+        while not lane.has_room(nbytes, bulk) and time.monotonic() < deadline:
             refs = lane.waitables()
             if refs:
                 ray.wait(refs, num_returns=1, timeout=min(0.05, max(0.0, deadline - time.monotonic())))
@@ -316,6 +383,8 @@ class Shipper:
         for barrier in list(self._barriers):
             if barrier.target is None:  # everything logged before the request goes out first
                 self._ship(force=True)
+                if self.bulk_pending() and now < barrier.drain_deadline:
+                    continue  # a dump: a batch a round, the lanes pumped between them
                 barrier.target = self._seq
             if not barrier.calls and ((self._all_settled(barrier.target) and self._producers_settled(barrier)
                                        and self._orphans_settled(barrier)) or now >= barrier.drain_deadline):
@@ -348,11 +417,10 @@ class Shipper:
             barrier.producer_targets = self.hub.targets()
             if barrier.producer_targets is None:
                 return False
-        behind = [lane for lane in self._lanes.values() if not lane.dead
-                  and any(lane.sources.get(source, 0) < seq for source, seq in barrier.producer_targets.items())]
-        for lane in behind:
+        lagging = behind(self._lanes, barrier.producer_targets)
+        for lane in lagging:
             lane.refresh()  # ask its actor how far each producer got
-        return not behind
+        return not lagging
 
     def _orphans_settled(self, barrier: _Barrier) -> bool:
         """Closing: the lanes hold every batch dead producers spooled (their spools found so far)."""
@@ -399,16 +467,50 @@ class Shipper:
     def _report(self, barrier: _Barrier, timed_out: bool) -> PipelineReport:
         return self._converter.counted(PipelineReport(
             lanes={name: lane.snapshot() for name, lane in self._lanes.items()},
-            buffered_records=len(self._buffer),
+            buffered_records=len(self._buffer) + len(self._bulk),
             dropped_records=self._buffer.dropped + self.late_drops,
             elapsed_s=time.monotonic() - barrier.started,
             timed_out=timed_out,
             spool=self._spool.report() if self._spool is not None else None,
-            producers=self._producer_reports(barrier.closing),
+            producers=self._producer_reports(barrier.closing, barrier.deadline),
             reductions=ReductionReport.of(self._reduced.figures, self._reduced.repeats, self._reduced.unlogged)
             if self._reduced is not None else None,
         ))
 
-    def _producer_reports(self, final: bool) -> dict[str, ProducerReport]:
-        reports = self.hub.reports(self._lanes, final=final) if self.hub is not None else {}
+    def _producer_reports(self, final: bool, deadline: float) -> dict[str, ProducerReport]:
+        wait = max(0.1, min(2.0, deadline + _ANSWER_S / 2 - time.monotonic()))  # finish's deadline holds
+        reports = self.hub.reports(self._lanes, final=final, timeout=wait) if self.hub is not None else {}
         return self._orphans.merged(reports) if self._orphans is not None else reports
+
+
+BULK_BYTES = 2**20
+"""A group of samples this big (a rollout dump, to the trackers that keep all of it) goes in the bulk stream, a chunk
+at a time; smaller ones (the dashboards' samples) go with the step's other records, in the order of the calls.
+Measured: a 256-row table took wandb's lane ~50 ms, a 64 MB dump the file lane ~1 s."""
+
+
+def record_bytes(record: Record) -> int:
+    """About how many bytes a bulk record encodes to (its chunk's size), to fill a batch."""
+    rows = getattr(record, "trajectories", None)
+    if rows is not None:
+        lines = getattr(rows, "lines", None)
+        return len(lines) if lines is not None else 4096 * len(rows)
+    samples = getattr(record, "samples", None)
+    if samples is not None:
+        return sum(len(row[0]) + len(row[1]) + 32 for row in samples)
+    return len(getattr(record, "png", b"")) + 256
+
+
+def _audience(records: list[Record], bulk: bool, lanes: dict[str, TrackerLane]) -> frozenset[str] | None:
+    """The lanes with a record in the batch (None: every lane); a bulk batch never goes to the reduce lane."""
+    names: set[str] = set()
+    for record in records:
+        if record.only is None:
+            if not bulk:
+                return None
+            names.update(lanes)
+            break
+        names.update(record.only)
+    if bulk:
+        names.discard(REDUCE_LANE)
+    return frozenset(names)

@@ -19,11 +19,12 @@ from typing import Any
 import ray
 
 from pipeline.core.report import SpoolReport
-from pipeline.shipping.lane import Lane
+from pipeline.shipping.streams import TrackerLane
 from pipeline.spool.durability import Durability
 from pipeline.spool.manifest import MANIFEST
 from pipeline.spool.recovery import Spooling
 from pipeline.spool.segments import Spool, SpoolEntry
+from pipeline.wire.batch import shared
 
 log = logging.getLogger("tracklane")
 _CHECK_S = 1.0  # how often to look for a removed folder: writes into one succeed and go nowhere
@@ -53,7 +54,8 @@ class SpoolStage:
     def durable(self) -> bool:
         return self.durability.on
 
-    def append(self, seq: int, records: int, oldest: float, blob: bytes, lanes: Iterable[Lane]) -> bool:
+    def append(self, seq: int, records: int, oldest: float, blob: bytes, lanes: Iterable[TrackerLane], bulk: bool = False,
+               audience: frozenset[str] | None = None) -> bool:
         """On disk before any lane can see it: True. False when the disk refused it: the batch is then in the
         lanes' memory only. Batches the spool's bound evicts are lost to lanes that lacked them."""
         held = list(lanes)
@@ -62,7 +64,7 @@ class SpoolStage:
         try:
             if not self.durability.on:
                 self._restore(held)
-            evicted = self.spool.append(seq, records, oldest, blob)
+            evicted = self.spool.append(seq, records, oldest, blob, bulk, audience)
         except OSError as exc:
             self.durability.failed(exc)
             return self._not_spooled(1, records)
@@ -75,7 +77,7 @@ class SpoolStage:
                         evicted[-1].seq, ", ".join(f"{name} {n}" for name, n in lost.items() if n))
         return True
 
-    def _restore(self, lanes: list[Lane]) -> None:
+    def _restore(self, lanes: list[TrackerLane]) -> None:
         """Before trying the disk again: make a removed folder again (its manifest too); batches whose files went
         with it before every tracker had them are no longer on disk."""
         gone = [e for e in self.spool.restore() if e.seq > self._released]
@@ -90,7 +92,7 @@ class SpoolStage:
                         ", ".join(f"{name} {n}" for name, n in lost.items() if n) or "none")
 
     @staticmethod
-    def _forget(gone: list[SpoolEntry], lanes: list[Lane]) -> dict[str, int]:
+    def _forget(gone: list[SpoolEntry], lanes: list[TrackerLane]) -> dict[str, int]:
         """These batches left the disk: each lane keeps those it holds in memory; returns what each lost."""
         if not gone:
             return {}
@@ -160,7 +162,7 @@ class SpoolReloader:
             blob = self._spool.read(seq)
             if blob is None:
                 return None
-            ref = self._recent[seq] = ray.put(blob)
+            ref = self._recent[seq] = ray.put(shared(blob))
             while len(self._recent) > self._KEPT:
                 self._recent.popitem(last=False)
         return ref

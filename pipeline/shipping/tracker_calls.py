@@ -8,12 +8,12 @@ from typing import Any
 import ray
 
 from pipeline.core.acks import Ack
-from pipeline.shipping.lane import Lane
+from pipeline.shipping.streams import TrackerLane
 from pipeline.wire.ack import unpack_ack
 
 
 class TrackerCalls:
-    def call(self, lanes: dict[str, Lane], closing: bool, exit_code: int) -> dict[str, Any]:
+    def call(self, lanes: dict[str, TrackerLane], closing: bool, exit_code: int) -> dict[str, Any]:
         """lane -> the ref of its actor's ``close(exit_code)`` or ``flush()``; dead lanes are not asked."""
         calls = {}
         for name, lane in lanes.items():
@@ -39,7 +39,7 @@ class TrackerCalls:
         return not refs or len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) == len(refs)
 
     @staticmethod
-    def end(lanes: dict[str, Lane]) -> None:
+    def end(lanes: dict[str, TrackerLane]) -> None:
         """The trackers are closed: end the lane actors (no restart)."""
         for lane in lanes.values():
             try:

@@ -25,6 +25,14 @@ from pipeline.spool.manifest import seen_path
 
 log = logging.getLogger("tracklane")
 
+BULK = "~bulk"
+"""Suffix of the source id of a bulk stream (shipping/streams.py); "~" is in no producer name."""
+
+
+def bulk_source(source: str) -> str:
+    """The source id of the bulk stream of ``source`` ("": rank 0's)."""
+    return source + BULK
+
 
 @dataclass(slots=True, kw_only=True)
 class LaneState:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.records import RunSpec
-from pipeline.spool.lane_state import LaneState
+from pipeline.spool.lane_state import LaneState, bulk_source
 from pipeline.spool.manifest import RunManifest, holds_a_spool, lanes_dir, seen_path, state_path
 from pipeline.spool.segments import Spool, SpoolEntry
 
@@ -55,17 +55,23 @@ def open_spooling(cfg: AsyncLogConfig, run: RunSpec, backends: dict[str, dict[st
     manifest = RunManifest(run=run, backends=backends)
     manifest.save(directory)
     seen = {name: LaneState.load(seen_path(directory, name)).stored() for name in backends}
-    applied = {name: max(LaneState.load(state_path(directory, name)).applied, seen[name][""]) for name in backends}
+    stored = {name: _stored(LaneState.load(state_path(directory, name)).stored(), seen[name]) for name in backends}
     entries = list(spool.entries())
-    _forgive_delivered_gaps(spool, entries, min(applied.values(), default=0))
-    pending = {name: [e for e in entries if e.seq > applied[name]] for name in backends}
-    first_seq = max([spool.last_seq, *applied.values()])
+    _forgive_delivered_gaps(spool, entries, min((min(s.values()) for s in stored.values()), default=0))
+    pending = {name: [e for e in entries if e.seq > stored[name].get(bulk_source("") if e.bulk else "", 0)
+                      and (e.audience is None or name in e.audience)] for name in backends}
+    first_seq = max([spool.last_seq, *(seq for s in stored.values() for seq in s.values())])
     recovered = len({e.seq for lane in pending.values() for e in lane})
     if recovered:
         log.warning("tracklane: resuming run %s: %d spooled batch(es) not yet in every tracker are delivered first",
                     run.run_id, recovered)
     return Spooling(spool=spool, manifest=manifest, first_seq=first_seq, pending=pending, recovered=recovered,
                     seen={name: stored for name, stored in seen.items() if any(stored.values())})
+
+
+def _stored(state: dict[str, int], seen: dict[str, int]) -> dict[str, int]:
+    """What a lane's tracker holds of rank 0's two streams: its state or rank 0's copy, whichever is ahead."""
+    return {source: max(state.get(source, 0), seen.get(source, 0)) for source in ("", bulk_source(""))}
 
 
 def set_aside_stale(directory: str, run: RunSpec) -> None:

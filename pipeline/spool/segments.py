@@ -3,10 +3,14 @@
 Append-only segment files ``seg-<first seq>.tls`` in one folder, written only by the shipper
 thread. Each batch is one frame::
 
-    magic "TLS1" | length u32 | crc32c u32 | seq u64 | records u32 | oldest log time f64 | payload
+    magic "TLS2" | length u32 | crc32c u32 | seq u64 | records u32 | oldest log time f64 | stream u8
+                 | audience length u16 | audience | payload
 
-``payload`` is the batch exactly as shipped (msgpack + zstd); the CRC32C covers everything after
-itself. A SIGKILL needs no fsync (written bytes stay in the page cache); ``fsync_s`` bounds what a
+``payload`` is the batch exactly as shipped (msgpack + zstd); ``stream`` says which of a lane's two streams it
+travels in (0 small records, 1 bulk: lane.py); ``audience`` the lanes it is for, their names joined by newlines
+(empty: every lane), so a lane skips a batch it has nothing in without reading it. The CRC32C covers everything
+after itself. Frames of the first format (``TLS1``: no stream, no audience) are still read.
+A SIGKILL needs no fsync (written bytes stay in the page cache); ``fsync_s`` bounds what a
 power loss can take. Opening a spool repairs it: a torn last frame is cut off, a corrupt frame is
 skipped (the scan resynchronises on the next magic) and counted, an unreadable segment is renamed
 ``.bad`` and counted, so recovery never crash-loops. A segment goes once every lane acknowledged all
@@ -33,9 +37,12 @@ from pipeline.core.errors import ConfigError
 
 log = logging.getLogger("tracklane")
 
-MAGIC = b"TLS1"
-_HEADER = struct.Struct("<4sIIQId")  # magic, length, crc, seq, records, oldest log time
-_CHECKED = struct.Struct("<QId")  # the header fields the checksum covers
+MAGIC = b"TLS2"
+MAGIC_V1 = b"TLS1"
+_HEADER = struct.Struct("<4sIIQIdBH")  # magic, length, crc, seq, records, oldest log time, stream, audience length
+_CHECKED = struct.Struct("<QIdBH")  # the header fields the checksum covers
+_HEADER_V1 = struct.Struct("<4sIIQId")
+_CHECKED_V1 = struct.Struct("<QId")
 _SEGMENT = re.compile(r"seg-(\d{16})\.tls")
 MAX_FRAME_BYTES = 2**31  # a length past this is corruption, not a batch
 _LOCK = "LOCK"
@@ -51,6 +58,10 @@ class SpoolEntry:
     nbytes: int  # payload bytes
     segment: int  # first seq of its segment (the segment's name)
     offset: int  # of the frame in the segment
+    bulk: bool = False
+    """It travels in the lanes' bulk stream (rollouts, tables, media)."""
+    audience: frozenset[str] | None = None
+    """The lanes it holds records for (None: every lane)."""
 
 
 @dataclass(slots=True)
@@ -88,11 +99,13 @@ class _Segment:
     entries: list[SpoolEntry] = field(default_factory=list)
 
 
-def frame_header(seq: int, records: int, oldest_time: float, payload: bytes) -> bytes:
-    """One frame's header for ``payload`` (the payload follows it on disk)."""
-    checked = _CHECKED.pack(seq, records, oldest_time)
+def frame_header(seq: int, records: int, oldest_time: float, payload: bytes, bulk: bool = False,
+                 audience: frozenset[str] | None = None) -> bytes:
+    """One frame's header and audience for ``payload`` (the payload follows them on disk)."""
+    names = "\n".join(sorted(audience)).encode() if audience else b""
+    checked = _CHECKED.pack(seq, records, oldest_time, int(bulk), len(names)) + names
     crc = crc32c.crc32c(payload, crc32c.crc32c(checked))
-    return _HEADER.pack(MAGIC, len(payload), crc, seq, records, oldest_time)
+    return _HEADER.pack(MAGIC, len(payload), crc, seq, records, oldest_time, int(bulk), len(names)) + names
 
 
 class Spool:
@@ -171,11 +184,12 @@ class Spool:
     def _parse(self, segment: _Segment, data: bytes) -> int:
         """Index every good frame of ``data``; returns the end of the last good frame."""
         pos, good_end, bad_run = 0, 0, False
-        while pos + _HEADER.size <= len(data):
+        while pos + _HEADER_V1.size <= len(data):
             entry = _frame_at(data, pos, segment.first)
             if entry is None:
                 bad_run = True
-                found = data.find(MAGIC, pos + 1)
+                found = min((at for at in (data.find(MAGIC, pos + 1), data.find(MAGIC_V1, pos + 1)) if at >= 0),
+                            default=-1)
                 if found < 0:
                     break
                 pos = found
@@ -187,7 +201,7 @@ class Spool:
                 self.stats.corrupt_frames += 1
             else:
                 self._add(segment, entry)
-            pos = good_end = entry.offset + _HEADER.size + entry.nbytes
+            pos = good_end = _frame_end(data, entry)
         return good_end
 
     def _quarantine(self, path: str, exc: OSError) -> None:
@@ -232,17 +246,21 @@ class Spool:
         try:
             with open(self._path(entry.segment), "rb") as handle:
                 handle.seek(entry.offset)
-                data = handle.read(_HEADER.size + entry.nbytes)
+                data = handle.read(_HEADER.size + 2**16 + entry.nbytes)
         except OSError:
             data = b""
-        if _frame_at(data, 0, entry.segment) is None:
+        found = _frame_at(data, 0, entry.segment)
+        if found is None:
             self.stats.unreadable_reads += 1
             return None
-        return data[_HEADER.size:]
+        end = _frame_end(data, found)
+        return data[end - found.nbytes:end]
 
     # -- writing -------------------------------------------------------------------------
-    def append(self, seq: int, records: int, oldest_time: float, payload: bytes) -> list[SpoolEntry]:
-        """Write one batch; returns the batches evicted to stay within ``max_bytes`` (usually none)."""
+    def append(self, seq: int, records: int, oldest_time: float, payload: bytes, bulk: bool = False,
+               audience: frozenset[str] | None = None) -> list[SpoolEntry]:
+        """Write one batch (``bulk``, ``audience``: SpoolEntry's); returns the batches evicted to stay within
+        ``max_bytes`` (usually none)."""
         if self._readonly:
             raise RuntimeError("a read-only spool cannot be appended to")
         if seq <= self.last_seq:
@@ -250,14 +268,14 @@ class Spool:
         if self._fd is None or self._segments[-1].size >= self._segment_bytes:
             self._roll(seq)
         segment = self._segments[-1]
-        header = frame_header(seq, records, oldest_time, payload)
+        header = frame_header(seq, records, oldest_time, payload, bulk, audience)
         try:
             _write_all(self._fd, header, payload)
         except OSError:  # a full or failing disk: the spool stays as the index says, the caller decides
             self._cut_back(segment)
             raise
         entry = SpoolEntry(seq=seq, records=records, oldest_time=oldest_time, nbytes=len(payload),
-                           segment=segment.first, offset=segment.size)
+                           segment=segment.first, offset=segment.size, bulk=bulk, audience=audience or None)
         segment.size += len(header) + len(payload)
         self._bytes += len(header) + len(payload)
         self._add(segment, entry)
@@ -385,16 +403,46 @@ class Spool:
 
 def _frame_at(data: bytes, pos: int, segment: int) -> SpoolEntry | None:
     """The frame starting at ``pos`` if it is whole and its checksum holds, else None."""
-    if pos + _HEADER.size > len(data):
+    magic = data[pos:pos + 4]
+    if magic == MAGIC_V1:
+        return _frame_v1_at(data, pos, segment)
+    if magic != MAGIC or pos + _HEADER.size > len(data):
         return None
-    magic, length, crc, seq, records, oldest = _HEADER.unpack_from(data, pos)
-    end = pos + _HEADER.size + length
-    if magic != MAGIC or length > MAX_FRAME_BYTES or end > len(data):
+    _, length, crc, seq, records, oldest, stream, names = _HEADER.unpack_from(data, pos)
+    start = pos + _HEADER.size + names
+    end = start + length
+    if length > MAX_FRAME_BYTES or stream > 1 or end > len(data):
         return None
-    payload = memoryview(data)[pos + _HEADER.size:end]
-    if crc32c.crc32c(payload, crc32c.crc32c(data[pos + 12:pos + _HEADER.size])) != crc:
+    checked = memoryview(data)[pos + 12:start]
+    if crc32c.crc32c(memoryview(data)[start:end], crc32c.crc32c(checked)) != crc:
+        return None
+    try:
+        audience = frozenset(bytes(data[pos + _HEADER.size:start]).decode().split("\n")) if names else None
+    except UnicodeDecodeError:
+        return None
+    return SpoolEntry(seq=seq, records=records, oldest_time=oldest, nbytes=length, segment=segment, offset=pos,
+                      bulk=bool(stream), audience=audience)
+
+
+def _frame_v1_at(data: bytes, pos: int, segment: int) -> SpoolEntry | None:
+    if pos + _HEADER_V1.size > len(data):
+        return None
+    _, length, crc, seq, records, oldest = _HEADER_V1.unpack_from(data, pos)
+    end = pos + _HEADER_V1.size + length
+    if length > MAX_FRAME_BYTES or end > len(data):
+        return None
+    payload = memoryview(data)[pos + _HEADER_V1.size:end]
+    if crc32c.crc32c(payload, crc32c.crc32c(data[pos + 12:pos + _HEADER_V1.size])) != crc:
         return None
     return SpoolEntry(seq=seq, records=records, oldest_time=oldest, nbytes=length, segment=segment, offset=pos)
+
+
+def _frame_end(data: bytes, entry: SpoolEntry) -> int:
+    """Where ``entry``'s frame (found in ``data`` at its offset) ends."""
+    if data[entry.offset:entry.offset + 4] == MAGIC_V1:
+        return entry.offset + _HEADER_V1.size + entry.nbytes
+    names = _HEADER.unpack_from(data, entry.offset)[-1]
+    return entry.offset + _HEADER.size + names + entry.nbytes
 
 
 def _write_all(fd: int | None, header: bytes, payload: bytes) -> None:

@@ -5,6 +5,7 @@
         proxy.cut()        # open connections closed, new ones accepted and reset at once
         proxy.stall()      # open connections closed, new ones accepted and never answered (a hung server)
         proxy.restore()    # new connections forwarded again
+        proxy.delay_s = 0.2  # each answer of the server held this long first (a slow tracker)
 
 Threads and stdlib sockets only: one thread accepts, two threads per connection copy bytes each way.
 While cut, nothing reaches the target: a request sent during the outage is lost, never half-delivered.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 
 _ACCEPT_POLL_S = 0.1  # how often the accept loop looks at the stop flag
 _CONNECT_TIMEOUT_S = 5.0
@@ -38,6 +40,8 @@ class TcpProxy:
         self._stopped = threading.Event()
         self.refused = 0
         """Connections reset because they arrived while the proxy was cut."""
+        self.delay_s = 0.0
+        """Each read of the target's answer waits this long before it is passed on (a slow tracker)."""
 
     @property
     def port(self) -> int:
@@ -143,11 +147,12 @@ class TcpProxy:
                     continue
                 self._sockets.update((client, upstream))
             running = [2]  # pumps of this connection still running; the last one closes both sockets
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst, running), daemon=True).start()
+            for src, dst, slow in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pump, args=(src, dst, running, slow), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, running: list[int]) -> None:
-        """Copy bytes from ``src`` to ``dst``; pass an end of stream on, abort both on an error.
+    def _pump(self, src: socket.socket, dst: socket.socket, running: list[int], slow: bool = False) -> None:
+        """Copy bytes from ``src`` to ``dst`` (``slow``: the target's answers, held ``delay_s`` each); pass an end of
+        stream on, abort both on an error.
 
         The second pump to end closes both sockets (the first only half-closes ``dst``, so a
         response still in flight the other way is delivered whole).
@@ -158,6 +163,8 @@ class TcpProxy:
                 if not data:
                     dst.shutdown(socket.SHUT_WR)
                     break
+                if slow and self.delay_s:
+                    time.sleep(self.delay_s)
                 dst.sendall(data)
         except OSError:  # reset, or closed by cut()/stop(): the whole connection goes
             self._forget(src, dst, abort=True)

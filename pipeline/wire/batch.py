@@ -1,14 +1,20 @@
 """Batches on the wire: msgpack inside a zstd frame. Never pickle.
 
-Wire layout (msgpack array)::
+Wire layout: a zstd frame of the header, a msgpack array, or when the batch has a tail of
+``"TLB3" | header length u32 | header | tail``::
 
-    ["TLB", 2, seq, created, [record, ...], [metrics schema, ...]]
+    ["TLB", 3, seq, created, [record, ...], [metrics schema, ...]]
     record = ["m", step, time, schema index, numbers, only, axis]   # metrics by key table (metrics_wire.py)
            | ["metrics", step, time, {name: number}, only]   # only: [backend, ...] or nil
            | ["metrics", step, time, {name: number}, only, axis]   # a step on another axis (str)
+           | ["trajectory_lines", {step, time, key, only, at, size, count}]   # Trajectories as JSON lines
            | [kind, {field: value}]                          # every other kind (records.py)
 
-Version 1 (spools of earlier releases) has no schema table and no "m" records.
+The tail holds the bytes of every trajectory_lines record (``size`` bytes at ``at``): a dump's rows are never copied
+into msgpack or out of it, and a lane reads them as a view of the decompressed frame (the file tracker appends
+them as they are: core/trajectory_lines.py). Versions 1 and 2 (spools of earlier releases) are the bare msgpack
+array in the frame, with no tail: version 1 has no schema table and no "m" records, version 2 carries trajectories
+only as ``[kind, {field: value}]`` (both still read).
 
 Decoding treats its input as hostile: sizes are capped before and after
 decompression, msgpack refuses extension types, and every field is type-checked,
@@ -18,11 +24,13 @@ so a corrupt or crafted batch raises ``CodecError`` instead of doing harm.
 from __future__ import annotations
 
 import reprlib
+import struct
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
 import msgpack
+import numpy as np
 import zstandard
 
 from pipeline.core.errors import CodecError
@@ -44,12 +52,17 @@ from pipeline.core.records import (
     Trajectory,
 )
 from pipeline.core.reduction import OPS, ROLES
+from pipeline.core.trajectory_lines import TrajectoryLines
 from pipeline.wire.metrics import KIND as KEYED_METRICS
 from pipeline.wire.metrics import SchemaTable, is_axis, metrics_from_wire, schemas_from_wire
 
 MAGIC = "TLB"
-VERSION = 2
-VERSIONS = {1: 5, 2: 6}
+TRAJECTORY_LINES = "trajectory_lines"
+"""The wire kind of a ``Trajectories`` record whose rows are JSON lines (``TrajectoryLines``)."""
+VERSION = 3
+VERSIONS = {1: 5, 2: 6, 3: 6}
+_PREFIX = struct.Struct("<4sI")  # "TLB3", header length
+_PREFIX_MAGIC = b"TLB3"
 """Version -> fields of the batch array."""
 
 
@@ -62,19 +75,37 @@ class DecodeLimits:
     max_records: int = 1_000_000
 
 
-def encode_batch(batch: Batch, level: int = 3) -> bytes:
-    """msgpack + zstd encoding of one batch (runs on the shipper thread, never the caller's)."""
+STORED = -131072
+"""zstd's fastest level: the frame holds raw blocks (ratio 1.0), its checksum still checked (a bulk batch's default)."""
+
+
+def encode_batch(batch: Batch, level: int | None = 3) -> bytes:
+    """msgpack + zstd encoding of one batch (runs on the shipper thread, never the caller's); ``level`` None:
+    ``STORED``."""
     schemas = SchemaTable()
-    records = [(schemas.pack(r) if isinstance(r, Metrics) else None) or _record_to_wire(r) for r in batch.records]
+    tail: list[bytes | memoryview] = []
+    records = [(schemas.pack(r) if isinstance(r, Metrics) else None) or _record_to_wire(r, tail) for r in batch.records]
     wire = [MAGIC, VERSION, batch.seq, batch.created, records, schemas.wire]
     try:
-        packed = msgpack.packb(wire, use_bin_type=True)
+        header = msgpack.packb(wire, use_bin_type=True)
     except UnicodeEncodeError:  # a lone surrogate (an os.fsdecode'd name, say) has no UTF-8: sent as "?"
-        packed = msgpack.packb(wire, use_bin_type=True, unicode_errors="replace")
-    return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(packed)
+        header = msgpack.packb(wire, use_bin_type=True, unicode_errors="replace")
+    compressor = zstandard.ZstdCompressor(level=STORED if level is None else level, write_content_size=True,
+                                          write_checksum=True)
+    if not tail:
+        return compressor.compress(header)
+    parts = [_PREFIX.pack(_PREFIX_MAGIC, len(header)), header, *tail]
+    stream = compressor.compressobj(size=sum(map(len, parts)))  # the tail's pieces go in as they are, not joined
+    return b"".join([*(stream.compress(part) for part in parts), stream.flush()])
 
 
-def encode_what_encodes(records: list[Record], seq: int, created: float, level: int = 3, check: bool = False,
+def shared(blob: bytes) -> np.ndarray:
+    """A batch as Ray should hold it: as a uint8 array, a lane reads it in Ray's shared memory without a copy (bytes
+    are copied into the actor's heap before its call starts: 0.6 ms/MB, a third of a lane's CPU for a dump)."""
+    return np.frombuffer(blob, dtype=np.uint8)
+
+
+def encode_what_encodes(records: list[Record], seq: int, created: float, level: int | None = 3, check: bool = False,
                         ) -> tuple[bytes | None, list[Record], list[tuple[Record, Exception]]]:
     """A batch of the records that encode (and, with ``check``, decode back): the whole batch when it does,
     else each record tried alone and the bad ones left out, so one bad record never costs the others.
@@ -101,11 +132,17 @@ def encode_what_encodes(records: list[Record], seq: int, created: float, level: 
     return (encode_batch(Batch(seq=seq, created=created, records=kept), level) if kept else None), kept, refused
 
 
-def _record_to_wire(record: Record) -> list:
+def _record_to_wire(record: Record, tail: list[bytes | memoryview]) -> list:
     if isinstance(record, Metrics):  # the common case stays compact
         if record.axis is None:
             return [Metrics.kind, record.step, record.time, record.values, record.only]
         return [Metrics.kind, record.step, record.time, record.values, record.only, record.axis]
+    if isinstance(record, Trajectories) and isinstance(record.trajectories, TrajectoryLines):
+        lines = record.trajectories.lines
+        at = sum(map(len, tail))
+        tail.append(lines)
+        return [TRAJECTORY_LINES, {"step": record.step, "time": record.time, "key": record.key, "only": record.only,
+                                   "at": at, "size": len(lines), "count": record.trajectories.rows}]
     fields = {name: getattr(record, name) for name in record.__slots__}
     if isinstance(record, Trajectories):
         fields["trajectories"] = [{name: getattr(t, name) for name in t.__slots__} for t in record.trajectories]
@@ -114,23 +151,34 @@ def _record_to_wire(record: Record) -> list:
     return [record.kind, fields]
 
 
-def decode_batch(blob: bytes, limits: DecodeLimits = DecodeLimits()) -> Batch:
-    """Decode and validate one batch; raises ``CodecError`` on anything malformed."""
-    if not isinstance(blob, (bytes, bytearray, memoryview)):
-        raise CodecError(f"a batch must be bytes, got {type(blob).__name__}")
-    if len(blob) > limits.max_compressed_bytes:
-        raise CodecError(f"batch of {len(blob)} bytes exceeds the {limits.max_compressed_bytes}-byte limit")
-    packed = _decompress(bytes(blob), limits.max_decoded_bytes)
+def decode_batch(blob: Any, limits: DecodeLimits = DecodeLimits()) -> Batch:
+    """Decode and validate one batch (bytes, or any buffer: a lane gets a read-only array over Ray's shared memory);
+    raises ``CodecError`` on anything malformed."""
     try:
-        wire = msgpack.unpackb(packed, raw=False, strict_map_key=True, use_list=True, ext_hook=_refuse_ext)
+        view = memoryview(blob).cast("B")
+    except (TypeError, ValueError):
+        raise CodecError(f"a batch must be bytes, got {type(blob).__name__}") from None
+    if len(view) > limits.max_compressed_bytes:
+        raise CodecError(f"batch of {len(view)} bytes exceeds the {limits.max_compressed_bytes}-byte limit")
+    content = memoryview(_decompress(view, limits.max_decoded_bytes))
+    header, tail = content, None
+    if content[:4] == _PREFIX_MAGIC:
+        if len(content) < _PREFIX.size:
+            raise CodecError("batch is truncated: no room for its header's length")
+        length = _PREFIX.unpack_from(content)[1]
+        if _PREFIX.size + length > len(content):
+            raise CodecError(f"batch header of {length} bytes runs past the batch's {len(content)}")
+        header, tail = content[_PREFIX.size:_PREFIX.size + length], content[_PREFIX.size + length:]
+    try:
+        wire = msgpack.unpackb(header, raw=False, strict_map_key=True, use_list=True, ext_hook=_refuse_ext)
     except CodecError:
         raise
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise CodecError(f"batch is not valid msgpack: {exc}") from exc
-    return _batch_from_wire(wire, limits)
+    return _batch_from_wire(wire, limits, tail)
 
 
-def _decompress(blob: bytes, limit: int) -> bytes:
+def _decompress(blob: memoryview, limit: int) -> bytes:
     try:
         declared = zstandard.frame_content_size(blob)
     except zstandard.ZstdError as exc:
@@ -154,12 +202,14 @@ def _refuse_ext(code: int, data: bytes) -> Any:
     raise CodecError(f"msgpack extension type {code} is not allowed in a batch")
 
 
-def _batch_from_wire(wire: Any, limits: DecodeLimits) -> Batch:
+def _batch_from_wire(wire: Any, limits: DecodeLimits, tail: memoryview | None) -> Batch:
     if not (isinstance(wire, list) and len(wire) in VERSIONS.values() and wire[0] == MAGIC):
         raise CodecError("batch header is missing or wrong")
     version = wire[1]
     if type(version) is not int or VERSIONS.get(version) != len(wire):
         raise CodecError(f"batch version {_short(version)} is not supported (expected {VERSION})")
+    if version < 3 and tail is not None:
+        raise CodecError(f"batch version {version} cannot have a tail")
     _, _, seq, created, records = wire[:5]
     schemas = schemas_from_wire(wire[5]) if version >= 2 else []
     _expect(type(seq) is int and seq >= 0, "sequence number must be a non-negative int")
@@ -167,10 +217,10 @@ def _batch_from_wire(wire: Any, limits: DecodeLimits) -> Batch:
     _expect(isinstance(records, list), "batch records must be a list")
     if len(records) > limits.max_records:
         raise CodecError(f"batch holds {len(records)} records, over the {limits.max_records} limit")
-    return Batch(seq=seq, created=float(created), records=[_record_from_wire(r, schemas) for r in records])
+    return Batch(seq=seq, created=float(created), records=[_record_from_wire(r, schemas, tail) for r in records])
 
 
-def _record_from_wire(wire: Any, schemas: list) -> Record:
+def _record_from_wire(wire: Any, schemas: list, tail: memoryview | None) -> Record:
     _expect(isinstance(wire, list) and len(wire) >= 1, "record must be a non-empty list")
     kind = wire[0]
     if kind == KEYED_METRICS:
@@ -201,6 +251,14 @@ def _record_from_wire(wire: Any, schemas: list) -> Record:
                          f"expected {sorted(schema)}")
     for name, check in schema.items():
         _expect(check(fields[name]), f"{kind} field {name!r} is malformed")
+    if kind == TRAJECTORY_LINES:
+        at, size = fields["at"], fields["size"]
+        _expect(tail is not None and at + size <= len(tail), "trajectory lines run past the batch's tail")
+        assert tail is not None
+        lines = TrajectoryLines(tail[at:at + size], fields["count"], fields["step"])
+        lines.check()
+        return Trajectories(step=fields["step"], trajectories=lines, time=float(fields["time"]), key=fields["key"],
+                            only=fields["only"])
     if kind == Trajectories.kind:
         fields["trajectories"] = [Trajectory(**t) for t in fields["trajectories"]]
     if kind == Histogram.kind and fields["figures"] is not None:
@@ -270,6 +328,8 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
                        "samples": lambda v: isinstance(v, list) and all(map(_is_sample, v))},
     Trajectories.kind: {**_COMMON, "key": _is_str,
                         "trajectories": lambda v: isinstance(v, list) and all(map(_is_trajectory, v))},
+    TRAJECTORY_LINES: {**_COMMON, "key": _is_str, "at": lambda v: type(v) is int and v >= 0,
+                       "size": lambda v: type(v) is int and v >= 0, "count": lambda v: type(v) is int and v >= 0},
     Histogram.kind: {**_COMMON, "name": _is_str, "values": lambda v: type(v) is bytes and len(v) % 8 == 0,
                      "figures": _is_figures},
     Text.kind: {**_COMMON, "name": _is_str, "text": _is_str},

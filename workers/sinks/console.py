@@ -34,6 +34,7 @@ _WIDTH = 11  # a compact value: "-0.0001234" and "1.235e+05" fit
 
 class ConsoleSink(Sink):
     name = "console"
+    takes_pieces = True  # prints a line a record
 
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:

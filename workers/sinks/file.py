@@ -9,7 +9,9 @@ histograms, text, images and artifacts under ``<name>_media/``: an artifact is c
 
 The first line is a header with the run's config (``"step": null, "data": {}`` so that
 readers of verl's format skip it). NaN and +-Inf are written as the JSON tokens
-``NaN``/``Infinity``, which Python's ``json`` and pandas read back exactly.
+``NaN``/``Infinity``, which Python's ``json`` and pandas read back exactly. Rollout rows are strict JSON, encoded by
+orjson as verl's ``FileLogger`` encodes its lines (NaN and +-Inf as ``null``): the shipper renders them
+(core/trajectory_lines.py) and this sink appends the bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
+from pipeline.core.trajectory_lines import TrajectoryLines, trajectory_line
 from pipeline.host.sink import Sink
 from workers.sinks.media import safe_name
 from workers.sinks.steps import merge_by_axis_step
@@ -28,6 +31,7 @@ from workers.sinks.steps import merge_by_axis_step
 
 class FileSink(Sink):
     name = "file"
+    takes_pieces = True  # appends each chunk to the step's rollout file
 
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
@@ -69,9 +73,15 @@ class FileSink(Sink):
             self._append_lines(os.path.join(self.settings["validation_dir"], f"{record.step}.jsonl"), lines)
 
     def write_trajectories(self, records: Sequence[Trajectories]) -> None:
+        # Rows as the pipeline carries them (JSON lines rendered by the shipper) are appended as they are.
         for record in records:
-            lines = [{**t.as_dict(), "step": record.step} for t in record.trajectories]
-            self._append_lines(os.path.join(self.settings["rollout_dir"], f"{record.step}.jsonl"), lines)
+            rows = record.trajectories
+            lines = rows.lines if isinstance(rows, TrajectoryLines) and rows.step == record.step \
+                else b"".join(trajectory_line(t, record.step) for t in rows)
+            path = os.path.join(self.settings["rollout_dir"], f"{record.step}.jsonl")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "ab") as handle:
+                handle.write(lines)
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         lines = [{"step": r.step, "name": r.name, **_histogram_line(r)} for r in records]

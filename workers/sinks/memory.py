@@ -36,6 +36,7 @@ def memory_dir(run_id: str) -> str:
 
 class MemorySink(Sink):
     name = "memory"
+    takes_pieces = True  # keeps every record
 
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:

@@ -63,6 +63,7 @@ class WandbSink(Sink):
     """One wandb run per tracker run; ``flush`` is the base no-op (wandb-core writes in the background)."""
 
     name = "wandb"
+    takes_pieces = True  # each log adds the chunk's rows to the key's INCREMENTAL table
     sdk_module = "wandb"
     extra = "wandb"
 

@@ -1,0 +1,199 @@
+"""One tracker's lane as the shipper sees it: two streams into the same actor, small records before bulk.
+
+A rollout dump of hundreds of MB takes a tracker seconds to store; a step's scalars must not wait behind it. So
+each tracker's lane has two streams (two ``Lane``s, lane.py), numbered from the one sequence of the spool: the
+small stream (metrics, params, text, histograms, the health keys) under the producer's source id, the bulk
+stream (rollouts, tables, media) under that id plus ``BULK``. The actor keeps a watermark per source, so each
+stream is applied once and in order; Ray runs an actor's calls in the order they were sent, so a small batch
+waits at most for the bulk batches already in flight (``max_inflight_batches``, a chunk each).
+
+A batch the tracker has nothing in (its ``audience`` leaves it out: the file's share of a dump, when the
+dashboards keep a sample) is never sent to it. The reduce lane never gets bulk.
+
+The spool may forget a batch once every tracker's store holds it: here, once no stream still waits for it
+(``acked``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pipeline.core.acks import Ack
+from pipeline.core.reduction import LANE as REDUCE_LANE
+from pipeline.core.report import LaneInfo, LaneReport
+from pipeline.shipping.lane import Entry, Lane, LaneSettings, Reload
+from pipeline.spool.lane_state import bulk_source
+from pipeline.spool.segments import SpoolEntry
+
+
+class TrackerLane:
+    """The small and the bulk stream of one tracker's lane, with the interface of one lane."""
+
+    def __init__(self, name: str, actor: Any, settings: LaneSettings, *, reload: Reload | None = None,
+                 source: str = "", on_output: Callable[[str], None] | None = None,
+                 on_reduced: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """As ``Lane``'s; ``on_output`` and ``on_reduced`` come with the small stream's answers."""
+        self.name = name
+        self.actor = actor
+        self.small = Lane(name, actor, settings, reload=reload, source=source, on_output=on_output,
+                          on_reduced=on_reduced)
+        self.bulk = Lane(name, actor, settings, reload=reload, source=bulk_source(source)) \
+            if name != REDUCE_LANE else None
+        self._offered = 0  # the newest batch offered, sent or skipped
+
+    @property
+    def streams(self) -> list[Lane]:
+        return [self.small] if self.bulk is None else [self.small, self.bulk]
+
+    def _stream(self, bulk: bool) -> Lane | None:
+        return self.bulk if bulk else self.small
+
+    def _mine(self, audience: frozenset[str] | None) -> bool:
+        return audience is None or self.name in audience
+
+    # -- feeding -------------------------------------------------------------------------
+    def offer(self, entry: Entry) -> None:
+        self._offered = max(self._offered, entry.seq)
+        stream = self._stream(entry.bulk)
+        if stream is not None and self._mine(entry.audience):
+            stream.offer(entry)
+
+    def preload(self, entries: Iterable[SpoolEntry]) -> None:
+        """Batches an earlier process spooled, each to its stream (those it has nothing in are skipped)."""
+        entries = list(entries)
+        for bulk in (False, True):
+            stream = self._stream(bulk)
+            if stream is not None:
+                stream.preload(e for e in entries if e.bulk == bulk and self._mine(e.audience))
+        self._offered = max([self._offered] + [e.seq for e in entries])
+
+    def holds(self, entry: Entry) -> bool:
+        """Whether it would keep ``entry`` in memory (it is for this tracker and fits the stream's bound)."""
+        stream = self._stream(entry.bulk)
+        return stream is not None and self._mine(entry.audience) and stream.fits(entry.nbytes)
+
+    def has_room(self, nbytes: int, bulk: bool = False) -> bool:
+        stream = self._stream(bulk)
+        return stream is None or stream.has_room(nbytes)
+
+    def evicted(self, seqs: set[int]) -> int:
+        return sum(stream.evicted(seqs) for stream in self.streams)
+
+    # -- progress ------------------------------------------------------------------------
+    def waitables(self) -> list[Any]:
+        return [ref for stream in self.streams for ref in stream.waitables()]
+
+    def pump(self) -> None:
+        for stream in self.streams:
+            stream.pump()
+        if self.dead:  # one stream gave up on the actor: so does the other (its records are counted dropped)
+            for stream in self.streams:
+                if not stream.dead:
+                    stream.give_up(self.report.error or "the lane's other stream gave up")
+
+    def accept(self, ack: Ack) -> None:
+        """An answer to a flush or close (the small stream's source): each stream takes its own watermarks."""
+        self.small.accept(ack)
+        if self.bulk is not None:
+            self.bulk.accept(ack.for_source(self.bulk.source))
+
+    def refresh(self) -> None:
+        self.small.refresh()
+
+    def freeze(self) -> None:
+        for stream in self.streams:
+            stream.freeze()
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def dead(self) -> bool:
+        return any(stream.dead for stream in self.streams)
+
+    @property
+    def answered(self) -> bool:
+        return self.small.answered
+
+    @property
+    def report(self) -> LaneReport:
+        """The small stream's: the tracker's own figures (both streams' answers carry the same)."""
+        return self.small.report
+
+    def offered(self) -> dict[str, int]:
+        """Per stream (its source id), the last batch handed to it: the actor has them all once its ``sources``
+        reach these."""
+        return {stream.source: stream.offered for stream in self.streams if stream.offered}
+
+    @property
+    def sources(self) -> dict[str, int]:
+        """How far each source got at the actor, as of the newer of the two streams' answers."""
+        return _newest(stream.sources for stream in self.streams)
+
+    @property
+    def stored(self) -> dict[str, int]:
+        return _newest(stream.stored for stream in self.streams)
+
+    def _first(self, stored: bool) -> int | None:
+        return min((seq for stream in self.streams if (seq := stream.first_pending(stored)) is not None), default=None)
+
+    @property
+    def acked(self) -> int:
+        """Every batch up to here that this tracker was offered is in its store (what the spool may forget)."""
+        first = self._first(stored=True)
+        return self._offered if first is None else first - 1
+
+    @property
+    def applied(self) -> int:
+        """Every batch up to here was handed to the tracker (its store may hold less: ``acked``)."""
+        first = self._first(stored=False)
+        return self._offered if first is None else first - 1
+
+    def settled(self, through_seq: int) -> bool:
+        return self.dead or all(stream.settled(through_seq) for stream in self.streams)
+
+    @property
+    def unacked_bytes(self) -> int:
+        return sum(stream.unacked_bytes for stream in self.streams)
+
+    @property
+    def outage_s(self) -> float:
+        return max(stream.outage_s for stream in self.streams)
+
+    def info(self) -> LaneInfo:
+        return dataclasses.replace(self.small.info(), unacked_bytes=self.unacked_bytes)
+
+    def lag_s(self) -> float:
+        """Age of the oldest small record its tracker lacks."""
+        return self.small.lag_s()
+
+    def bulk_lag_s(self) -> float:
+        return self.bulk.lag_s() if self.bulk is not None else 0.0
+
+    def snapshot(self) -> LaneReport:
+        report = self.small.snapshot()
+        report.acked_seq = self.acked
+        if self.bulk is None:
+            return report
+        bulk = self.bulk.snapshot()
+        report.unacked_batches += bulk.unacked_batches
+        report.unacked_records += bulk.unacked_records
+        report.dropped_records += bulk.dropped_records
+        report.retries += bulk.retries
+        report.restarts = max(report.restarts, bulk.restarts)
+        report.outage_s = max(report.outage_s, bulk.outage_s)
+        report.outage_total_s = max(report.outage_total_s, bulk.outage_total_s)
+        report.bulk_lag_s, report.bulk_lag_p50_s, report.bulk_lag_p99_s = bulk.lag_s, bulk.lag_p50_s, bulk.lag_p99_s
+        if report.error is None and bulk.error is not None:
+            report.error = bulk.error
+        if bulk.last_error_at > report.last_error_at:
+            report.last_error, report.last_error_at = bulk.last_error, bulk.last_error_at
+        return report
+
+
+def _newest(maps: Iterable[dict[str, int]]) -> dict[str, int]:
+    merged: dict[str, int] = {}
+    for figures in maps:
+        for key, value in figures.items():
+            merged[key] = max(value, merged.get(key, 0))
+    return merged

@@ -1,0 +1,129 @@
+"""A tracker's lane as two streams into one actor: small batches overtake bulk ones, each stream lands once."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import ray
+
+from pipeline.core.acks import Ack
+from pipeline.shipping.lane import Entry, LaneSettings
+from pipeline.shipping.streams import TrackerLane
+from pipeline.spool.segments import SpoolEntry
+from pipeline.wire.ack import pack_ack
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+_DEADLINE_S = 30.0
+
+
+@ray.remote(num_cpus=0)
+class TwoStreamSink:
+    """The lane actor's protocol per source (skip re-sends, refuse gaps); a bulk apply takes ``bulk_s``."""
+
+    def __init__(self, bulk_s: float = 0.0, applied: dict | None = None) -> None:
+        self.applied: dict[str, int] = dict(applied or {})
+        self.order: list[int] = []
+        self._bulk_s = bulk_s
+
+    def _ack(self, source: str, gap: bool = False) -> bytes:
+        return pack_ack(Ack(applied=self.applied.get(source, 0), gap=gap, pid=os.getpid(),
+                            sources={k: v for k, v in self.applied.items() if k}, stored=dict(self.applied)))
+
+    def ready(self, source: str = "") -> bytes:
+        return self._ack(source)
+
+    def apply(self, seq: int, prev: int, blob, final: bool = False, source: str = "") -> bytes:
+        if seq <= self.applied.get(source, 0):
+            return self._ack(source)
+        if prev != self.applied.get(source, 0):
+            return self._ack(source, gap=True)
+        if source.endswith("~bulk"):
+            time.sleep(self._bulk_s)
+        self.applied[source] = seq
+        self.order.append(seq)
+        return self._ack(source)
+
+    def log(self) -> dict:
+        return {"order": self.order, "applied": self.applied}
+
+
+def _pair(actor, max_inflight: int = 2) -> TrackerLane:
+    return TrackerLane("file", actor, LaneSettings(max_bytes=1 << 20, max_inflight=max_inflight, dead_after_s=60.0,
+                                                   startup_timeout_s=60.0))
+
+
+def _entry(seq: int, bulk: bool = False, audience: frozenset[str] | None = None) -> Entry:
+    return Entry(seq=seq, ref=ray.put(b"x"), nbytes=10, records=1, oldest_log_time=time.time(), bulk=bulk,
+                 audience=audience)
+
+
+def _pump_until(lane: TrackerLane, done) -> None:
+    deadline = time.monotonic() + _DEADLINE_S
+    while not done():
+        assert time.monotonic() < deadline, lane.snapshot()
+        refs = lane.waitables()
+        if refs:
+            ray.wait(refs, num_returns=1, timeout=0.02)
+        lane.pump()
+
+
+def test_a_small_batch_overtakes_the_bulk_batches_not_yet_sent():
+    """Five slow bulk batches then a small one: the small one is applied after at most the bulk batches already in
+    flight (max_inflight_batches), not after all five; the spool may forget nothing until the bulk is stored too."""
+    actor = TwoStreamSink.remote(bulk_s=0.3)
+    lane = _pair(actor, max_inflight=2)
+    _pump_until(lane, lambda: lane.answered)
+    for seq in range(1, 6):
+        lane.offer(_entry(seq, bulk=True))
+    lane.pump()
+    lane.offer(_entry(6))
+    _pump_until(lane, lambda: lane.small.acked == 6)
+    assert lane.acked < 6 and lane.bulk.acked < 5  # the bulk is still on its way: nothing settled past it
+    _pump_until(lane, lambda: lane.acked == 6)
+    order = ray.get(actor.log.remote())["order"]
+    assert sorted(order) == [1, 2, 3, 4, 5, 6] and order.index(6) <= 2, order
+    assert lane.snapshot().bulk_lag_p99_s > lane.snapshot().lag_p99_s
+    ray.kill(actor)
+
+
+def test_a_batch_a_tracker_has_nothing_in_is_never_sent_to_it():
+    """An entry whose audience leaves the lane out goes nowhere, and the spool may forget it once the rest is stored."""
+    actor = TwoStreamSink.remote()
+    lane = _pair(actor)
+    lane.offer(_entry(1))
+    lane.offer(_entry(2, bulk=True, audience=frozenset({"wandb"})))
+    lane.offer(_entry(3, bulk=True, audience=frozenset({"file", "wandb"})))
+    lane.offer(_entry(4, audience=frozenset({"mlflow"})))
+    _pump_until(lane, lambda: lane.acked == 4)
+    assert ray.get(actor.log.remote())["order"] == [1, 3]
+    ray.kill(actor)
+
+
+def test_the_reduce_lane_has_no_bulk_stream():
+    """The reducer needs the steps, never the rows: a bulk batch is skipped by its lane."""
+    actor = TwoStreamSink.remote()
+    lane = TrackerLane("reduce", actor, LaneSettings(max_bytes=1 << 20, max_inflight=2, dead_after_s=60.0,
+                                                     startup_timeout_s=60.0))
+    assert lane.bulk is None
+    lane.offer(_entry(1, bulk=True))
+    lane.offer(_entry(2))
+    _pump_until(lane, lambda: lane.acked == 2)
+    assert ray.get(actor.log.remote())["order"] == [2]
+    ray.kill(actor)
+
+
+def test_preloaded_batches_go_back_to_their_streams_and_skip_what_each_stored():
+    """After a resume, each spooled batch waits in its own stream; the actor's watermark per stream says which its
+    tracker holds, and only the rest is sent, once."""
+    actor = TwoStreamSink.remote(applied={"": 3, "~bulk": 2})
+    lane = _pair(actor)
+    lane.preload([SpoolEntry(seq=seq, records=1, oldest_time=time.time(), nbytes=10, segment=1, offset=0, bulk=bulk)
+                  for seq, bulk in ((1, False), (2, True), (3, False), (4, True), (5, False))])
+    lane.small._reload = lane.bulk._reload = lambda seq: ray.put(b"x")  # the spool's reader, for this test
+    _pump_until(lane, lambda: lane.acked == 5)
+    log = ray.get(actor.log.remote())
+    assert sorted(log["order"]) == [4, 5] and log["applied"] == {"": 5, "~bulk": 4}
+    ray.kill(actor)
