@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 from pipeline import Tracking
 from tests.conftest import log_verl_steps, same_value
 from workers.testing.memory import memory_records
+from workers.testing.readers.file_reader import file_lines
 from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -28,7 +28,7 @@ def _config(**async_log) -> dict:
 
 
 def _file_steps(path) -> list[dict]:
-    lines = [json.loads(line) for line in open(path, encoding="utf-8")]
+    lines = file_lines(path)
     return [line for line in lines if line["step"] is not None]
 
 

@@ -104,7 +104,7 @@ def test_scaling_quick(tmp_path, mlflow_server_uri, ray_join):
 
 @pytest.mark.slow
 def test_capacity_quick(tmp_path, mlflow_server_uri, ray_join):
-    """Every tracker has a bare and a lane figure for scalars (SwanLab has no bare trajectories), and every
+    """Every tracker has a bare and a lane CPU figure for scalars (SwanLab has no bare trajectories), and every
     record the lanes were given was read back from the tracker's own store."""
     result = _run("capacity", tmp_path, mlflow_server_uri, ray_join)
     rows = {(r["tracker"], r["workload"]): r for r in result["rows"]}
@@ -112,8 +112,9 @@ def test_capacity_quick(tmp_path, mlflow_server_uri, ray_join):
                          for w in ("scalars", "trajectories")}
     for (tracker, workload), row in rows.items():
         assert row["complete"] and row["delivered"] == row["units"], row
-        assert ("ratio" in row) == (tracker != "swanlab" or workload == "scalars"), row
-        assert 0 < row["actor_busy_s"] < row["lane_s"] and row["actor_cpu_s"] > 0, row
+        assert ("cpu_ratio" in row) == (tracker != "swanlab" or workload == "scalars"), row
+        assert 0 < row["actor_busy_s"] < row["lane_s"] and row["actor_cpu_s"] > 0 and row["lane_cpu_ms_per_1k"] > 0, row
+        assert row.get("bare_cpu_ms_per_1k", 1.0) > 0, row
     assert [c["workload"] for c in result["pipeline"]] == ["scalars", "trajectories"]
     for ceiling in result["pipeline"]:  # the pipeline alone: every value counted by the discarding sink
         assert ceiling["complete"] and ceiling["delivered"] == ceiling["units"] > 0, ceiling
@@ -147,3 +148,33 @@ def test_main_job_quick(tmp_path, mlflow_server_uri, ray_join):
     for run in result["runs"]:
         assert run["steps"] == result["steps"] - result["first"] + 1 and run["median_ms"] > 0
     assert result["ratio"] == result["medians_ms"]["six trackers"] / result["medians_ms"]["logger=[]"]
+
+
+@pytest.mark.slow
+def test_scale_quick(tmp_path, mlflow_server_uri):
+    """The scale benchmark's quick run is complete: every scalar and rollout row in the file tracker with nothing
+    dropped (with and without a slow tracker), 10,000 keys a step in all four trackers, six trackers opened and
+    finished, and every producer's point once, reduced right. Its timings are printed, not asserted."""
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}  # it runs its own clusters
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--quick", "--out", str(tmp_path),
+                           "--mlflow-uri", mlflow_server_uri], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, f"scale failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    result = json.loads((tmp_path / "scale.json").read_text())
+    assert [p["slow"] for p in result["dumps"]] == [False, True]
+    for point in result["dumps"]:
+        assert "error" not in point, point["error"]
+        stored = point["stored"]
+        assert point["dropped"] == 0 and point["complete"], point
+        assert stored["scalars"] == stored["scalars_logged"] > 0 and stored["rows"] == stored["rows_logged"] > 0, point
+    for point in result["keys"]:
+        assert "error" not in point, point["error"]
+        assert point["dropped"] == 0 and point["stored"] == dict.fromkeys(point["stored"], point["logged"]), point
+        assert set(point["stored"]) == {"mlflow", "wandb", "tensorboard", "file"}
+    assert all(point["complete"] for point in result["lifecycle"]), result["lifecycle"]
+    assert [p["producers"] for p in result["producers"]] == [0, 1, 2, 4]
+    for point in result["producers"]:
+        check = point["check"]
+        assert check["once"] == check["expected"] > 0 and check["twice"] == check["wrong"] == 0, point
+        assert point["complete"] and point["nodes"] == min(2, point["producers"]), point
+    _assert_pngs(result)

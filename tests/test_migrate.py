@@ -18,6 +18,7 @@ import pytest
 
 from pipeline.cli.main import main
 from tests.conftest import same_value
+from workers.testing.readers.file_reader import file_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 T0_MS = 1_700_000_000_123  # explicit MLflow timestamps, far from now: a target that kept them shows these
@@ -66,13 +67,9 @@ def log_mlflow_run(tmp_path: Path, *, repeat_step: int | None = None) -> tuple[s
 
 
 def file_points(path: Path) -> list[tuple[int, str, float]]:
-    """(step, key, value) of every metric line of a file-logger file (the header left out)."""
-    out = []
-    for line in path.read_text().splitlines():
-        data = json.loads(line)
-        if data["step"] is not None:
-            out += [(data["step"], key, value) for key, value in data["data"].items()]
-    return out
+    """(step, key, value) of every metric line of a file-logger file (the header left out; null read as NaN)."""
+    return [(line["step"], key, value) for line in file_lines(path) if line["step"] is not None
+            for key, value in line["data"].items()]
 
 
 def assert_points(got: list[tuple[int, str, float]], expected: dict[tuple[int, str], float], float32: bool = False):

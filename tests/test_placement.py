@@ -15,6 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from pipeline import ConfigError
 from pipeline.config.placement import lane_actor_options
 from tests.conftest import same_value, verl_metrics
+from workers.testing.readers.file_reader import file_lines
 from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +74,7 @@ def test_lanes_placed_on_a_second_node_deliver_every_record(offline_trackers, tm
 
     logged = {step: {k: float(v) for k, v in verl_metrics(step, keys=20).items()} for step in range(steps)}
     board = read_tensorboard_dir(offline_trackers["tensorboard"])
-    lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
+    lines = file_lines(offline_trackers["file"])
     file_points = [(line["step"], key, value) for line in lines if line["step"] is not None
                    for key, value in line["data"].items()]
     for points, stored in ((board.points, lambda v: float(np.float32(v))), (file_points, float)):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import time
 
 import numpy as np
@@ -61,7 +60,7 @@ def test_rich_records_reach_file_console_and_memory(log_async, offline_trackers,
     rows = [json.loads(line) for line in open(f"{base}_generations/10.jsonl", encoding="utf-8")]
     assert [(r["input"], r["output"], r["step"]) for r in rows] == [
         ("2+2=", "4", 10), ("héllo ✓ 世界", "", 10), ("long", "y" * 4000, 10)]
-    assert rows[0]["score"] == 1.0 and math.isnan(rows[2]["score"])
+    assert rows[0]["score"] == 1.0 and rows[2]["score"] is None  # strict JSON: NaN as null, as verl's orjson writes it
     trajectories = [json.loads(line) for line in open(f"{base}_rollouts/10.jsonl", encoding="utf-8")]
     assert len(trajectories) == 200 and trajectories[0]["token_ids"] == list(range(512))
     assert trajectories[-1]["meta"]["sample_index"] == 199 and trajectories[0]["tool_calls"][0]["name"] == "python"

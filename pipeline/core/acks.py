@@ -56,7 +56,8 @@ class Work:
     busy_s: float = 0.0
     """Wall time inside batch writes (decode, convert, the SDK, flush)."""
     cpu_s: float = 0.0
-    """CPU time of the host's whole process (its threads included: Ray's, the SDK's)."""
+    """CPU time of the host's whole process (its threads included: Ray's, the SDK's) and of the processes it
+    started (wandb-core)."""
     records: int = 0
     """Records written."""
 

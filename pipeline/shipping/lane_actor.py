@@ -29,6 +29,7 @@ from pipeline.host.registry import backend_class
 from pipeline.host.sink_host import SinkHost
 from pipeline.node.identity import ray_node_id
 from pipeline.node.priority import lower_priority
+from pipeline.node.process_cpu import ProcessCpu
 from pipeline.spool.durability import Durability
 from pipeline.spool.lane_state import BULK, LaneState, bulk_source
 from pipeline.wire.ack import pack_ack
@@ -69,6 +70,8 @@ class LaneActor:
         self._written = {"": self._state.applied, **self._state.sources}
         self._not_durable: deque[tuple[str, int, Any]] = deque()  # (source, seq, sink's point) not durable yet
         self._work = Work()
+        self._cpu = ProcessCpu()  # its SDK's helper processes too (wandb-core)
+        self._fresh_cpu = False  # the next answer looks at the live children (a flush's, a close's)
         if self._host.open():
             self._save()
 
@@ -141,6 +144,7 @@ class LaneActor:
         return self._answer(source)
 
     def flush(self) -> bytes:
+        self._fresh_cpu = True
         self._host.flush()
         self._settle()
         self._save()
@@ -148,6 +152,7 @@ class LaneActor:
 
     def close(self, exit_code: int) -> bytes:
         """End the tracker run; answers with the final figures."""
+        self._fresh_cpu = True
         if self._host.close(exit_code):  # closed cleanly: its store holds everything handed to it
             self._not_durable.clear()
             for source, seq in self._written.items():
@@ -181,7 +186,8 @@ class LaneActor:
     def _answer(self, source: str, gap: bool = False, held: bool = False) -> bytes:
         """The answer to ``source``'s lane; it also says how far every producer got (rank 0's finish waits on it),
         and brings the trainer what the sink printed (a producer's lane gets none: it is not the user's terminal)."""
-        self._work.cpu_s = time.process_time()
+        self._work.cpu_s = self._cpu.seconds(fresh=not source and not gap and not held and self._fresh_cpu)
+        self._fresh_cpu = False
         output = "" if source else self._host.take_output()
         if output and self._not_durable:  # the console's store is the trainer's stdout: its lines are on their way
             self._settle()

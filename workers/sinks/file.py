@@ -8,19 +8,19 @@ histograms, text, images and artifacts under ``<name>_media/``: an artifact is c
 ``artifacts/<type>/<name>/step_<step>/<file or folder name>``, so each step's version of one name is kept.
 
 The first line is a header with the run's config (``"step": null, "data": {}`` so that
-readers of verl's format skip it). NaN and +-Inf are written as the JSON tokens
-``NaN``/``Infinity``, which Python's ``json`` and pandas read back exactly. Rollout rows are strict JSON, encoded by
-orjson as verl's ``FileLogger`` encodes its lines (NaN and +-Inf as ``null``): the shipper renders them
+readers of verl's format skip it). Every line is encoded by orjson as verl 0.9.1's ``FileLogger`` encodes its lines:
+compact, NaN and +-Inf as ``null``, strict JSON. Rollout rows are rendered so by the shipper
 (core/trajectory_lines.py) and this sink appends the bytes.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from pipeline.core.trajectory_lines import TrajectoryLines, trajectory_line
@@ -49,23 +49,23 @@ class FileSink(Sink):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         # A fresh run truncates like verl; a restarted actor, or a resumed training run, appends.
         appending = resume is not None or self.run.resume
-        self._handle = open(path, "a" if appending else "w", encoding="utf-8")
+        # Unbuffered, as verl's FileLogger opens it: each write() is in the file when it returns.
+        self._handle = open(path, "ab" if appending else "wb", buffering=0)
         if appending and not _ends_a_line(path):  # a kill tore the last line: ours start on a line of their own
-            self._handle.write("\n")
+            self._handle.write(b"\n")
         if resume is None:
             header = {"step": None, "data": {}, "project": self.run.project, "experiment": self.run.experiment,
                       "run_id": self.run.run_id, "resumed": self.run.resume, "config": self.run.params}
-            self._handle.write(json.dumps(header) + "\n")
-            self._handle.flush()
+            self._handle.write(_line(header))
         return {"path": path}
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
-        # verl's line, plus "axis" for a step on another axis (a producer's own, the system metrics')
-        lines = [json.dumps({"step": step, "data": values} if axis is None else {"step": step, "axis": axis, "data": values})
+        # verl's line (orjson, as its FileLogger encodes it), plus "axis" for a step on another axis (a producer's
+        # own, the system metrics'); one write for the batch
+        lines = [_line({"step": step, "data": values} if axis is None else {"step": step, "axis": axis, "data": values})
                  for axis, step, values in merge_by_axis_step(records)]
         if lines:
-            self._handle.write("\n".join(lines) + "\n")
-            self._handle.flush()  # a crash of the actor loses nothing it acknowledged
+            self._handle.write(b"".join(lines))
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         for record in records:
@@ -108,8 +108,8 @@ class FileSink(Sink):
 
     def _append_lines(self, path: str, lines: list[dict[str, Any]]) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+        with open(path, "ab") as handle:
+            handle.write(b"".join(map(_line, lines)))
 
     def _write_file(self, parts: tuple[str, ...], data: bytes) -> None:
         path = os.path.join(self.settings["media_dir"], *parts)
@@ -145,6 +145,11 @@ class FileSink(Sink):
 
     def where(self) -> str:
         return f"file: {self.settings['path']}"
+
+
+def _line(data: Any) -> bytes:
+    """One JSON line as verl's FileLogger writes it: orjson (compact, NaN and +-Inf as null, numpy values as numbers)."""
+    return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE)
 
 
 def _size(path: str) -> int:
