@@ -168,7 +168,8 @@ def lifecycle(env: BenchEnv, quick: bool) -> list[dict[str, Any]]:
                 "scalars": 100, "rows": 0, "chars": 0, "mlflow_uri": env.mlflow_uri, "trackers": SIX}
         run = run_child(spec)
         point = {"error": run["error"][-600:]} if "error" in run else \
-            {"built_s": run["built_s"], "ready_s": run["ready_s"], "finish_s": run["finish_s"], "complete": run["complete"]}
+            {"built_s": run["built_s"], "ready_s": run["ready_s"], "finish_s": run["finish_s"], "complete": run["complete"],
+             "open_cpu_s": sum(run["lanes_open_cpu_s"].values()), "open_cpu_by_lane": run["lanes_open_cpu_s"]}
         points.append(point)
         print(f"  {name}: {point}", flush=True)
     return points
@@ -194,9 +195,9 @@ def print_tables(results: dict[str, Any]) -> None:
                 for p in results["keys"]]
         print(table(["workload", "log() ms p50 / p99", "scalars s p99", "dropped", "finish s", "stored"], rows))
     if results.get("lifecycle"):
-        rows = [[i, fmt(p.get("built_s")), fmt(p.get("ready_s")), fmt(p.get("finish_s")), p.get("complete", p.get("error"))]
-                for i, p in enumerate(results["lifecycle"])]
-        print(table(["six trackers", "Tracking() s", "ready s", "finish s", "complete"], rows))
+        rows = [[i, fmt(p.get("built_s")), fmt(p.get("ready_s")), fmt(p.get("open_cpu_s"), 1), fmt(p.get("finish_s")),
+                 p.get("complete", p.get("error"))] for i, p in enumerate(results["lifecycle"])]
+        print(table(["six trackers", "Tracking() s", "all open s", "their CPU s", "finish s", "complete"], rows))
     if results.get("producers"):
         from benchmarks.scale_producers import print_producers
 

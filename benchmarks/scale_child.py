@@ -69,7 +69,9 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
 
         from pipeline import Tracking
 
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        # as Tracking() starts it (async_pipeline.py): a CPU slot per lane, up to the cores
+        ray.init(num_cpus=max(1, min(os.cpu_count() or 1, len(spec["trackers"]))), include_dashboard=False,
+                 log_to_driver=False)
         started = time.perf_counter()
         tracking = Tracking("scale", spec["name"], spec["trackers"],
                             config={"trainer": {"log_async": True, "async_log": spec.get("async_log", {})}})
@@ -107,7 +109,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "spec": spec, "built_s": built_s, "ready_s": ready_s, "ready": ready, "finish_s": finish_s,
         "calls_ms": calls_ms, "build_s": build_s, "logged_at": logged_at, "seen": seen,
         "trainer_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "trainer_cpu_s": cpu_s,
-        "lane_peak_mib": lane_peak_mib,
+        "lane_peak_mib": lane_peak_mib, "lanes_open_cpu_s": opened,
     }
     if report is not None:
         result.update(complete=report.complete, summary=report.summary(),

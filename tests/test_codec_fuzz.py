@@ -51,6 +51,7 @@ from pipeline.core.records import (
     Trajectory,
 )
 from pipeline.core.reduction import OPS, ROLES
+from pipeline.core.trajectory_lines import TrajectoryLines
 from pipeline.wire.ack import pack_ack, unpack_ack
 from pipeline.wire.batch import DecodeLimits, decode_batch, encode_batch
 
@@ -107,6 +108,17 @@ _trajectory = st.builds(
     token_ids=_token_ids,
 )
 _trajectories = st.builds(Trajectories, key=_texts, trajectories=st.lists(_trajectory, max_size=2), **_common)
+
+
+@st.composite
+def _trajectory_lines(draw: st.DrawFn) -> Trajectories:
+    """Trajectories as the shipper carries them: JSON lines, in the frame's tail."""
+    step = draw(_ints)
+    rows = draw(st.lists(_trajectory, max_size=3))
+    return Trajectories(key=draw(_texts), trajectories=TrajectoryLines.render(rows, step), step=step,
+                        time=draw(_floats), only=draw(_only))
+
+
 _f64 = st.lists(_floats, max_size=8).map(lambda xs: struct.pack(f"<{len(xs)}d", *xs))
 _random_figures = st.builds(
     HistogramFigures, count=_ints, nan=_ints, posinf=_ints, neginf=_ints, min=_numbers, max=_numbers, mean=_numbers,
@@ -134,8 +146,8 @@ _artifacts = st.builds(Artifact, path=_texts, name=_texts, type=_texts, **_commo
 _reductions = st.builds(Reduction, role=st.sampled_from(sorted(ROLES)), values=st.dictionaries(_texts, _numbers, max_size=3),
                         op=st.sampled_from(["", *OPS]), ops=st.dictionaries(_texts, st.sampled_from(OPS), max_size=2),
                         **_common)
-_records = st.one_of(_metrics, _generations, _trajectories, _histograms(), _text_records, _images, _artifacts,
-                     _reductions)
+_records = st.one_of(_metrics, _generations, _trajectories, _trajectory_lines(), _histograms(), _text_records, _images,
+                     _artifacts, _reductions)
 
 
 def _batches(records: st.SearchStrategy = _records, max_records: int = 4) -> st.SearchStrategy[Batch]:
@@ -191,6 +203,9 @@ def _well_typed(record: Record) -> bool:
         return type(record.key) is str and type(record.samples) is list and all(
             type(r) is list and len(r) == 3 and type(r[0]) is str and type(r[1]) is str and _is_number(r[2])
             for r in record.samples)
+    if isinstance(record, Trajectories) and isinstance(record.trajectories, TrajectoryLines):
+        rows = record.trajectories
+        return type(record.key) is str and len(list(rows)) == len(rows) and rows.step == record.step
     if isinstance(record, Trajectories):
         return type(record.key) is str and type(record.trajectories) is list and all(
             type(t) is Trajectory and type(t.messages) is list and all(_str_map(m, lambda v: type(v) is str)

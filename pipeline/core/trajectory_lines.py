@@ -30,7 +30,20 @@ def trajectory_line(trajectory: Trajectory, step: int) -> bytes:
     """One row of the file tracker's ``<name>_rollouts/<step>.jsonl``, newline included."""
     row = {"messages": trajectory.messages, "tool_calls": trajectory.tool_calls, "rewards": trajectory.rewards,
            "meta": trajectory.meta, "token_ids": np.frombuffer(trajectory.token_ids, dtype="<i4"), "step": step}
-    return orjson.dumps(row, option=_OPTIONS | orjson.OPT_APPEND_NEWLINE)
+    try:
+        return orjson.dumps(row, option=_OPTIONS | orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:  # a lone surrogate (an os.fsdecode'd name, say) has no UTF-8: written as "?"
+        return orjson.dumps(_utf8(row), option=_OPTIONS | orjson.OPT_APPEND_NEWLINE)
+
+
+def _utf8(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_utf8(k): _utf8(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_utf8(v) for v in value]
+    return value
 
 
 class TrajectoryLines(Sequence[Trajectory]):

@@ -46,7 +46,10 @@ class AsyncPipeline:
         if not ray.is_initialized():
             # RAY_ADDRESS names a running cluster that ray.init() joins: it refuses num_cpus then
             joining = os.environ.get("RAY_ADDRESS", "local") not in ("", "local")
-            start = {} if joining else {"num_cpus": 1, "include_dashboard": False}
+            # Ray starts at most num_cpus worker processes at a time: one per lane (up to the cores) opens them together
+            # (the lane actors reserve no CPU slot, so nothing else changes)
+            start = {} if joining else {"num_cpus": max(1, min(os.cpu_count() or 1, len(backends))),
+                                        "include_dashboard": False}
             ray.init(**{**start, "log_to_driver": True, **cfg.ray_init})
         spooling = open_spooling(cfg, run, {name: settings for name, (_, settings) in backends.items()}) \
             if cfg.spool else None

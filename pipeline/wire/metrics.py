@@ -55,7 +55,8 @@ class SchemaTable:
                 record.axis]
 
 
-Schema = tuple[list[str], list[int]]
+Schema = tuple[list[str], list[int], struct.Struct]
+"""Keys, positions of int values, and the struct of its numbers."""
 
 
 def is_axis(value: Any) -> bool:
@@ -78,7 +79,7 @@ def schemas_from_wire(wire: Any) -> list[Schema]:
         if not all(type(i) is int for i in ints) or ints != sorted(set(ints)) \
                 or (ints and not (0 <= ints[0] and ints[-1] < len(keys))):
             raise CodecError("malformed batch: a metrics schema's int positions must increase, within its keys")
-        schemas.append((keys, ints))
+        schemas.append((keys, ints, struct.Struct(f"<{len(keys)}d")))
     return schemas
 
 
@@ -90,14 +91,17 @@ def metrics_from_wire(wire: list[Any], schemas: list[Schema]) -> Metrics:
         raise CodecError("malformed batch: metrics step must be an int and time a number")
     if type(index) is not int or not 0 <= index < len(schemas):
         raise CodecError(f"malformed batch: metrics schema index {reprlib.repr(index)} is not in the batch's table")
-    keys, ints = schemas[index]
-    if type(numbers) is not bytes or len(numbers) != 8 * len(keys):
-        raise CodecError(f"malformed batch: metrics numbers must be {8 * len(keys)} bytes")
-    if not (only is None or (isinstance(only, list) and all(type(b) is str for b in only))):
+    keys, ints, layout = schemas[index]
+    if type(numbers) is not bytes or len(numbers) != layout.size:
+        raise CodecError(f"malformed batch: metrics numbers must be {layout.size} bytes")
+    if only is not None and not (isinstance(only, list) and all(type(b) is str for b in only)):
         raise CodecError("malformed batch: metrics 'only' must be nil or a list of backend names")
-    if not is_axis(axis):
+    if axis is not None and not is_axis(axis):
         raise CodecError("malformed batch: metrics axis must be a short string")
-    values: list[Any] = list(struct.unpack(f"<{len(keys)}d", numbers))
+    if not ints:
+        return Metrics(step=step, time=float(when), values=dict(zip(keys, layout.unpack(numbers), strict=True)),
+                       only=only, axis=axis)
+    values: list[Any] = list(layout.unpack(numbers))
     for i in ints:
         number = values[i]
         if not (-EXACT <= number <= EXACT and number.is_integer()):  # NaN fails the comparison too

@@ -56,14 +56,18 @@ class FileSink(Sink):
         if resume is None:
             header = {"step": None, "data": {}, "project": self.run.project, "experiment": self.run.experiment,
                       "run_id": self.run.run_id, "resumed": self.run.resume, "config": self.run.params}
-            self._handle.write(_line(header))
+            self._handle.write(orjson.dumps(header, option=_OPTIONS | orjson.OPT_NON_STR_KEYS))
         return {"path": path}
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         # verl's line (orjson, as its FileLogger encodes it), plus "axis" for a step on another axis (a producer's
         # own, the system metrics'); one write for the batch
-        lines = [_line({"step": step, "data": values} if axis is None else {"step": step, "axis": axis, "data": values})
-                 for axis, step, values in merge_by_axis_step(records)]
+        if all(a.step != b.step or a.axis != b.axis for a, b in zip(records, records[1:], strict=False)):  # a record a line
+            lines = [_line({"step": r.step, "data": r.values} if r.axis is None else
+                           {"step": r.step, "axis": r.axis, "data": r.values}) for r in records]
+        else:
+            lines = [_line({"step": step, "data": values} if axis is None else {"step": step, "axis": axis, "data": values})
+                     for axis, step, values in merge_by_axis_step(records)]
         if lines:
             self._handle.write(b"".join(lines))
 
@@ -149,7 +153,10 @@ class FileSink(Sink):
 
 def _line(data: Any) -> bytes:
     """One JSON line as verl's FileLogger writes it: orjson (compact, NaN and +-Inf as null, numpy values as numbers)."""
-    return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps(data, option=_OPTIONS)
+
+
+_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 
 
 def _size(path: str) -> int:

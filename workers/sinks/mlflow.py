@@ -53,12 +53,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import orjson
+
 from pipeline.core.errors import SinkError
 from pipeline.core.histogram import HistogramFigures
 from pipeline.core.params import flatten_params
 from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from pipeline.host.sink import Sink, exception_chain, import_sdk
-from workers.sinks.media import as_json, safe_name
+from workers.sinks.media import safe_name
 
 log = logging.getLogger("tracklane")
 
@@ -393,7 +395,9 @@ class MlflowSink(Sink):
                     self._client.log_artifact(self.run_id, record.path, artifact_path=folder)
 
     def _log_json(self, content: Any, kind: str, name: str, step: int) -> None:
-        self._client.log_text(self.run_id, as_json(content, strict=True), _artifact_file(kind, name, step, "json"))
+        # strict JSON (NaN and +-Inf as null), encoded by orjson: a step's rollout rows are megabytes
+        text = orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
+        self._client.log_text(self.run_id, text, _artifact_file(kind, name, step, "json"))
 
     def _key(self, key: str) -> str:
         name = self._keys.get(key)
