@@ -3,7 +3,6 @@ through its query API; ``rl_insight`` served by it where verl's rl_insight packa
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -17,6 +16,7 @@ from pipeline.testing import prometheus_server
 from pipeline.testing.server_process import free_port
 from tests.conftest import log_verl_steps, same_value
 from workers.sinks.prometheus import prometheus_name
+from workers.testing.readers.file_reader import file_points
 
 client_parser = pytest.importorskip("prometheus_client.parser")
 REQUIRE_SERVER = os.environ.get("TRACKLANE_REQUIRE_SYSTEM_SERVERS") == "1"  # .ci/run: a missing binary fails
@@ -31,12 +31,10 @@ def scrape(port: int) -> dict[tuple[str, str], float]:
 
 
 def latest_in_file(path) -> dict[str, float]:
-    """Each key's value at its last line in the run's file tracker (verl's JSON lines, NaN as NaN)."""
+    """Each key's value at its last line in the run's file tracker (verl's JSON lines; orjson's null read as NaN)."""
     latest: dict[str, float] = {}
-    for line in path.read_text().splitlines():
-        entry = json.loads(line)
-        if "step" in entry and "data" in entry:
-            latest.update({key: float(value) for key, value in entry["data"].items()})
+    for _step, key, value in file_points(path):
+        latest[key] = float(value)
     return latest
 
 

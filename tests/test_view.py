@@ -181,11 +181,17 @@ def browser():
 
 @pytest.mark.slow  # the main job runs first (~10 s)
 def test_the_page_shows_what_the_main_job_stored(main_job_run, browser, tmp_path):
-    """Open step 2: every rollout the file holds is on the screen with its reward; a tool call expands to its
-    arguments and result; a reward filter leaves exactly the rollouts at or above it; best and worst side by side,
-    then step 3 beside it; a text search; the validation generations. Screenshots go to $TRACKLANE_SCREENSHOTS (or
+    """Open step 2 (or the first step where a rollout called the tool): every rollout the file holds is on the
+    screen with its reward; a tool call expands to its arguments and result; a reward filter leaves exactly the
+    rollouts at or above it; best and worst side by side, then another step beside it; a text search; step 2's
+    validation generations. Screenshots go to $TRACKLANE_SCREENSHOTS (or
     tmp)."""
-    stored = [json.loads(line) for line in next(main_job_run.glob("*_rollouts")).joinpath("2.jsonl").read_text().splitlines()]
+    rollouts = next(main_job_run.glob("*_rollouts"))
+    by_step = {int(path.stem): [json.loads(line) for line in path.read_text().splitlines()] for path in rollouts.glob("*.jsonl")}
+    # The policy samples (its rollouts differ run to run): open a step where a rollout called the tool.
+    step = next(s for s in sorted(by_step, key=lambda s: (s != 2, s)) if any(row["tool_calls"] for row in by_step[s]))
+    other = next(s for s in sorted(by_step) if s != step)
+    stored = by_step[step]
     scores = [row["rewards"]["score"] for row in stored]
     shots = Path(os.environ.get("TRACKLANE_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
@@ -194,7 +200,7 @@ def test_the_page_shows_what_the_main_job_stored(main_job_run, browser, tmp_path
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     try:
         page.goto(f"http://127.0.0.1:{server.server_port}/")
-        page.locator("#steps tbody tr[data-step='2']").click()
+        page.locator(f"#steps tbody tr[data-step='{step}']").click()
         cards = page.locator("#pane-a .trajectory")
         cards.first.wait_for()
         assert cards.count() == len(stored)
@@ -221,11 +227,10 @@ def test_the_page_shows_what_the_main_job_stored(main_job_run, browser, tmp_path
         assert float(page.locator("#pane-a .trajectory").get_attribute("data-score")) == pytest.approx(max(scores))
         assert float(page.locator("#pane-b .trajectory").get_attribute("data-score")) == pytest.approx(min(scores))
         page.screenshot(path=str(shots / "view-best-worst.png"))
-        page.select_option("#compare", "step:3")
+        page.select_option("#compare", f"step:{other}")
         page.locator("#pane-b .trajectory").first.wait_for()
-        step3 = next(main_job_run.glob("*_rollouts")).joinpath("3.jsonl").read_text().splitlines()
-        assert page.locator("#pane-b .trajectory").count() == len(step3)
-        assert page.locator("#pane-b h2").inner_text().startswith("step 3:")
+        assert page.locator("#pane-b .trajectory").count() == len(by_step[other])
+        assert page.locator("#pane-b h2").inner_text().startswith(f"step {other}:")
         page.select_option("#compare", "")
         needle = stored[-1]["messages"][0]["content"]
         page.fill("#search", needle)
@@ -235,6 +240,7 @@ def test_the_page_shows_what_the_main_job_stored(main_job_run, browser, tmp_path
         page.wait_for_function(f"document.querySelectorAll('#pane-a .trajectory').length === {len(expected)}")
         assert [int(cards.nth(i).get_attribute("data-index")) for i in range(cards.count())] == expected
         page.fill("#search", "")
+        page.locator("#steps tbody tr[data-step='2']").click()  # a validation step (test_freq=2)
         page.select_option("#show", "generations")
         generations = next(main_job_run.glob("*_generations")).joinpath("2.jsonl").read_text().splitlines()
         page.wait_for_function(f"document.querySelectorAll('#pane-a .generation').length === {len(generations)}")
