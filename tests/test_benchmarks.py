@@ -153,8 +153,9 @@ def test_main_job_quick(tmp_path, mlflow_server_uri, ray_join):
 @pytest.mark.slow
 def test_scale_quick(tmp_path, mlflow_server_uri):
     """The scale benchmark's quick run is complete: every scalar and rollout row in the file tracker with nothing
-    dropped (with and without a slow tracker), 2,000 keys a step (10,000 in the full run) in all four trackers, six trackers opened and
-    finished, and every producer's point once, reduced right. Its timings are printed, not asserted."""
+    dropped (with and without a slow tracker), 2,000 keys a step (10,000 in the full run) in all four trackers,
+    six trackers opened and finished, and every producer's point once, reduced right. Its timings are printed,
+    not asserted."""
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}  # it runs its own clusters
     proc = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--quick", "--out", str(tmp_path),
                            "--mlflow-uri", mlflow_server_uri], cwd=ROOT, env=env, capture_output=True, text=True,

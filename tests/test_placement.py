@@ -13,7 +13,7 @@ import pytest
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline import ConfigError
-from pipeline.config.placement import lane_actor_options
+from pipeline.config.placement import lane_actor_options, lane_env
 from tests.conftest import same_value, verl_metrics
 from workers.testing.readers.file_reader import file_lines
 from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
@@ -25,31 +25,33 @@ TRAINER_NODE, OTHER_NODE = "ab" * 28, "cd" * 28  # Ray node ids are 28 bytes, in
 
 def test_lanes_stay_on_the_trainers_node_unless_placed():
     """No placement: a hard pin to the trainer's node. resources, label_selector or node_id: no pin to it."""
-    plain = lane_actor_options({}, 3, ENV, TRAINER_NODE)
+    plain = lane_actor_options({}, 3, TRAINER_NODE)
     assert isinstance(plain["scheduling_strategy"], NodeAffinitySchedulingStrategy)
     assert (plain["scheduling_strategy"].node_id, plain["scheduling_strategy"].soft) == (TRAINER_NODE, False)
     assert (plain["num_cpus"], plain["max_restarts"], plain["max_task_retries"]) == (0, 3, 0)
-    assert plain["runtime_env"] == {"env_vars": {"WANDB_MODE": "offline"}}  # the API key is not forwarded
+    assert "runtime_env" not in plain  # Ray starts such an actor through setup_worker: a second interpreter
+    assert lane_env({}, ENV) == {"WANDB_MODE": "offline"}  # in the opening; the API key is not forwarded
 
     for placement in ({"resources": {"logging_node": 0.01}}, {"label_selector": {"role": "logging"}}):
-        options = lane_actor_options(placement, 3, ENV, TRAINER_NODE)
+        options = lane_actor_options(placement, 3, TRAINER_NODE)
         assert "scheduling_strategy" not in options and set(placement) <= set(options)
-    by_id = lane_actor_options({"node_id": OTHER_NODE, "num_cpus": 0.5}, 3, ENV, TRAINER_NODE)
+    by_id = lane_actor_options({"node_id": OTHER_NODE, "num_cpus": 0.5}, 3, TRAINER_NODE)
     assert (by_id["scheduling_strategy"].node_id, by_id["num_cpus"]) == (OTHER_NODE, 0.5) and "node_id" not in by_id
     with pytest.raises(ConfigError, match="node_id: Invalid node_id 'node-7'"):
-        lane_actor_options({"node_id": "node-7"}, 3, ENV, TRAINER_NODE)
+        lane_actor_options({"node_id": "node-7"}, 3, TRAINER_NODE)
 
 
-def test_runtime_env_is_merged_and_refuses_secrets():
-    """A placement's runtime_env keeps the forwarded tracker settings; a secret in it, or tracklane's own
-    restart options, are refused with a clear error."""
-    options = lane_actor_options({"runtime_env": {"env_vars": {"WANDB_MODE": "disabled", "X": "1"}, "pip": ["a"]}},
-                                 3, ENV, TRAINER_NODE)
+def test_a_users_runtime_env_passes_and_wins_and_secrets_are_refused():
+    """A placement's runtime_env passes through, and its env_vars win over the forwarded tracker settings; a
+    secret in it, or tracklane's own restart options, are refused with a clear error."""
+    user = {"runtime_env": {"env_vars": {"WANDB_MODE": "disabled", "X": "1"}, "pip": ["a"]}}
+    options = lane_actor_options(user, 3, TRAINER_NODE)
     assert options["runtime_env"] == {"env_vars": {"WANDB_MODE": "disabled", "X": "1"}, "pip": ["a"]}
+    assert lane_env(user, {**ENV, "MLFLOW_RUN_ID": "r1"}) == {"MLFLOW_RUN_ID": "r1"}
     with pytest.raises(ConfigError, match="WANDB_API_KEY.*environment of the Ray nodes"):
-        lane_actor_options({"runtime_env": {"env_vars": {"WANDB_API_KEY": "sk-secret"}}}, 3, ENV, TRAINER_NODE)
+        lane_actor_options({"runtime_env": {"env_vars": {"WANDB_API_KEY": "sk-secret"}}}, 3, TRAINER_NODE)
     with pytest.raises(ConfigError, match="max_task_retries is tracklane's own"):
-        lane_actor_options({"max_task_retries": 2}, 3, ENV, TRAINER_NODE)
+        lane_actor_options({"max_task_retries": 2}, 3, TRAINER_NODE)
 
 
 @pytest.mark.timeout(600)

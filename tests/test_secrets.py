@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import Tracking
+from pipeline.config.placement import lane_env
 from pipeline.wire.opening import LaneOpening
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -50,7 +51,7 @@ def test_no_secret_reaches_a_tracker_the_spool_a_log_line_or_ray(tmp_path, offli
         tracking.log_text("note", "a text record", step=5)
         tracking.flush(timeout=120)
         openings = [LaneOpening(backend=name, run=tracking.run, settings=settings, state_dir=str(spool),
-                                sink_retries=1, retry_backoff_s=0.1).pack()
+                                sink_retries=1, retry_backoff_s=0.1, env=lane_env({}, os.environ)).pack()
                     for name, settings in _settings(tracking).items()]
     needles = [value.encode() for value in [*SECRETS.values(), *CONFIG_SECRETS.values()]]
     assert tracking.run.params["model"]["hf_token"] == "***REDACTED***"
@@ -59,10 +60,8 @@ def test_no_secret_reaches_a_tracker_the_spool_a_log_line_or_ray(tmp_path, offli
     text = (captured.out + captured.err + caplog.text).encode()
     assert not [n for n in needles if n in text]  # console lines, warnings, the summary
     assert not [n for n in needles if any(n in blob for blob in openings)]  # the actors' start arguments
-    from pipeline.config.placement import forwarded_env
-
-    forwarded = forwarded_env(os.environ)
-    assert not set(SECRETS) & set(forwarded) and "WANDB_MODE" in forwarded  # runtime_env keeps only settings
+    forwarded = lane_env({}, os.environ)
+    assert not set(SECRETS) & set(forwarded) and "WANDB_MODE" in forwarded  # the opening's env keeps only settings
     session = Path(ray._private.worker._global_node.get_session_dir_path())
     assert not _grep(session / "logs", needles)  # Ray's own logs of this session (actor specs, runtime env)
 

@@ -5,8 +5,9 @@ By default every lane actor is pinned to the trainer's node, because the paths i
 moves them, e.g. to a CPU node of the cluster: ``resources`` (a custom resource the node offers,
 ``{"logging_node": 0.01}``), ``label_selector`` (node labels), ``node_id`` (one node, by its Ray
 node id) or a ``scheduling_strategy``. Anything else Ray's actor ``.options()`` takes passes
-through (``num_cpus``, ``memory``, ``runtime_env``; ``runtime_env.env_vars`` are merged with the
-tracker settings forwarded from the trainer's environment).
+through (``num_cpus``, ``memory``, ``runtime_env``). The tracker settings of the trainer's environment
+(``FORWARDED_ENV_PREFIXES``) go to each lane in its opening (``lane_env``), not in a runtime_env: a
+``runtime_env.env_vars`` of the user's wins over them.
 """
 
 from __future__ import annotations
@@ -35,8 +36,7 @@ after the trainer used a tracker itself; its SDK would then talk to the trainer'
 the trainer's wandb-core, lost when that ends). Never forwarded, and removed in every lane (``forget_process_bound``)."""
 
 
-def lane_actor_options(actor_options: Mapping[str, Any], max_restarts: int, env: Mapping[str, str],
-                       trainer_node_id: str) -> dict[str, Any]:
+def lane_actor_options(actor_options: Mapping[str, Any], max_restarts: int, trainer_node_id: str) -> dict[str, Any]:
     """The ``.options()`` of every lane actor."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -45,21 +45,20 @@ def lane_actor_options(actor_options: Mapping[str, Any], max_restarts: int, env:
         if key in user:
             raise ConfigError(f"trainer.async_log.actor_options.{key} is tracklane's own (use "
                               f"trainer.async_log.max_restarts; batches are re-sent in order by the lane)")
-    runtime_env = dict(user.pop("runtime_env", None) or {})
-    env_vars = dict(runtime_env.get("env_vars") or {})
-    secret = sorted(key for key in env_vars if is_secret_key(key))
+    secret = sorted(key for key in _user_env_vars(user) if is_secret_key(key))
     if secret:  # Ray keeps runtime_env in its metadata and logs
         raise ConfigError(f"trainer.async_log.actor_options.runtime_env.env_vars names secret(s) {', '.join(secret)}: "
                           f"set them in the environment of the Ray nodes instead, never in the config")
-    runtime_env["env_vars"] = {**forwarded_env(env), **env_vars}
     node_id = user.pop("node_id", None)
     placed = node_id is not None or any(key in user for key in PLACEMENT_KEYS)
+    # No runtime_env of ours: an actor with one starts through Ray's setup_worker (a second Python start and Ray
+    # import, ~0.3 CPU-s) and cannot take a worker Ray prestarted. The tracker settings travel in the opening
+    # instead (lane_env); a user's runtime_env passes through.
     options: dict[str, Any] = {
         "num_cpus": 0,  # lane actors only do I/O
         "max_restarts": max_restarts,
         "max_task_retries": 0,  # re-sending in order is ours to do, not Ray's
         **user,
-        "runtime_env": runtime_env,
     }
     if node_id is not None:
         try:
@@ -69,6 +68,17 @@ def lane_actor_options(actor_options: Mapping[str, Any], max_restarts: int, env:
     elif not placed:  # the sinks' paths are the trainer's: stay on its node
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(trainer_node_id, soft=False)
     return options
+
+
+def lane_env(actor_options: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+    """The tracker settings a lane actor puts into its environment before its SDK starts: the trainer's, less
+    those the user's ``actor_options.runtime_env.env_vars`` set (Ray gives the actor those, and they win)."""
+    own = _user_env_vars(actor_options)
+    return {key: value for key, value in forwarded_env(env).items() if key not in own}
+
+
+def _user_env_vars(actor_options: Mapping[str, Any]) -> dict[str, Any]:
+    return dict((actor_options.get("runtime_env") or {}).get("env_vars") or {})
 
 
 def forwarded_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -12,7 +12,7 @@ from typing import Any
 from pipeline.capture.convert import Converter
 from pipeline.capture.rich import RecordLimits
 from pipeline.config.async_log import AsyncLogConfig
-from pipeline.config.placement import lane_actor_options
+from pipeline.config.placement import lane_actor_options, lane_env
 from pipeline.core.records import RunSpec
 from pipeline.core.reduction import LANE as REDUCE_LANE
 from pipeline.core.report import LaneInfo, PipelineReport
@@ -55,7 +55,7 @@ class AsyncPipeline:
             if cfg.spool else None
         state_dir = spooling.state_dir if spooling is not None else _fresh_state_dir(cfg, run)
         trainer_node = ray.get_runtime_context().get_node_id()
-        options = lane_actor_options(cfg.actor_options, cfg.max_restarts, env, trainer_node)
+        options = lane_actor_options(cfg.actor_options, cfg.max_restarts, trainer_node)
         actor_class = ray.remote(LaneActor)
         reload = SpoolReloader(spooling.spool) if spooling is not None else None
         self._reduced = _reduced_points(spooling) if REDUCE_LANE in backends else None
@@ -66,7 +66,8 @@ class AsyncPipeline:
             opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
                                   sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
                                   trainer_node=trainer_node, priority=_priority(sink_class, cfg.background_priority),
-                                  stored=spooling.seen.get(name, {}) if spooling is not None else {})
+                                  stored=spooling.seen.get(name, {}) if spooling is not None else {},
+                                  env=lane_env(cfg.actor_options, env))
             actor = actor_class.options(**options).remote(name, opening.pack())
             lane = TrackerLane(name, actor, LaneSettings.of(cfg), reload=reload, on_output=TERMINAL.write,
                                on_reduced=self._reduced.take if self._reduced is not None and name == REDUCE_LANE

@@ -46,6 +46,7 @@ class LaneActor:
         spec = LaneOpening.unpack(opening)
         os.makedirs(spec.state_dir, mode=0o700, exist_ok=True)  # on another node than the trainer's: made here
         if _in_ray_actor():  # its own process
+            os.environ.update(spec.env)  # the trainer's tracker settings, which Ray's own environment may predate
             lower_priority(spec.priority)  # before the SDK starts its threads and processes: they inherit it
             forget_process_bound(os.environ)  # the trainer's tracker sessions are not this lane's (placement.py)
             # the SDK's own chatter (banners, its warnings) into a file, not the trainer's terminal

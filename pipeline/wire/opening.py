@@ -30,6 +30,9 @@ class LaneOpening:
     """Ray node id of the trainer: a lane on another node says so where it reports its paths."""
     priority: str | int = "normal"
     """CPU priority of the actor's process (``background_priority``: "idle", "normal" or a nice level)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Tracker settings from the trainer's environment (placement.lane_env: no secret), set in the actor's own
+    before its SDK starts."""
     stored: dict[str, int] = field(default_factory=dict)
     """Rank 0's copy of what the tracker's store holds, per source (a resumed run; the actor's own state may be
     on another node's disk, or gone)."""
@@ -39,7 +42,7 @@ class LaneOpening:
             "backend": self.backend, "run": self.run.to_plain(),
             "settings": self.settings, "state_dir": self.state_dir,
             "sink_retries": self.sink_retries, "retry_backoff_s": self.retry_backoff_s,
-            "trainer_node": self.trainer_node, "stored": self.stored, "priority": self.priority,
+            "trainer_node": self.trainer_node, "stored": self.stored, "priority": self.priority, "env": self.env,
         }, use_bin_type=True)
 
     @classmethod
@@ -48,4 +51,5 @@ class LaneOpening:
         return cls(backend=spec["backend"], run=RunSpec.from_plain(spec["run"]), settings=spec["settings"],
                    state_dir=spec["state_dir"], sink_retries=int(spec["sink_retries"]),
                    retry_backoff_s=float(spec["retry_backoff_s"]), trainer_node=str(spec.get("trainer_node") or ""),
-                   stored=plain_counts(spec.get("stored")), priority=spec.get("priority", "normal"))
+                   stored=plain_counts(spec.get("stored")), priority=spec.get("priority", "normal"),
+                   env={str(k): str(v) for k, v in (spec.get("env") or {}).items()})
