@@ -15,7 +15,7 @@ import pytest
 from pipeline import Tracking
 from tests.conftest import log_verl_steps, same_value
 from workers.testing.memory import memory_records
-from workers.testing.readers.file_reader import file_lines
+from workers.testing.readers.file_reader import file_lines, verl_lines
 from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -233,7 +233,7 @@ def test_flush_is_a_barrier(offline_trackers):
         tracking.log({"x": float(step)}, step=step)
     report = tracking.flush(timeout=30)
     assert report.lanes["file"].unacked_records == 0 and not report.timed_out
-    assert [line["step"] for line in _file_steps(offline_trackers["file"])] == list(range(10))
+    assert [line["step"] for line in verl_lines(offline_trackers["file"])] == list(range(10))
     tracking.finish()
 
 

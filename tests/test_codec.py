@@ -94,7 +94,8 @@ def test_oversized_compressed_input():
     (["TLB", 1, 1, 0.0, [["metrics", "1", 0.0, {}, None]]], "step"),
     (["TLB", 1, 1, 0.0, [["metrics", 1, 0.0, {"a": "text"}, None]]], "number"),
     (["TLB", 1, 1, 0.0, [["metrics", 1, 0.0, {"a": 1.0}, "wandb"]]], "only"),
-    (["TLB", 1, 1, 0.0, [["metrics", 1, 0.0]]], "5 or 6 fields"),
+    (["TLB", 1, 1, 0.0, [["metrics", 1, 0.0]]], "5 to 7 fields"),
+    (["TLB", 1, 1, 0.0, [["metrics", 1, 0.0, {}, None, None, b"{\n}"]]], "verl_data must be nil or one JSON"),
     (["TLB", 1, 1, 0.0, [["metrics", 1, 0.0, {}, None, 7]]], "axis must be a short string"),
 ])
 def test_malformed_structure(wire, message):

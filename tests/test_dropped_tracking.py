@@ -28,7 +28,7 @@ def _fit(log_async: bool, backends=("file", "mlflow")) -> str:
 
 
 def _assert_delivered_and_finished(trackers, run_name: str = "drop-exp") -> None:
-    lines = [json.loads(line) for line in trackers["file"].read_text().splitlines()[1:]]  # after the header line
+    lines = [json.loads(line) for line in trackers["file"].read_text().splitlines()]
     assert [line["step"] for line in lines] == list(range(STEPS))
     [run_id] = find_mlflow_run_ids(trackers["mlflow_uri"], "drop-proj", run_name)
     back = read_mlflow_run(trackers["mlflow_uri"], run_id)
@@ -79,7 +79,7 @@ def test_verls_logger_and_console_logger_views_reach_their_backend_only(offline_
     tracking.finish()
     printed = capsys.readouterr().out
     assert "only/console" in printed and "only/file" not in printed
-    lines = [json.loads(line) for line in offline_trackers["file"].read_text().splitlines()[1:]]
+    lines = [json.loads(line) for line in offline_trackers["file"].read_text().splitlines()]
     assert lines == [{"step": 2, "data": {"only/file": 2.0}}]
     with pytest.raises(AttributeError, match="console_logger"):
         _ = Tracking("drop-proj", "no-console", ["file"], config={"trainer": {"log_async": False}}).console_logger

@@ -21,6 +21,7 @@ import pytest
 from PIL import Image as PILImage
 
 from workers.testing.readers.clearml_reader import read_clearml_run
+from workers.testing.readers.file_reader import file_lines
 from workers.testing.readers.mlflow_reader import (
     find_mlflow_run_ids,
     list_mlflow_artifacts,
@@ -53,7 +54,7 @@ class Job:
         self.mlflow_uri = f"sqlite:///{self.runs / 'mlruns.db'}"
 
     def lines(self) -> list[dict]:
-        return [json.loads(line) for line in open(self.file, encoding="utf-8")][1:]
+        return file_lines(self.file)  # verl's lines, then tracklane's own (health, other axes) beside them
 
     def scalars(self) -> dict[int, dict[str, float]]:
         out: dict[int, dict[str, float]] = {}

@@ -413,7 +413,7 @@ def test_wandb_offline_run_migrates_into_the_file_logger(offline_trackers, ray_s
     code, table = migrate(capsys, "--from", "wandb", "--run-dir", str(run_dir), "--to", "file")
     assert code == 0, table
     assert_points(file_points(offline_trackers["file"]), logged)
-    header = json.loads(Path(offline_trackers["file"]).read_text().splitlines()[0])
+    header = json.loads(Path(str(offline_trackers["file"])[: -len(".jsonl")] + "_tracklane", "run.json").read_text())
     assert (header["project"], header["experiment"]) == ("wb-project", "wb-run")
     assert header["config"] == {"lr": 3e-4, "model": {"layers": 2}}
     media = Path(str(offline_trackers["file"])[: -len(".jsonl")] + "_media")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -26,7 +27,7 @@ def test_every_value_arrives(offline_trackers):
     report = tracking.finish()
     assert report.complete, report.summary()
     memory = {r.step: r.values for r in memory_records(tracking.run_id)}
-    lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")][1:]
+    lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
     in_file = {line["step"]: {k: math.nan if v is None else v for k, v in line["data"].items()} for line in lines}
     for got in (memory, in_file):  # the file's NaN is verl's: orjson writes null
         assert list(got) == list(range(300))
@@ -34,14 +35,18 @@ def test_every_value_arrives(offline_trackers):
             assert set(got[step]) == set(values) and all(same_value(got[step][k], v) for k, v in values.items())
 
 
-def test_file_header_holds_redacted_config(offline_trackers):
-    """The file's first line carries the config once, with secrets redacted."""
+def test_file_run_json_holds_redacted_config_and_the_jsonl_only_verls_lines(offline_trackers):
+    """The config goes beside verl's file (``<name>_tracklane/run.json``), once, with secrets redacted; the
+    ``.jsonl`` holds only verl's lines."""
     config = {"trainer": {"wandb_api_key": "sk-secret", "lr": 0.1}}
-    Tracking("p", "e", "file", config=config).finish()
-    text = open(offline_trackers["file"], encoding="utf-8").read()
-    header = json.loads(text.splitlines()[0])
-    assert header["step"] is None and header["config"]["trainer"]["lr"] == 0.1
-    assert "sk-secret" not in text
+    tracking = Tracking("p", "e", "file", config=config)
+    tracking.log({"a": 1.0}, step=0)
+    tracking.finish()
+    path = str(offline_trackers["file"])
+    identity = open(os.path.join(path[: -len(".jsonl")] + "_tracklane", "run.json"), encoding="utf-8").read()
+    assert json.loads(identity)["config"]["trainer"]["lr"] == 0.1
+    assert "sk-secret" not in identity
+    assert open(path, "rb").read() == b'{"step":0,"data":{"a":1.0}}\n'
 
 
 def test_failing_sink_does_not_stop_others(offline_trackers, caplog):
@@ -53,7 +58,7 @@ def test_failing_sink_does_not_stop_others(offline_trackers, caplog):
     report = tracking.finish()
     assert report.lanes["memory"].failed_records == 20 and report.lanes["file"].complete
     assert sum("backend memory failed" in r.getMessage() for r in caplog.records) == 1
-    lines = open(offline_trackers["file"], encoding="utf-8").read().splitlines()[1:]
+    lines = open(offline_trackers["file"], encoding="utf-8").read().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(20))
 
 

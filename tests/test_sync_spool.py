@@ -69,7 +69,7 @@ def _mlflow_points(uri: str, project: str) -> tuple[Counter, str]:
 
 
 def _file_steps(path: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in path.read_text(encoding="utf-8").splitlines()[1:]]
+    return [json.loads(line)["step"] for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def _expected() -> Counter:

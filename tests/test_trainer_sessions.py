@@ -70,7 +70,7 @@ def test_a_trainer_that_runs_and_ends_its_own_wandb_leaves_the_wandb_lane_comple
     assert ours == {step: {"x": float(step), "y": step * 0.5} for step in range(200)}
     assert all(key.startswith("tracklane/") for points in got.values() for key in points if key not in ("x", "y"))
     assert not back.duplicates() and back.status == "exit_code=0"
-    lines = [json.loads(line) for line in offline_trackers["file"].read_text().splitlines()[1:]]
+    lines = [json.loads(line) for line in offline_trackers["file"].read_text().splitlines()]
     assert [line["step"] for line in lines] == list(range(200))
 
 

@@ -114,8 +114,8 @@ def _mlflow(uri: str, project: str, experiment: str) -> Stored:
 
 
 def file_points(path: Path) -> Stored:
-    """verl's file logger format: ``{"step": N, "data": {...}}`` lines (tracklane's header line has step null).
-    orjson writes NaN as null: read back as NaN."""
+    """verl's file logger format: ``{"step": N, "data": {...}}`` lines (a header line of an older tracklane has step
+    null). orjson writes NaN as null: read back as NaN."""
     out = Stored()
     for line in path.read_text().splitlines():
         record = json.loads(line)

@@ -15,6 +15,7 @@ from typing import Any
 
 from pipeline.capture.captured import KIND, METRICS, METRICS_ON_AXIS, REDUCE, REDUCE_NOTICE, SIZE, SYSTEM_METRICS, Captured
 from pipeline.capture.rich import RecordLimits, RichConverter, thin_indices
+from pipeline.capture.verl_line import verl_data
 from pipeline.core.records import SYSTEM_AXIS, Artifact, Generations, Image, Metrics, Record, Reduction, Trajectories
 from pipeline.core.reduction import LANE as REDUCE_LANE
 from pipeline.core.reduction import PART, check_ops
@@ -25,6 +26,7 @@ from pipeline.core.values import MetricCleaner, as_number
 log = logging.getLogger("tracklane")
 
 
+FILE = "file"  # the tracker that writes verl's FileLogger lines
 _METRIC_KINDS = frozenset({METRICS, METRICS_ON_AXIS, SYSTEM_METRICS})
 _REDUCTION_KINDS = frozenset({REDUCE, REDUCE_NOTICE})
 _NAME_INDEX = {"generations": 1, "trajectories": 1, "histogram": 0, "text": 0, "image": 0}
@@ -45,6 +47,7 @@ class Converter:
         self._limits = limits
         self._backends = list(backends)
         self._pieces = pieces  # backends that add up a step's samples logged in several records (Sink.takes_pieces)
+        self._verl_file = FILE in self._backends  # the file tracker writes a call's dict as verl does (verl_line.py)
         self.metrics = MetricCleaner()
         self.rich = RichConverter(limits.widest(self._backends))  # the batch carries what the most generous keeps
         self.sampled_out_by: dict[str, int] = {}
@@ -68,7 +71,14 @@ class Converter:
             elif kind == SYSTEM_METRICS:  # a node's figures: keyed as they are, on seconds
                 prefix, axis = "", SYSTEM_AXIS
             values = self.metrics.clean(data, prefix)
-            return Metrics(step=step, values=values, time=when, only=only, axis=axis) if values else None
+            raw = verl_data(data) if kind == METRICS and self._verl_file and not prefix and axis is None \
+                and (only is None or FILE in only) else None
+            if raw is not None and not values:  # only the file keeps it (an empty dict, strings only), as verl's does
+                only = [name for name in (only or self._backends) if name == FILE]
+                if not only:
+                    return None
+            return Metrics(step=step, values=values, time=when, only=only, axis=axis, verl_data=raw) \
+                if values or raw is not None else None
         index = _NAME_INDEX.get(kind)
         try:
             if self._prefix and index is not None:

@@ -34,6 +34,10 @@ class Metrics:
     """What ``step`` counts when it is not the trainer's step: a producer's own axis (``rollout/step``,
     ``param_version``) or the system metrics' seconds (``system/elapsed_s``). Each tracker keeps it: wandb
     as the keys' step metric, MLflow and TensorBoard as their step, the file in the line."""
+    verl_data: bytes | None = None
+    """The ``log()`` call's dict as verl's ``FileLogger`` encodes it (orjson), where ``values`` would not encode the
+    same (capture/verl_line.py: bools, numpy float32, strings, nested dicts, lists, an empty dict); the file tracker
+    writes it as it is. None: ``values`` encode as verl's would."""
 
     kind = "metrics"
 

@@ -54,7 +54,7 @@ from pipeline.core.records import (
 from pipeline.core.reduction import OPS, ROLES
 from pipeline.core.trajectory_lines import TrajectoryLines
 from pipeline.wire.metrics import KIND as KEYED_METRICS
-from pipeline.wire.metrics import SchemaTable, is_axis, metrics_from_wire, schemas_from_wire
+from pipeline.wire.metrics import SchemaTable, is_axis, is_verl_data, metrics_from_wire, schemas_from_wire
 
 MAGIC = "TLB"
 TRAJECTORY_LINES = "trajectory_lines"
@@ -134,6 +134,8 @@ def encode_what_encodes(records: list[Record], seq: int, created: float, level: 
 
 def _record_to_wire(record: Record, tail: list[bytes | memoryview]) -> list:
     if isinstance(record, Metrics):  # the common case stays compact
+        if record.verl_data is not None:
+            return [Metrics.kind, record.step, record.time, record.values, record.only, record.axis, record.verl_data]
         if record.axis is None:
             return [Metrics.kind, record.step, record.time, record.values, record.only]
         return [Metrics.kind, record.step, record.time, record.values, record.only, record.axis]
@@ -226,9 +228,11 @@ def _record_from_wire(wire: Any, schemas: list, tail: memoryview | None) -> Reco
     if kind == KEYED_METRICS:
         return metrics_from_wire(wire, schemas)
     if kind == Metrics.kind:
-        _expect(len(wire) in (5, 6), "metrics record must have 5 or 6 fields")
+        _expect(len(wire) in (5, 6, 7), "metrics record must have 5 to 7 fields")
         _, step, when, values, only = wire[:5]
-        axis = wire[5] if len(wire) == 6 else None
+        axis = wire[5] if len(wire) >= 6 else None
+        verl_data = wire[6] if len(wire) == 7 else None
+        _expect(is_verl_data(verl_data), "metrics verl_data must be nil or one JSON object's bytes")
         _expect(is_axis(axis), "metrics axis must be a short string")
         _expect(type(step) is int, "metrics step must be an int")
         _expect(type(when) in (int, float), "metrics time must be a number")
@@ -240,7 +244,7 @@ def _record_from_wire(wire: Any, schemas: list, tail: memoryview | None) -> Reco
                 _expect(type(key) is str, "metric names must be strings")
                 _expect(type(value) in _NUMERIC, f"metric {key!r} must be a number")
         _expect(_is_only(only), "metrics 'only' must be nil or a list of backend names")
-        return Metrics(step=step, time=float(when), values=values, only=only, axis=axis)
+        return Metrics(step=step, time=float(when), values=values, only=only, axis=axis, verl_data=verl_data)
     schema = _SCHEMAS.get(kind) if type(kind) is str else None  # a list or map kind is unhashable
     if schema is None:
         raise CodecError(f"malformed batch: unknown record kind {_short(kind)}")

@@ -6,6 +6,7 @@ for scalars). Here a batch holds a table of schemas, and a metrics record refers
 
     schema = [[key, ...], [position of an int value, ...]]
     record = ["m", step, time, schema index, numbers, only, axis]   # numbers: float64 little-endian
+    record = ["m", step, time, schema index, numbers, only, axis, verl_data]   # with Metrics.verl_data (bytes)
 
 Ints travel as float64 and come back as ints (their positions are part of the schema), so a value is
 given back with its type; a record holding an int beyond 2**53 (not exact in float64) keeps the map
@@ -51,8 +52,11 @@ class SchemaTable:
         if index is None:
             index = self._index[key] = len(self.wire)
             self.wire.append([list(key[0]), list(ints)])
-        return [KIND, record.step, record.time, index, struct.pack(f"<{len(numbers)}d", *numbers), record.only,
+        wire = [KIND, record.step, record.time, index, struct.pack(f"<{len(numbers)}d", *numbers), record.only,
                 record.axis]
+        if record.verl_data is not None:
+            wire.append(record.verl_data)
+        return wire
 
 
 Schema = tuple[list[str], list[int], struct.Struct]
@@ -62,6 +66,12 @@ Schema = tuple[list[str], list[int], struct.Struct]
 def is_axis(value: Any) -> bool:
     """A metrics record's axis on the wire: nil (the trainer's step) or a short string."""
     return value is None or (type(value) is str and 0 < len(value) <= 256)
+
+
+def is_verl_data(value: Any) -> bool:
+    """A metrics record's verl_data on the wire: nil, or bytes the file tracker may append as a line's data (an
+    object, no line break in it: orjson's compact output has none)."""
+    return value is None or (type(value) is bytes and value[:1] == b"{" and value[-1:] == b"}" and b"\n" not in value)
 
 
 def schemas_from_wire(wire: Any) -> list[Schema]:
@@ -84,9 +94,12 @@ def schemas_from_wire(wire: Any) -> list[Schema]:
 
 
 def metrics_from_wire(wire: list[Any], schemas: list[Schema]) -> Metrics:
-    if len(wire) != 7:
-        raise CodecError("malformed batch: a keyed metrics record must have 7 fields")
-    _, step, when, index, numbers, only, axis = wire
+    if len(wire) not in (7, 8):
+        raise CodecError("malformed batch: a keyed metrics record must have 7 or 8 fields")
+    _, step, when, index, numbers, only, axis = wire[:7]
+    verl_data = wire[7] if len(wire) == 8 else None
+    if not is_verl_data(verl_data):
+        raise CodecError("malformed batch: metrics verl_data must be nil or one JSON object's bytes")
     if type(step) is not int or type(when) not in (int, float):
         raise CodecError("malformed batch: metrics step must be an int and time a number")
     if type(index) is not int or not 0 <= index < len(schemas):
@@ -100,11 +113,12 @@ def metrics_from_wire(wire: list[Any], schemas: list[Schema]) -> Metrics:
         raise CodecError("malformed batch: metrics axis must be a short string")
     if not ints:
         return Metrics(step=step, time=float(when), values=dict(zip(keys, layout.unpack(numbers), strict=True)),
-                       only=only, axis=axis)
+                       only=only, axis=axis, verl_data=verl_data)
     values: list[Any] = list(layout.unpack(numbers))
     for i in ints:
         number = values[i]
         if not (-EXACT <= number <= EXACT and number.is_integer()):  # NaN fails the comparison too
             raise CodecError(f"malformed batch: metric {reprlib.repr(keys[i])} must be an int")
         values[i] = int(number)
-    return Metrics(step=step, time=float(when), values=dict(zip(keys, values, strict=True)), only=only, axis=axis)
+    return Metrics(step=step, time=float(when), values=dict(zip(keys, values, strict=True)), only=only, axis=axis,
+                   verl_data=verl_data)

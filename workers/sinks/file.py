@@ -1,16 +1,20 @@
-"""File tracker: JSON lines ``{"step": ..., "data": {...}}``, the format of verl's file logger.
+"""File tracker: verl 0.9.1's ``FileLogger`` file, byte for byte, and what tracklane adds beside it.
 
-Rich records go beside it: validation generations and rollout trajectories as one
-``{step}.jsonl`` per step in ``<name>_generations/`` and ``<name>_rollouts/`` (the shape of verl's
-``validation_data_dir`` / ``rollout_data_dir`` dumps, but never in those folders: verl's trainer writes its own
-``{step}.jsonl`` there, and the two would mix or overwrite each other),
-histograms, text, images and artifacts under ``<name>_media/``: an artifact is copied to
-``artifacts/<type>/<name>/step_<step>/<file or folder name>``, so each step's version of one name is kept.
+``<name>.jsonl`` holds one line per ``log()`` call, ``{"step": N, "data": {...}}``, as verl's FileLogger writes it:
+``orjson.dumps(..., option=OPT_SERIALIZE_NUMPY)`` of the call's dict (compact, NaN and +-Inf as ``null``, bools,
+strings and nested dicts as the caller passed them: ``Metrics.verl_data``, capture/verl_line.py). Nothing else
+goes into it, so a reader of verl's file (a strict JSON parser, ``max(step)``) reads tracklane's the same.
 
-The first line is a header with the run's config (``"step": null, "data": {}`` so that
-readers of verl's format skip it). Every line is encoded by orjson as verl 0.9.1's ``FileLogger`` encodes its lines:
-compact, NaN and +-Inf as ``null``, strict JSON. Rollout rows are rendered so by the shipper
-(core/trajectory_lines.py) and this sink appends the bytes.
+What tracklane adds goes into ``<name>_tracklane/``: ``run.json`` (project, experiment, run id, whether resumed, the
+config) and ``metrics.jsonl`` (its ``tracklane/*`` health figures and the lines of metrics on another axis than the
+trainer's step, a producer's own or the system metrics' seconds: ``{"step", "axis", "data"}``). Rich records go
+beside it too: validation generations and rollout trajectories as one ``{step}.jsonl`` per step in
+``<name>_generations/`` and ``<name>_rollouts/`` (the shape of verl's ``validation_data_dir`` / ``rollout_data_dir``
+dumps, but never in those folders: verl's trainer writes its own ``{step}.jsonl`` there, and the two would mix or
+overwrite each other), histograms, text, images and artifacts under ``<name>_media/``: an artifact is copied to
+``artifacts/<type>/<name>/step_<step>/<file or folder name>``, so each step's version of one name is kept. Every
+file is strict JSON, encoded by orjson; rollout rows are rendered so by the shipper (core/trajectory_lines.py) and
+this sink appends the bytes.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.files import write_atomically
 from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from pipeline.core.trajectory_lines import TrajectoryLines, trajectory_line
 from pipeline.host.sink import Sink
@@ -42,7 +47,7 @@ class FileSink(Sink):
         base = os.path.splitext(os.path.abspath(path))[0]
         # Folders of the file tracker's own, whatever trainer.validation_data_dir / rollout_data_dir say (docstring).
         return {"path": os.path.abspath(path), "validation_dir": f"{base}_generations", "rollout_dir": f"{base}_rollouts",
-                "media_dir": f"{base}_media"}
+                "media_dir": f"{base}_media", "tracklane_dir": tracklane_dir(path)}
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         path = self.settings["path"]
@@ -53,23 +58,31 @@ class FileSink(Sink):
         self._handle = open(path, "ab" if appending else "wb", buffering=0)
         if appending and not _ends_a_line(path):  # a kill tore the last line: ours start on a line of their own
             self._handle.write(b"\n")
+        own = self._own_dir()
+        os.makedirs(own, exist_ok=True)
+        side = os.path.join(own, METRICS_FILE)
+        self._side = open(side, "ab" if appending else "wb", buffering=0)
+        if appending and not _ends_a_line(side):
+            self._side.write(b"\n")
         if resume is None:
-            header = {"step": None, "data": {}, "project": self.run.project, "experiment": self.run.experiment,
-                      "run_id": self.run.run_id, "resumed": self.run.resume, "config": self.run.params}
-            self._handle.write(orjson.dumps(header, option=_OPTIONS | orjson.OPT_NON_STR_KEYS))
+            identity = {"project": self.run.project, "experiment": self.run.experiment, "run_id": self.run.run_id,
+                        "resumed": self.run.resume, "config": self.run.params}
+            write_atomically(os.path.join(own, RUN_FILE),
+                             orjson.dumps(identity, option=_OPTIONS | orjson.OPT_NON_STR_KEYS))
         return {"path": path}
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
-        # verl's line (orjson, as its FileLogger encodes it), plus "axis" for a step on another axis (a producer's
-        # own, the system metrics'); one write for the batch
-        if all(a.step != b.step or a.axis != b.axis for a, b in zip(records, records[1:], strict=False)):  # a record a line
-            lines = [_line({"step": r.step, "data": r.values} if r.axis is None else
-                           {"step": r.step, "axis": r.axis, "data": r.values}) for r in records]
-        else:
-            lines = [_line({"step": step, "data": values} if axis is None else {"step": step, "axis": axis, "data": values})
-                     for axis, step, values in merge_by_axis_step(records)]
-        if lines:
-            self._handle.write(b"".join(lines))
+        # verl's lines, one a call; tracklane's own figures and other axes' lines beside the file. One write each.
+        verl: list[Metrics] = []
+        own: list[Metrics] = []
+        for record in records:
+            (own if record.axis is not None or _tracklanes(record.values) else verl).append(record)
+        if verl:
+            self._handle.write(b"".join(map(_verl_line, verl)))
+        if own:
+            self._side.write(b"".join(_line({"step": step, "data": values} if axis is None else
+                                            {"step": step, "axis": axis, "data": values})
+                                      for axis, step, values in merge_by_axis_step(own)))
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         for record in records:
@@ -123,7 +136,7 @@ class FileSink(Sink):
 
     # -- exactly once: the files a batch appends to are cut back to where they stood --------
     def mark(self, records: Sequence[Record]) -> dict[str, Any]:
-        paths = {self.settings["path"]}
+        paths = {self.settings["path"], os.path.join(self._own_dir(), METRICS_FILE)}
         for record in records:
             if isinstance(record, Generations):
                 paths.add(os.path.join(self.settings["validation_dir"], f"{record.step}.jsonl"))
@@ -143,12 +156,37 @@ class FileSink(Sink):
                 os.truncate(path, size)
 
     def close(self, exit_code: int) -> None:
-        handle = getattr(self, "_handle", None)
-        if handle is not None and not handle.closed:
-            handle.close()
+        for handle in (getattr(self, "_handle", None), getattr(self, "_side", None)):
+            if handle is not None and not handle.closed:
+                handle.close()
+
+    def _own_dir(self) -> str:
+        return self.settings.get("tracklane_dir") or tracklane_dir(self.settings["path"])  # older spools lack it
 
     def where(self) -> str:
         return f"file: {self.settings['path']}"
+
+
+def tracklane_dir(path: str) -> str:
+    """The folder beside a file tracker's ``.jsonl`` that holds what tracklane adds (docstring)."""
+    return f"{os.path.splitext(os.path.abspath(path))[0]}_tracklane"
+
+
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.jsonl"
+OWN_PREFIX = "tracklane/"
+
+
+def _tracklanes(values: Mapping[str, Any]) -> bool:
+    """A record of tracklane's own figures (its health keys), not the trainer's."""
+    return next(iter(values), "").startswith(OWN_PREFIX) and all(key.startswith(OWN_PREFIX) for key in values)
+
+
+def _verl_line(record: Metrics) -> bytes:
+    """``orjson.dumps({"step": step, "data": data}, option=OPT_SERIALIZE_NUMPY) + b"\\n"``, verl's line."""
+    if record.verl_data is not None:
+        return b'{"step":%d,"data":%b}\n' % (record.step, record.verl_data)
+    return orjson.dumps({"step": record.step, "data": record.values}, option=_OPTIONS)
 
 
 def _line(data: Any) -> bytes:

@@ -1,11 +1,13 @@
 """The file logger's JSON lines, ``{"step": N, "data": {...}}``: verl's ``FileLogger`` (0.9.1) and tracklane's.
 
 verl writes them with orjson, which writes NaN and +-Inf as ``null``: a null value is read as NaN (the two cannot
-be told apart). tracklane's file sink writes NaN and +-Inf as the tokens ``NaN``/``Infinity`` (read exactly), a
-first header line (``"step": null`` with project, experiment, run id and config: the run's identity here), and
-``"axis"`` on lines whose step is on another axis. Without a header, the project and experiment are the folder's
-and the file's names (verl's ``<root>/<project>/<experiment>.jsonl``). Nested dicts are flattened with "/";
-strings and other non-numbers are skipped, counted. A line that is no JSON object is skipped, counted.
+be told apart). tracklane's file sink writes verl's lines and puts what it adds in ``<base>_tracklane/``:
+``run.json`` (project, experiment, run id and config: the run's identity here) and ``metrics.jsonl`` (its health
+figures and the lines on another axis, with ``"axis"``), both read here. Files tracklane wrote before that layout
+have a first header line in the ``.jsonl`` (``"step": null`` with the identity) and the axis lines in it: read the
+same. Without either, the project and experiment are the folder's and the file's names (verl's
+``<root>/<project>/<experiment>.jsonl``). Nested dicts are flattened with "/"; strings and other non-numbers are
+skipped, counted; a bool is read as 0 or 1. A line that is no JSON object is skipped, counted.
 
 The file keeps no time: every record gets its file's modification time (the latest the source can vouch for).
 
@@ -25,11 +27,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
+from itertools import chain
 from typing import Any
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.records import Artifact, Generations, Image, Metrics, Record, RunSpec, Text, Trajectories
 from pipeline.host.source import Source, SourceRun, option
+from workers.sinks.file import METRICS_FILE, RUN_FILE, tracklane_dir
 from workers.sinks.media import safe_name
 from workers.sources.shaping import artifact_step, binned_histogram, in_step_order, number, png, score, trajectory
 
@@ -49,6 +53,7 @@ class FileSource(Source):
         self.validation_dir = validation_dir or f"{base}_generations"
         self.rollout_dir = rollout_dir or f"{base}_rollouts"
         self.media_dir = media_dir or f"{base}_media"
+        self.own_dir = tracklane_dir(self.path)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], env: Mapping[str, str]) -> FileSource:
@@ -62,8 +67,8 @@ class FileSource(Source):
         return cls(settings["path"], settings.get("validation_dir"), settings.get("rollout_dir"),
                    settings.get("media_dir"))
 
-    def _lines(self) -> Iterator[dict[str, Any]]:
-        with open(self.path, encoding="utf-8") as handle:
+    def _lines(self, path: str | None = None) -> Iterator[dict[str, Any]]:
+        with open(path or self.path, encoding="utf-8") as handle:
             for line in handle:
                 if not line.strip():
                     continue
@@ -77,8 +82,14 @@ class FileSource(Source):
                     self.skip("lines that are no JSON object")
 
     def run(self) -> SourceRun:
-        header = next(self._lines(), {})
         where = f"file {self.path}"
+        try:
+            with open(os.path.join(self.own_dir, RUN_FILE), encoding="utf-8") as handle:
+                header = json.load(handle)
+        except (OSError, ValueError):  # verl's file, or tracklane's from before run.json: its first line, if any
+            header = next(self._lines(), {})
+        if not isinstance(header, dict):
+            header = {}
         if header.get("step") is None and "project" in header:
             return SourceRun(project=str(header["project"]), experiment=str(header.get("experiment") or ""),
                              params=dict(header.get("config") or {}), run_id=str(header.get("run_id") or ""), where=where)
@@ -88,7 +99,9 @@ class FileSource(Source):
     def records(self) -> Iterator[Record]:
         when = os.path.getmtime(self.path)
         records: list[Record] = []
-        for line in self._lines():
+        own = os.path.join(self.own_dir, METRICS_FILE)
+        lines = chain(self._lines(), self._lines(own) if os.path.isfile(own) else ())
+        for line in lines:
             step, data = line.get("step"), line.get("data")
             if step is None and not data:  # the header
                 continue

@@ -1,19 +1,23 @@
 """The file tracker's JSON lines read back: verl's format, where orjson wrote NaN and +-Inf as ``null``.
 
 A null metric value is read as NaN (verl's FileLogger and this project's write every non-finite value so; which of
-NaN, +Inf, -Inf it was is not in the file).
+NaN, +Inf, -Inf it was is not in the file). tracklane's own lines (its health figures, other axes) are in
+``<base>_tracklane/metrics.jsonl`` beside the file (workers/sinks/file.py): ``file_lines`` reads both.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
+from workers.sinks.file import METRICS_FILE, tracklane_dir
 
-def file_lines(path: str | Path) -> list[dict[str, Any]]:
-    """Every line of the file, its ``data`` values with null read as NaN (the header, ``"step": null``, included)."""
+
+def verl_lines(path: str | Path) -> list[dict[str, Any]]:
+    """Every line of the ``.jsonl`` itself (verl's lines), its ``data`` values with null read as NaN."""
     lines = []
     with open(path, encoding="utf-8") as handle:
         for text in handle:
@@ -24,7 +28,13 @@ def file_lines(path: str | Path) -> list[dict[str, Any]]:
     return lines
 
 
+def file_lines(path: str | Path) -> list[dict[str, Any]]:
+    """verl's lines, then tracklane's own beside them (health figures, lines on other axes)."""
+    own = os.path.join(tracklane_dir(str(path)), METRICS_FILE)
+    return verl_lines(path) + (verl_lines(own) if os.path.isfile(own) else [])
+
+
 def file_points(path: str | Path) -> list[tuple[int, str, float]]:
-    """(step, key, value) of every metric line on the trainer's step (header and other axes left out)."""
+    """(step, key, value) of every metric line on the trainer's step (other axes left out)."""
     return [(line["step"], key, value) for line in file_lines(path)
             if line.get("step") is not None and line.get("axis") is None for key, value in line["data"].items()]
