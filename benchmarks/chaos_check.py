@@ -116,13 +116,17 @@ def read_points(tracker: str, place: Place) -> list[tuple[int, str, float]]:
     """Every stored (step, key, value) of the run's own keys, in the order the store keeps (MLflow: by step)."""
     points: list[tuple[int, str, float]]
     if tracker == "file":
+        from workers.sinks.file import METRICS_FILE, tracklane_dir
+
         points = []
-        with open(place.file, encoding="utf-8") as lines:
-            for line in lines:
-                if line.strip():
-                    row = json.loads(line)
-                    if row.get("step") is not None:
-                        points += [(row["step"], key, value) for key, value in row["data"].items()]
+        own = Path(tracklane_dir(str(place.file)), METRICS_FILE)  # a producer's own axis is beside verl's lines
+        for path in (place.file, *([own] if own.is_file() else [])):
+            with open(path, encoding="utf-8") as lines:
+                for line in lines:
+                    if line.strip():
+                        row = json.loads(line)
+                        if row.get("step") is not None:
+                            points += [(row["step"], key, value) for key, value in row["data"].items()]
     elif tracker == "tensorboard":
         points = _tensorboard_points(place.work / "tensorboard")
     elif tracker == "wandb":

@@ -66,7 +66,7 @@ class BenchEnv:
             if os.environ.get("RAY_ADDRESS", "local") != "local":  # join that Ray (the smoke tests pass the test session's)
                 ray.init(log_to_driver=False)
             else:  # the lane actors take no CPU slot; 2 leaves room for the trainer's own
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+                ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -69,9 +69,10 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
 
         from pipeline import Tracking
 
-        # as Tracking() starts it (async_pipeline.py): a CPU slot per lane, up to the cores
-        ray.init(num_cpus=max(1, min(os.cpu_count() or 1, len(spec["trackers"]))), include_dashboard=False,
-                 log_to_driver=False)
+        # as Tracking() starts it (async_pipeline.py): a CPU slot per lane, up to the cores; a Ray of its own
+        # ("local"), never one named in /tmp/ray/ray_current_cluster (another process's two-node test, say)
+        ray.init(address="local", num_cpus=max(1, min(os.cpu_count() or 1, len(spec["trackers"]))),
+                 include_dashboard=False, log_to_driver=False)
         started = time.perf_counter()
         tracking = Tracking("scale", spec["name"], spec["trackers"],
                             config={"trainer": {"log_async": True, "async_log": spec.get("async_log", {})}})

@@ -78,7 +78,7 @@ def shipper_costs(seconds: float) -> dict[str, float]:
     blob = encode_batch(batch)
     encode = _timed(lambda seq, _: encode_batch(batch) and None, blob, seconds)
     if not ray.is_initialized():
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     put = _timed(lambda seq, data: ray.put(data) and None, blob, seconds)
     return {"encode_us": encode["us_per_batch"], "ray_put_us": put["us_per_batch"], "encoded_bytes": len(blob)}
 

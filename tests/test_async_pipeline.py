@@ -28,8 +28,8 @@ def _config(**async_log) -> dict:
 
 
 def _file_steps(path) -> list[dict]:
-    lines = file_lines(path)
-    return [line for line in lines if line["step"] is not None]
+    """The trainer's lines, verl's file (tracklane's own figures are beside it: ``file_lines`` reads both)."""
+    return verl_lines(path)
 
 
 def _user_values(values: dict) -> dict:
@@ -64,7 +64,7 @@ def test_health_metrics_are_logged(offline_trackers):
             tracking.log({"x": step}, step=step)
         tracking.flush()
         health = tracking.health()  # what the trainer's progress line reads
-    keys = set().union(*(line["data"] for line in _file_steps(offline_trackers["file"])))
+    keys = set().union(*(line["data"] for line in file_lines(offline_trackers["file"])))
     assert {"tracklane/lag_s", "tracklane/queue_bytes", "tracklane/dropped_records",
             "tracklane/lane/file/unacked_bytes"} <= keys
     assert set(health) <= keys and "tracklane/lag_s" in health and health["tracklane/dropped_records"] == 0
@@ -122,9 +122,8 @@ def test_drop_oldest_bounds_a_slow_lane(offline_trackers):
     # Exact accounting: each batch carried one health record; every record either arrived or was counted.
     batches = file.acked_seq
     assert len(memory_records(tracking.run_id)) + memory.dropped_records == 300 + batches
-    file_lines = _file_steps(offline_trackers["file"])
-    assert file.complete and [line["step"] for line in file_lines] == list(range(300))
-    unacked = [line["data"]["tracklane/lane/memory/unacked_bytes"] for line in file_lines
+    assert file.complete and [line["step"] for line in _file_steps(offline_trackers["file"])] == list(range(300))
+    unacked = [line["data"]["tracklane/lane/memory/unacked_bytes"] for line in file_lines(offline_trackers["file"])
                if "tracklane/lane/memory/unacked_bytes" in line["data"]]
     assert unacked and max(unacked) <= bound
 
@@ -177,11 +176,11 @@ def test_with_the_spool_a_slow_lane_waits_on_disk_and_loses_nothing(offline_trac
     assert report.complete, report.summary()
     steps = [r.step for r in memory_records(tracking.run_id) if "k0" in getattr(r, "values", {})]
     assert steps == list(range(300))
-    file_lines = _file_steps(offline_trackers["file"])
-    unacked = [line["data"]["tracklane/lane/memory/unacked_bytes"] for line in file_lines
+    lines = file_lines(offline_trackers["file"])
+    unacked = [line["data"]["tracklane/lane/memory/unacked_bytes"] for line in lines
                if "tracklane/lane/memory/unacked_bytes" in line["data"]]
     assert unacked and max(unacked) <= bound + 2 * 32 * 1024  # plus the batches in flight, read back from disk
-    spooled = [line["data"]["tracklane/spool_bytes"] for line in file_lines if "tracklane/spool_bytes" in line["data"]]
+    spooled = [line["data"]["tracklane/spool_bytes"] for line in lines if "tracklane/spool_bytes" in line["data"]]
     assert max(spooled) > bound  # it did wait on disk
     assert memory.dropped_records == 0 and file.complete
     assert report.spool is not None and report.spool.batches <= 2  # acknowledged segments were deleted

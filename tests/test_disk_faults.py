@@ -35,6 +35,7 @@ from pipeline.wire.ack import unpack_ack
 from pipeline.wire.batch import encode_batch
 from pipeline.wire.opening import LaneOpening
 from workers.testing.memory import memory_records
+from workers.testing.readers.file_reader import file_lines
 
 RUN = RunSpec(project="p", experiment="e", run_id="disk-faults")
 KEYS = 10
@@ -280,9 +281,9 @@ class _Run:
         return report, [e.seq for e in Spool(str(self.spool), readonly=True).entries()]
 
     def durable_figures(self) -> list[int]:
-        with open(self.work / "metrics.jsonl", encoding="utf-8") as lines:
-            return [int(data["tracklane/spool_durable"]) for data in (json.loads(line)["data"] for line in lines)
-                    if "tracklane/spool_durable" in data]
+        """The health key ``tracklane/spool_durable`` as the file tracker kept it (beside verl's lines)."""
+        return [int(line["data"]["tracklane/spool_durable"]) for line in file_lines(self.work / "metrics.jsonl")
+                if "tracklane/spool_durable" in line["data"]]
 
 
 def _off(report: PipelineReport) -> bool:

@@ -3,7 +3,6 @@ and the file logger, each producer's order kept, what a dead producer lost count
 
 from __future__ import annotations
 
-import json
 import pickle
 import time
 
@@ -13,6 +12,7 @@ import ray
 
 from pipeline import ConfigError, Tracking, ValidationGenerationsLogger
 from workers.testing.memory import memory_records
+from workers.testing.readers.file_reader import file_lines
 from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 from workers.testing.readers.wandb_reader import read_wandb_run
 
@@ -60,7 +60,7 @@ class LateWorker:
 
 
 def _file_points(path) -> list[tuple[int, str, float]]:
-    lines = [json.loads(line) for line in open(path, encoding="utf-8")]
+    lines = file_lines(path)  # verl's lines and tracklane's beside them (a producer's own axis is there)
     return [(line["step"], key, value) for line in lines if line["step"] is not None
             for key, value in line["data"].items() if not key.startswith("tracklane/")]
 
@@ -193,7 +193,7 @@ def test_steps_out_of_order_from_two_producers_all_reach_wandb_and_tensorboard(o
     for points in (wandb_points, board, _file_points(offline_trackers["file"])):
         assert len(points) == len(set(points)) == len(want)
         assert set(points) == want
-    lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
+    lines = file_lines(offline_trackers["file"])
     assert {line.get("axis") for line in lines if "rollout/loss" in line["data"]} == {"rollout/step"}
     for worker in workers:
         ray.kill(worker)
@@ -217,7 +217,7 @@ def test_system_metrics_of_each_node_reach_every_tracker_on_their_own_axis(offli
     assert report.complete, report.summary()
 
     node = node_label(ray.get_runtime_context().get_node_id())
-    lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
+    lines = file_lines(offline_trackers["file"])
     system = [line for line in lines if line.get("axis") == "system/elapsed_s"]
     assert len(system) >= 3  # ~3 s of samples, the first at 0 s
     assert {key.split("/")[1] for line in system for key in line["data"]} == {node}

@@ -96,7 +96,9 @@ def test_resume_continues_the_run_by_id(offline_trackers):
     second.finish()
     assert second.run_id == first.run_id and second.health() == {}
     lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
-    assert [line["step"] for line in lines] == [None, 1, None, 2] and lines[2]["resumed"] is True
+    assert [line["step"] for line in lines] == [1, 2]
+    identity = os.path.join(str(offline_trackers["file"])[: -len(".jsonl")] + "_tracklane", "run.json")
+    assert json.loads(open(identity, encoding="utf-8").read())["resumed"] is True
     (run_id,) = find_mlflow_run_ids(offline_trackers["mlflow_uri"], "p", "e")
     run = read_mlflow_run(offline_trackers["mlflow_uri"], run_id)
     assert sorted(step for step, key, _ in run.points if key == "x") == [1, 2] and run.status == "FINISHED"

@@ -15,6 +15,7 @@ from trainer.main import fit, main
 from trainer.model import GPT
 from trainer.rollout import RolloutUnavailable, make_engine
 from trainer.task import AdditionTask, score
+from workers.testing.readers.file_reader import file_lines
 from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 from workers.testing.readers.swanlab_reader import read_swanlab_run
 from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
@@ -28,10 +29,10 @@ def _config(tmp_path, *overrides):
 
 
 def _jsonl(path) -> dict[int, dict]:
-    """The file tracker's records merged by step (health figures left out), header skipped."""
+    """The file tracker's records merged by step (verl's lines: health figures and other axes are beside them)."""
     by_step: dict[int, dict] = {}
     with open(path) as handle:
-        for line in list(handle)[1:]:
+        for line in handle:
             record = json.loads(line)
             if "axis" in record:  # system metrics: seconds, not steps
                 continue
@@ -131,7 +132,7 @@ def test_resumed_run_continues_the_same_tracker_runs(tmp_path, offline_trackers,
     def cpu(points) -> int:
         return sum(1 for _, key, _ in points if key.startswith("system/") and key.endswith("/cpu/percent"))
 
-    lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
+    lines = file_lines(offline_trackers["file"])  # the system metrics' lines are beside verl's
     sampled = sum(1 for line in lines if line.get("axis") == "system/elapsed_s")
     assert sampled >= 2  # at least one sample in each of the two processes
     for points in (mlflow.points, read_wandb_run(offline_trackers["wandb"]).points,

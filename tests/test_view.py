@@ -228,7 +228,8 @@ def test_the_page_shows_what_the_main_job_stored(main_job_run, browser, tmp_path
         assert float(page.locator("#pane-b .trajectory").get_attribute("data-score")) == pytest.approx(min(scores))
         page.screenshot(path=str(shots / "view-best-worst.png"))
         page.select_option("#compare", f"step:{other}")
-        page.locator("#pane-b .trajectory").first.wait_for()
+        # pane B held the worst rollout (one card) until the other step's arrive: wait for them, not for any card
+        page.wait_for_function(f"document.querySelectorAll('#pane-b .trajectory').length === {len(by_step[other])}")
         assert page.locator("#pane-b .trajectory").count() == len(by_step[other])
         assert page.locator("#pane-b h2").inner_text().startswith(f"step {other}:")
         page.select_option("#compare", "")

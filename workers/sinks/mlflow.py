@@ -85,7 +85,10 @@ def mlflow_key(key: str) -> str:
     # Beyond verl (which would fail the whole request): names MLflow rejects as paths
     # ("/a", "a/", "a/../b", ".") or as too long.
     parts = [part.replace(".", "_") if part in (".", "..") else part for part in name.strip("/").split("/")]
-    return ("/".join(parts) or "_")[:MAX_KEY_LENGTH]
+    name = "/".join(parts) or "_"
+    if name.startswith(".."):  # "..x" too reads as a path out of the run's folder
+        name = "__" + name[2:]
+    return name[:MAX_KEY_LENGTH]
 
 
 def _is_path_safe(name: str) -> bool:

@@ -1,0 +1,113 @@
+"""verl 0.9.1's own ``Tracking`` as the oracle for MLflow and TensorBoard, for any numeric ``log()`` calls (hypothesis).
+
+verl's ``Tracking(default_backend=["mlflow", "tensorboard"])`` and tracklane's (synchronous: the same sinks the lanes
+host) get the same generated calls: keys with characters MLflow refuses (verl sanitises them: ``@`` -> ``_at_``,
+``//`` -> ``/``, the rest -> ``_``), every number type users pass (float with NaN and +-Inf, int, bool, numpy
+float64/float32/int64 scalars), steps in any order, several calls a step. Both stores are read back through the
+tracker's own reader (``MlflowClient`` on sqlite; TensorBoard's ``EventAccumulator``) and must hold the same points,
+multiset for multiset; where verl's MLflow loses a call (a name MLflow reads as a path out of the run's folder),
+tracklane's holds it under its renamed names. The file tracker's bytes: test_verl_file_bytes.py. What verl crashes
+on (a string or a dict value: MLflow refuses the whole call, TensorBoard raises) is tracklane's documented
+behaviour instead: test_values.py and the sinks' tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+import os
+import posixpath
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline import Tracking
+from workers.sinks.mlflow import mlflow_key
+from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+
+if importlib.util.find_spec("verl") is None:
+    pytest.skip("verl 0.9.1 is not installed (.ci/run installs it)", allow_module_level=True)
+
+_INVALID = re.compile(r"[^/\w.\- :]")
+
+
+def verls_mlflow_name(key: str) -> str:
+    """verl's ``_MlflowLoggingAdapter._sanitize_key``, restated to generate keys that stay apart once sanitised."""
+    return _INVALID.sub("_", re.sub(r"/+", "/", key.replace("@", "_at_")))
+
+
+segment = st.text(st.sampled_from(list("ab_-: @#é%.")), min_size=1, max_size=5).filter(lambda s: s.strip(".") != "")
+keys = st.lists(segment, min_size=1, max_size=3).map("/".join).filter(lambda key: not key.startswith("tracklane"))
+numbers = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**53), 2**53), st.booleans(),
+    st.floats().map(np.float64), st.floats(width=32).map(np.float32), st.integers(-(2**53), 2**53).map(np.int64),
+)
+
+
+def verl_loses(data: dict) -> bool:
+    """verl's MLflow loses the whole call when one name resolves to another as a path (``..x``, ``a/./b``): tracklane
+    renames such a name (``mlflow_key``) and stores the call."""
+    names = [verls_mlflow_name(key) for key in data]
+    return any(posixpath.normpath(name) != name or name.startswith(("..", "/")) for name in names)
+
+
+dicts = st.dictionaries(keys, numbers, min_size=1, max_size=6).filter(
+    lambda data: len({verls_mlflow_name(key) for key in data}) == len({mlflow_key(key) for key in data}) == len(data))
+calls = st.lists(st.tuples(dicts, st.integers(0, 10_000)), min_size=1, max_size=6)
+_runs = itertools.count()
+
+
+def _stored(points: list[tuple[int, str, float]]) -> Counter:
+    """A multiset of (step, key, value) with NaN made comparable (NaN != NaN)."""
+    return Counter((step, key, "nan" if math.isnan(value) else value) for step, key, value in points
+                   if not key.startswith("tracklane/"))
+
+
+def _run(root: Path, logged: list[tuple[dict, int]], which: str) -> tuple[Counter, Counter]:
+    n = next(_runs)
+    uri, board = f"sqlite:///{root / 'mlflow.db'}", root / f"tb-{which}-{n}"
+    os.environ.update(MLFLOW_TRACKING_URI=uri, TENSORBOARD_DIR=str(board))
+    project = f"{which}-{n}"
+    if which == "verl":
+        from verl.utils.tracking import Tracking as VerlTracking
+
+        tracking = VerlTracking(project, "oracle", default_backend=["mlflow", "tensorboard"])
+    else:
+        tracking = Tracking(project, "oracle", ["mlflow", "tensorboard"], config={"trainer": {"log_async": False}})
+    for data, step in logged:
+        tracking.log(data, step=step)
+    tracking.finish()
+    [run_id] = find_mlflow_run_ids(uri, project, "oracle")
+    return _stored(read_mlflow_run(uri, run_id).points), _stored(read_tensorboard_dir(board).points)
+
+
+@pytest.fixture
+def restore_env():
+    names = ("MLFLOW_TRACKING_URI", "TENSORBOARD_DIR")
+    before = {name: os.environ.get(name) for name in names}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(logged=calls)
+def test_mlflow_and_tensorboard_hold_what_verls_hold(tmp_path_factory, restore_env, logged):
+    root = tmp_path_factory.mktemp("oracle")
+    verl_mlflow, verl_board = _run(root, logged, "verl")
+    ours_mlflow, ours_board = _run(root, logged, "tracklane")
+    lost = [(data, step) for data, step in logged if verl_loses(data)]
+    renamed = _stored([(step, mlflow_key(key), float(value)) for data, step in lost for key, value in data.items()])
+    assert ours_mlflow == verl_mlflow + renamed
+    assert sum(verl_mlflow.values()) == sum(len(data) for data, _ in logged if not verl_loses(data))
+    assert ours_board == verl_board
