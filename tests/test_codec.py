@@ -149,3 +149,15 @@ def test_keyed_metrics_keep_each_value_and_type():
         for key, value in sent.values.items():
             assert type(got.values[key]) is type(value)
             assert got.values[key] == value or (math.isnan(value) and math.isnan(got.values[key]))
+
+
+def test_verl_data_travels_with_both_metrics_forms():
+    """A record's verl_data (the call's dict as verl's FileLogger encodes it) comes back as sent, in the key-table
+    form and in the map form (an int past 2**53), and on a record on another axis; nil stays nil."""
+    records = [Metrics(step=0, time=0.0, values={"ok": 1}, verl_data=b'{"ok":true}'),
+               Metrics(step=1, time=0.0, values={"big": 2**60}, verl_data=b'{"big":1152921504606846976,"s":"x"}'),
+               Metrics(step=2, time=0.0, values={}, verl_data=b"{}"),
+               Metrics(step=3, time=0.0, values={"plain": 0.5})]
+    back = decode_batch(encode_batch(Batch(seq=1, created=0.0, records=records))).records
+    assert [r.verl_data for r in back] == [r.verl_data for r in records]
+    assert [r.values for r in back] == [r.values for r in records]

@@ -13,6 +13,8 @@ behaviour instead: test_values.py and the sinks' tests.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import importlib.util
 import itertools
 import math
@@ -111,3 +113,68 @@ def test_mlflow_and_tensorboard_hold_what_verls_hold(tmp_path_factory, restore_e
     assert ours_mlflow == verl_mlflow + renamed
     assert sum(verl_mlflow.values()) == sum(len(data) for data, _ in logged if not verl_loses(data))
     assert ours_board == verl_board
+
+
+class Color(enum.Enum):
+    RED = "red"
+    SIZE = 3
+
+
+@dataclasses.dataclass
+class Optim:
+    lr: float = 1e-3
+    betas: tuple = (0.9, 0.999)
+    name: str = "adam"
+
+
+param_keys = st.text(st.sampled_from(list("abc_-. 1")), min_size=1, max_size=6).filter(
+    lambda key: key.strip(".") != "" and key != "trainer" and not key.startswith((".", " ")) and key == key.strip())
+param_values = st.one_of(
+    st.integers(-(2**62), 2**62), st.floats(allow_nan=False, allow_infinity=False), st.booleans(), st.none(),
+    st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=10), st.sampled_from(list(Color)),
+    st.builds(lambda name: Path("/data") / name, st.text(st.sampled_from(list("abc")), min_size=1, max_size=4)),
+    st.builds(Optim, lr=st.floats(1e-6, 1.0), name=st.sampled_from(["adam", "sgd"])),
+)
+configs = st.recursive(param_values, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                              st.dictionaries(param_keys, inner, max_size=3)),
+                       max_leaves=10).filter(lambda c: isinstance(c, dict))
+
+
+def _params(root: Path, config: dict, which: str) -> dict[str, str]:
+    n = next(_runs)
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    os.environ.update(MLFLOW_TRACKING_URI=uri, TENSORBOARD_DIR=str(root / f"tb-{n}"))
+    project = f"params-{which}-{n}"
+    if which == "verl":
+        from verl.utils.tracking import Tracking as VerlTracking
+
+        VerlTracking(project, "oracle", default_backend=["mlflow"], config=config).finish()
+    else:
+        Tracking(project, "oracle", ["mlflow"], config={**config, "trainer": {"log_async": False}}).finish()
+    [run_id] = find_mlflow_run_ids(uri, project, "oracle")
+    return read_mlflow_run(uri, run_id).params
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=configs)
+def test_mlflow_params_are_verls_for_nested_configs(tmp_path_factory, restore_env, config):
+    """Nested dicts and lists (verl turns a list into ``list_len`` and its indices), dataclasses, Enums and Paths:
+    MLflow's params as verl's ``_compute_mlflow_params_from_objects`` flattens them, read back through MlflowClient.
+    (tracklane adds its ``trainer`` section here: verl gets it too, so both flatten the same config.)"""
+    root = tmp_path_factory.mktemp("params")
+    full = {**config, "trainer": {"log_async": False}}
+    kept = dict.fromkeys(_empty_dicts(config), "{}")  # beyond verl (flatten_params): its pandas drops them
+    assert _params(root, config, "tracklane") == {**_params(root, full, "verl"), **kept}
+
+
+def _empty_dicts(value: object, prefix: str = "") -> list[str]:
+    """The flattened names of the empty dicts in a config, as verl's transform nests it."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        if not value and prefix:
+            return [prefix[:-1]]
+        return [name for key, item in value.items() for name in _empty_dicts(item, f"{prefix}{key}/")]
+    if isinstance(value, list):
+        return [name for index, item in enumerate(value) for name in _empty_dicts(item, f"{prefix}{index}/")]
+    return []

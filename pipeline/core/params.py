@@ -52,8 +52,10 @@ def _plain(value: Any) -> Any:
         value = dataclasses.asdict(value)
     if isinstance(value, dict):
         return {str(k): (REDACTED if is_secret_key(str(k)) else _plain(v)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list):
         return [_plain(v) for v in value]
+    if isinstance(value, tuple):  # verl expands lists only: a tuple (a dataclass default) is one value, as MLflow
+        return str(value)         # shows it ("(0.9, 0.999)"); OmegaConf configs hold lists
     if isinstance(value, enum.Enum):
         return _plain(value.value)
     if isinstance(value, PurePath):
@@ -71,7 +73,8 @@ def _plain(value: Any) -> Any:
 
 def flatten_params(params: dict[str, Any], sep: str = "/") -> dict[str, Any]:
     """Nested params -> one level, keys joined with ``sep``; lists expanded as verl does
-    (``key/list_len`` plus ``key/0``, ``key/1``...)."""
+    (``key/list_len`` plus ``key/0``, ``key/1``...). Beyond verl: an empty dict is kept as ``"{}"`` (verl's pandas
+    flattening drops the key)."""
     out: dict[str, Any] = {}
     _flatten(out, "", params, sep)
     return out
