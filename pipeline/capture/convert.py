@@ -71,8 +71,10 @@ class Converter:
             elif kind == SYSTEM_METRICS:  # a node's figures: keyed as they are, on seconds
                 prefix, axis = "", SYSTEM_AXIS
             values = self.metrics.clean(data, prefix)
+            # values is data: verl's usual dict, already plain (values.py), which encodes as verl's does (an empty one
+            # too, but it makes no record: verl's line of it goes as verl_data)
             raw = verl_data(data) if kind == METRICS and self._verl_file and not prefix and axis is None \
-                and (only is None or FILE in only) else None
+                and (values is not data or not data) and (only is None or FILE in only) else None
             if raw is not None and not values:  # only the file keeps it (an empty dict, strings only), as verl's does
                 only = [name for name in (only or self._backends) if name == FILE]
                 if not only:
