@@ -72,7 +72,7 @@ def _stored(points: list[tuple[int, str, float]]) -> Counter:
                    if not key.startswith("tracklane/"))
 
 
-def _run(root: Path, logged: list[tuple[dict, int]], which: str) -> tuple[Counter, Counter]:
+def _run(root: Path, logged: list[tuple[dict, int]], which: str, log_async: bool = False) -> tuple[Counter, Counter]:
     n = next(_runs)
     uri, board = f"sqlite:///{root / 'mlflow.db'}", root / f"tb-{which}-{n}"
     os.environ.update(MLFLOW_TRACKING_URI=uri, TENSORBOARD_DIR=str(board))
@@ -82,7 +82,7 @@ def _run(root: Path, logged: list[tuple[dict, int]], which: str) -> tuple[Counte
 
         tracking = VerlTracking(project, "oracle", default_backend=["mlflow", "tensorboard"])
     else:
-        tracking = Tracking(project, "oracle", ["mlflow", "tensorboard"], config={"trainer": {"log_async": False}})
+        tracking = Tracking(project, "oracle", ["mlflow", "tensorboard"], config={"trainer": {"log_async": log_async}})
     for data, step in logged:
         tracking.log(data, step=step)
     tracking.finish()
@@ -105,9 +105,21 @@ def restore_env():
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(logged=calls)
 def test_mlflow_and_tensorboard_hold_what_verls_hold(tmp_path_factory, restore_env, logged):
-    root = tmp_path_factory.mktemp("oracle")
+    _same_as_verl(tmp_path_factory.mktemp("oracle"), logged, log_async=False)
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(logged=st.lists(calls, min_size=3, max_size=3).map(lambda parts: [call for part in parts for call in part]))
+def test_mlflow_and_tensorboard_hold_what_verls_hold_through_the_lanes(ray_session, tmp_path_factory, restore_env,
+                                                                      logged):
+    """The same through the pipeline: Ray, one lane actor per tracker (a run's worth of calls an example)."""
+    _same_as_verl(tmp_path_factory.mktemp("oracle-async"), logged, log_async=True)
+
+
+def _same_as_verl(root: Path, logged: list[tuple[dict, int]], log_async: bool) -> None:
     verl_mlflow, verl_board = _run(root, logged, "verl")
-    ours_mlflow, ours_board = _run(root, logged, "tracklane")
+    ours_mlflow, ours_board = _run(root, logged, "tracklane", log_async)
     lost = [(data, step) for data, step in logged if verl_loses(data)]
     renamed = _stored([(step, mlflow_key(key), float(value)) for data, step in lost for key, value in data.items()])
     assert ours_mlflow == verl_mlflow + renamed

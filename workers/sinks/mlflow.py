@@ -240,6 +240,7 @@ class MlflowSink(Sink):
         self._keys: dict[str, str] = {}  # metric name -> sanitised name, warned once each
         self._closed = False
         self._pending: list[Any] | None = None  # metrics held until the end of write()
+        self._stamps: dict[tuple[str, int], int] = {}  # (name, step) -> its last timestamp in this write
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         import_sdk(type(self))
@@ -319,6 +320,7 @@ class MlflowSink(Sink):
         # as fit: a request costs the server ~14 ms of CPU before its first metric (measured on a local server),
         # and the hooks are called once per run of one kind, so a step at a time.
         self._pending = []
+        self._stamps = {}
         try:
             super().write(records)
             pending, self._pending = self._pending, None
@@ -330,11 +332,23 @@ class MlflowSink(Sink):
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         from mlflow.entities import Metric
 
+        # MLflow's store keeps one row per (name, step, timestamp, value): two calls logging the same value of a key
+        # at one step within a millisecond (verl's own calls, a few ms apart, never are) would be stored once. A
+        # repeat of (name, step) in the batch gets a timestamp 1 ms past the one before, so every point logged is a
+        # row. Only from the batch itself: a batch written again (after a restart) gets the same timestamps, and
+        # the store keeps it once.
         metrics = []
+        stamps = self._stamps if self._pending is not None else {}
         for record in records:
             timestamp = int(record.time * 1000)
             for key, value in record.values.items():
-                metrics.append(Metric(self._key(key), float(value), timestamp, record.step))
+                name = self._key(key)
+                at = timestamp
+                last = stamps.get((name, record.step))
+                if last is not None and at <= last:
+                    at = last + 1
+                stamps[name, record.step] = at
+                metrics.append(Metric(name, float(value), at, record.step))
         with _translate(f"log metrics to MLflow run {self.run_id}"):
             self._log_metrics(metrics)
 

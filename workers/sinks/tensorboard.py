@@ -37,7 +37,6 @@ from pipeline.core.params import flatten_params
 from pipeline.core.records import Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from pipeline.host.sink import Sink, import_sdk
 from workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, trajectory_rows
-from workers.sinks.steps import merged_values, records_by_step
 
 PARAMS_TAG = "hyperparameters"
 FLUSH_SECS = 10  # the writer thread's own flush period; write() and flush() force one
@@ -90,11 +89,13 @@ class TensorboardSink(Sink):
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
-        for step, group in records_by_step(records):
-            values = merged_values(group)
+        # An event a record, as verl's add_scalar a value: two calls logging one key at one step are two points
+        # (merged, the later one would hide the earlier)
+        for record in records:
+            values = record.values
             summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=key, simple_value=value)
                                                  for key, value in values.items()])
-            self._writer.add_event(event_pb2.Event(wall_time=group[0].time, step=step, summary=summary))
+            self._writer.add_event(event_pb2.Event(wall_time=record.time, step=record.step, summary=summary))
             changed = sum(map(_beyond_float32, values.values()))
             if changed:  # simple_value is a float32: 1e300 is shown as Infinity, 1e-300 as 0
                 self.counts.add(self.counts.cuts, "float32_out_of_range", changed)
