@@ -123,7 +123,9 @@ def test_mlflow_run_migrates_into_wandb_tensorboard_file_and_trackio(offline_tra
     acc = EventAccumulator(str(event_file), size_guidance={"scalars": 0})
     acc.Reload()
     times = {(e.step, key): e.wall_time for key in KEYS for e in acc.Scalars(key)}
-    assert times == {(step, key): (T0_MS + 1000 * step) / 1000 for step in range(STEPS) for key in KEYS}
+    # each point its own MLflow timestamp (an event a record, as the source logged them one call a key)
+    assert times == {(step, key): (T0_MS + 1000 * step + KEYS.index(key)) / 1000
+                     for step in range(STEPS) for key in KEYS}
     assert set(read_tensorboard_rich(offline_trackers["tensorboard"]).images["samples/grid"]) == {3}
 
     assert_points(file_points(offline_trackers["file"]), expected)
