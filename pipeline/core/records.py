@@ -8,7 +8,7 @@ is for, from ``log(..., backend=...)``; None means all).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -26,8 +26,9 @@ class Metrics:
     """Scalars logged for one step, keys flattened with ``/``."""
 
     step: int
-    values: dict[str, float | int]
-    """Metric name -> number; NaN and +-Inf are kept."""
+    values: Mapping[str, float | int]
+    """Metric name -> number; NaN and +-Inf are kept. A dict, except in a lane whose sink reads packed metrics
+    (``PackedValues``, core/packed_values.py)."""
     time: float
     only: list[str] | None = None
     axis: str | None = None

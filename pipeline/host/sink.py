@@ -63,6 +63,9 @@ class Sink:
     """Top-level module of the tracker SDK, checked before anything starts."""
     extra: ClassVar[str | None] = None
     """The pip extra that installs the SDK: ``pip install 'tracklane[<extra>]'``."""
+    reads_packed_metrics: ClassVar[bool] = False
+    """In a lane, its metrics records' ``values`` may be ``PackedValues`` (core/packed_values.py): a Mapping whose
+    dict is built only if read. The file tracker renders verl's line from the packed numbers instead."""
     takes_pieces: ClassVar[bool] = False
     """It adds up a step's samples (rollouts, generations) logged in several records of one key: a dump too big to
     ship at once reaches it a chunk at a time. Trackers that store one document per key and step get it whole."""

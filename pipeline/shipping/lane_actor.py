@@ -58,6 +58,7 @@ class LaneActor:
         if self._state.catch_up(spec.stored):  # rank 0's copy is ahead: this node's disk lost or lags the state
             self._state.pending, self._state.mark = 0, None  # a stale undo point could undo a stored batch
         sink = backend_class(spec.backend)(spec.run, spec.settings)
+        self._packed_metrics = sink.reads_packed_metrics
         node_id = ray_node_id()
         self._host = SinkHost(lane, sink, spec.sink_retries, spec.retry_backoff_s, resume=self._state.resume,
                               counts=self._state.counts, node_id=node_id,
@@ -98,7 +99,7 @@ class LaneActor:
 
     def _apply(self, seq: int, blob: bytes, final: bool, source: str) -> bytes:
         try:
-            batch = decode_batch(blob)
+            batch = decode_batch(blob, packed_metrics=self._packed_metrics)
         except CodecError as exc:
             self._host.note_error(f"corrupt batch {seq}{f' of {source}' if source else ''}: {exc}")
         else:

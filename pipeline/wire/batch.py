@@ -153,9 +153,10 @@ def _record_to_wire(record: Record, tail: list[bytes | memoryview]) -> list:
     return [record.kind, fields]
 
 
-def decode_batch(blob: Any, limits: DecodeLimits = DecodeLimits()) -> Batch:
+def decode_batch(blob: Any, limits: DecodeLimits = DecodeLimits(), packed_metrics: bool = False) -> Batch:
     """Decode and validate one batch (bytes, or any buffer: a lane gets a read-only array over Ray's shared memory);
-    raises ``CodecError`` on anything malformed."""
+    raises ``CodecError`` on anything malformed. ``packed_metrics``: keyed metrics records keep their numbers packed
+    (core/packed_values.py), for a sink that renders them (``Sink.reads_packed_metrics``)."""
     try:
         view = memoryview(blob).cast("B")
     except (TypeError, ValueError):
@@ -177,7 +178,7 @@ def decode_batch(blob: Any, limits: DecodeLimits = DecodeLimits()) -> Batch:
         raise
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise CodecError(f"batch is not valid msgpack: {exc}") from exc
-    return _batch_from_wire(wire, limits, tail)
+    return _batch_from_wire(wire, limits, tail, packed_metrics)
 
 
 def _decompress(blob: memoryview, limit: int) -> bytes:
@@ -204,7 +205,7 @@ def _refuse_ext(code: int, data: bytes) -> Any:
     raise CodecError(f"msgpack extension type {code} is not allowed in a batch")
 
 
-def _batch_from_wire(wire: Any, limits: DecodeLimits, tail: memoryview | None) -> Batch:
+def _batch_from_wire(wire: Any, limits: DecodeLimits, tail: memoryview | None, packed: bool = False) -> Batch:
     if not (isinstance(wire, list) and len(wire) in VERSIONS.values() and wire[0] == MAGIC):
         raise CodecError("batch header is missing or wrong")
     version = wire[1]
@@ -219,14 +220,14 @@ def _batch_from_wire(wire: Any, limits: DecodeLimits, tail: memoryview | None) -
     _expect(isinstance(records, list), "batch records must be a list")
     if len(records) > limits.max_records:
         raise CodecError(f"batch holds {len(records)} records, over the {limits.max_records} limit")
-    return Batch(seq=seq, created=float(created), records=[_record_from_wire(r, schemas, tail) for r in records])
+    return Batch(seq=seq, created=float(created), records=[_record_from_wire(r, schemas, tail, packed) for r in records])
 
 
-def _record_from_wire(wire: Any, schemas: list, tail: memoryview | None) -> Record:
+def _record_from_wire(wire: Any, schemas: list, tail: memoryview | None, packed: bool = False) -> Record:
     _expect(isinstance(wire, list) and len(wire) >= 1, "record must be a non-empty list")
     kind = wire[0]
     if kind == KEYED_METRICS:
-        return metrics_from_wire(wire, schemas)
+        return metrics_from_wire(wire, schemas, packed)
     if kind == Metrics.kind:
         _expect(len(wire) in (5, 6, 7), "metrics record must have 5 to 7 fields")
         _, step, when, values, only = wire[:5]

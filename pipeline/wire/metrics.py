@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import reprlib
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 from pipeline.core.errors import CodecError
+from pipeline.core.packed_values import MetricsSchema, PackedValues
 from pipeline.core.records import Metrics
 
 KIND = "m"
@@ -59,10 +61,6 @@ class SchemaTable:
         return wire
 
 
-Schema = tuple[list[str], list[int], struct.Struct]
-"""Keys, positions of int values, and the struct of its numbers."""
-
-
 def is_axis(value: Any) -> bool:
     """A metrics record's axis on the wire: nil (the trainer's step) or a short string."""
     return value is None or (type(value) is str and 0 < len(value) <= 256)
@@ -74,7 +72,7 @@ def is_verl_data(value: Any) -> bool:
     return value is None or (type(value) is bytes and value[:1] == b"{" and value[-1:] == b"}" and b"\n" not in value)
 
 
-def schemas_from_wire(wire: Any) -> list[Schema]:
+def schemas_from_wire(wire: Any) -> list[MetricsSchema]:
     """The batch's schema table, checked: unique string keys, int positions in range and increasing."""
     if not isinstance(wire, list):
         raise CodecError("malformed batch: the metrics schemas must be a list")
@@ -89,11 +87,12 @@ def schemas_from_wire(wire: Any) -> list[Schema]:
         if not all(type(i) is int for i in ints) or ints != sorted(set(ints)) \
                 or (ints and not (0 <= ints[0] and ints[-1] < len(keys))):
             raise CodecError("malformed batch: a metrics schema's int positions must increase, within its keys")
-        schemas.append((keys, ints, struct.Struct(f"<{len(keys)}d")))
+        schemas.append(MetricsSchema(keys, ints))
     return schemas
 
 
-def metrics_from_wire(wire: list[Any], schemas: list[Schema]) -> Metrics:
+def metrics_from_wire(wire: list[Any], schemas: list[MetricsSchema], packed: bool = False) -> Metrics:
+    """``packed``: the values stay as the wire carried them (``PackedValues``: a dict only if read)."""
     if len(wire) not in (7, 8):
         raise CodecError("malformed batch: a keyed metrics record must have 7 or 8 fields")
     _, step, when, index, numbers, only, axis = wire[:7]
@@ -104,21 +103,19 @@ def metrics_from_wire(wire: list[Any], schemas: list[Schema]) -> Metrics:
         raise CodecError("malformed batch: metrics step must be an int and time a number")
     if type(index) is not int or not 0 <= index < len(schemas):
         raise CodecError(f"malformed batch: metrics schema index {reprlib.repr(index)} is not in the batch's table")
-    keys, ints, layout = schemas[index]
-    if type(numbers) is not bytes or len(numbers) != layout.size:
-        raise CodecError(f"malformed batch: metrics numbers must be {layout.size} bytes")
+    schema = schemas[index]
+    if type(numbers) is not bytes or len(numbers) != schema.layout.size:
+        raise CodecError(f"malformed batch: metrics numbers must be {schema.layout.size} bytes")
     if only is not None and not (isinstance(only, list) and all(type(b) is str for b in only)):
         raise CodecError("malformed batch: metrics 'only' must be nil or a list of backend names")
     if axis is not None and not is_axis(axis):
         raise CodecError("malformed batch: metrics axis must be a short string")
-    if not ints:
-        return Metrics(step=step, time=float(when), values=dict(zip(keys, layout.unpack(numbers), strict=True)),
-                       only=only, axis=axis, verl_data=verl_data)
-    values: list[Any] = list(layout.unpack(numbers))
-    for i in ints:
-        number = values[i]
+    for i in schema.ints:
+        number = _INT_AT.unpack_from(numbers, 8 * i)[0]
         if not (-EXACT <= number <= EXACT and number.is_integer()):  # NaN fails the comparison too
-            raise CodecError(f"malformed batch: metric {reprlib.repr(keys[i])} must be an int")
-        values[i] = int(number)
-    return Metrics(step=step, time=float(when), values=dict(zip(keys, values, strict=True)), only=only, axis=axis,
-                   verl_data=verl_data)
+            raise CodecError(f"malformed batch: metric {reprlib.repr(schema.keys[i])} must be an int")
+    values: Mapping[str, float | int] = PackedValues(schema, numbers) if packed else schema.values(numbers)
+    return Metrics(step=step, time=float(when), values=values, only=only, axis=axis, verl_data=verl_data)
+
+
+_INT_AT = struct.Struct("<d")

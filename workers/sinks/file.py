@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from pipeline.core.files import write_atomically
+from pipeline.core.packed_values import PackedValues
 from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from pipeline.core.trajectory_lines import TrajectoryLines, trajectory_line
 from pipeline.host.sink import Sink
@@ -37,6 +38,7 @@ from workers.sinks.steps import merge_by_axis_step
 class FileSink(Sink):
     name = "file"
     takes_pieces = True  # appends each chunk to the step's rollout file
+    reads_packed_metrics = True  # verl's line rendered from the wire's numbers (_verl_line)
 
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
@@ -186,6 +188,8 @@ def _verl_line(record: Metrics) -> bytes:
     """``orjson.dumps({"step": step, "data": data}, option=OPT_SERIALIZE_NUMPY) + b"\\n"``, verl's line."""
     if record.verl_data is not None:
         return b'{"step":%d,"data":%b}\n' % (record.step, record.verl_data)
+    if type(record.values) is PackedValues:  # in a lane: straight from the wire's numbers, no dict
+        return record.values.verl_line(record.step)
     return orjson.dumps({"step": record.step, "data": record.values}, option=_OPTIONS)
 
 

@@ -28,7 +28,8 @@ def merged_values(group: Sequence[Metrics]) -> dict[str, float | int]:
     A step with one record gives that record's own dict (no copy): callers must not change it.
     """
     if len(group) == 1:
-        return group[0].values
+        values = group[0].values
+        return values if type(values) is dict else dict(values)  # PackedValues: its dict
     merged: dict[str, float | int] = {}
     for record in group:
         merged.update(record.values)

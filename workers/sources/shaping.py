@@ -32,11 +32,13 @@ def metrics_records(points: Iterable[Point], axis: str | None = None) -> list[Me
     """The points as Metrics records, in step order (then time), one per (step, time) group."""
     records: list[Metrics] = []
     current: Metrics | None = None
+    values: dict[str, float | int] = {}
     for step, when, key, value in sorted(points, key=lambda p: (p[0], p[1])):
-        if current is None or current.step != step or current.time != when or key in current.values:
-            current = Metrics(step=step, values={}, time=when, axis=axis)
+        if current is None or current.step != step or current.time != when or key in values:
+            values = {}
+            current = Metrics(step=step, values=values, time=when, axis=axis)
             records.append(current)
-        current.values[key] = value
+        values[key] = value
     return records
 
 
