@@ -3,12 +3,12 @@
 verl's ``Tracking(default_backend=["mlflow", "tensorboard"])`` and tracklane's (synchronous: the same sinks the lanes
 host) get the same generated calls: keys with characters MLflow refuses (verl sanitises them: ``@`` -> ``_at_``,
 ``//`` -> ``/``, the rest -> ``_``), every number type users pass (float with NaN and +-Inf, int, bool, numpy
-float64/float32/int64 scalars), steps in any order, several calls a step. Both stores are read back through the
-tracker's own reader (``MlflowClient`` on sqlite; TensorBoard's ``EventAccumulator``) and must hold the same points,
-multiset for multiset; where verl's MLflow loses a call (a name MLflow reads as a path out of the run's folder),
-tracklane's holds it under its renamed names. The file tracker's bytes: test_verl_file_bytes.py. What verl crashes
-on (a string or a dict value: MLflow refuses the whole call, TensorBoard raises) is tracklane's documented
-behaviour instead: test_values.py and the sinks' tests.
+float64/float32/int64 scalars, torch 0-d tensors of float32/float64/bfloat16/int32), steps in any order, several
+calls a step. Both stores are read back through the tracker's own reader (``MlflowClient`` on sqlite; TensorBoard's
+``EventAccumulator``) and must hold the same points, multiset for multiset; where verl's MLflow loses a call (a name
+MLflow reads as a path out of the run's folder), tracklane's holds it under its renamed names. The file tracker's
+bytes: test_verl_file_bytes.py. What verl crashes on (a string or a dict value: MLflow refuses the whole call,
+TensorBoard raises) is tracklane's documented behaviour instead: test_values.py and the sinks' tests.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -51,6 +52,9 @@ keys = st.lists(segment, min_size=1, max_size=3).map("/".join).filter(lambda key
 numbers = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**53), 2**53), st.booleans(),
     st.floats().map(np.float64), st.floats(width=32).map(np.float32), st.integers(-(2**53), 2**53).map(np.int64),
+    st.floats(width=32).map(torch.tensor), st.floats().map(lambda x: torch.tensor(x, dtype=torch.float64)),
+    st.floats(width=16).map(lambda x: torch.tensor(x, dtype=torch.bfloat16)),
+    st.integers(-(2**31), 2**31 - 1).map(lambda i: torch.tensor(i, dtype=torch.int32)),
 )
 
 
