@@ -172,8 +172,9 @@ def test_close_nonzero_marks_run_crashed_once(logdir, sinks):
     assert back.points == [(5, "actor/pg_loss", 1.0)]
 
 
-def test_records_of_one_step_are_logged_once(logdir, sinks):
-    """Records sharing a step in one batch become one log call: one point per key, the later value wins."""
+def test_records_of_one_step_keep_a_keys_first_value(logdir, sinks):
+    """Records sharing a step in one batch are a log call each, as verl logs each call: one point per key, the first
+    value (swanlab skips a later one at the same step; tests/test_verl_oracle_trackers.py)."""
     sink, _ = _open(sinks)
     sink.write([
         Metrics(step=1, values={"actor/pg_loss": 1.0}, time=0.0),
@@ -182,7 +183,7 @@ def test_records_of_one_step_are_logged_once(logdir, sinks):
     ])
     sink.close(0)
     points = read_swanlab_run(logdir).points
-    assert points == [(1, "actor/pg_loss", 2.0), (1, "timing_s/gen", 3.0), (2, "actor/pg_loss", 4.0)]
+    assert points == [(1, "actor/pg_loss", 1.0), (1, "timing_s/gen", 3.0), (2, "actor/pg_loss", 4.0)]
 
 
 def test_one_live_run_per_process(logdir, sinks):

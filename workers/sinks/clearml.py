@@ -29,8 +29,10 @@ it is skipped and counted: ``cuts["scalar_name_clash"]``). Records on a producer
 e.g. ``system/elapsed_s``) keep their step as the iteration, as in MLflow: their keys name their own graphs.
 ClearML stores NaN and +-Inf as 0.0 (``MetricsEventAdapter.default_nan_value``; its server keeps no
 non-finite number), so those values are skipped and counted (``cuts["scalar_nonfinite"]``) rather than
-charted as a false 0. The record's time is not kept: ``report_scalar`` takes none and the event is
-stamped when it is reported (``ScalarEvent``, backend_interface/metrics/events.py).
+charted as a false 0. The records of a step in a batch are one report per key, the later finite value
+(ClearML's server keeps one scalar per iteration, title and series: the last reported). The record's time
+is not kept: ``report_scalar`` takes none and the event is stamped when it is reported (``ScalarEvent``,
+backend_interface/metrics/events.py).
 
 Rich records (offline files under ``data/<project>/<task>.<id>/``):
 
@@ -103,7 +105,7 @@ from pipeline.core.errors import SinkError
 from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from pipeline.host.sink import Sink, import_sdk
 from workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, trajectory_rows
-from workers.sinks.steps import merge_by_step, records_by_step
+from workers.sinks.steps import records_by_step
 
 log = logging.getLogger("tracklane")
 
@@ -236,9 +238,23 @@ class ClearmlSink(Sink):
     # -- scalars ---------------------------------------------------------------------------
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         logger = self._logger()
-        for step, values in merge_by_step(records):
-            for key, value in values.items():
+        for step, group in records_by_step(records):
+            for key, value in self._finite(group).items():
                 self._scalar(logger, key, value, step)
+
+    def _finite(self, group: Sequence[Metrics]) -> dict[str, float | int]:
+        """A step's values, the later finite value of a key winning; each non-finite value skipped and counted
+        before the merge. Skipped after it, a NaN following a finite value would drop both when one batch holds
+        the two, and not when two batches do (ClearML's server keeps a step's last report): what the key shows
+        would depend on the batching. (verl's shows 0.0 there: ClearML's NaN.)"""
+        values: dict[str, float | int] = {}
+        for record in group:
+            for key, value in record.values.items():
+                if math.isfinite(value):
+                    values[key] = value
+                else:
+                    self._cut("scalar_nonfinite", f"{key} = {value} (ClearML would store 0.0)")
+        return values
 
     def _scalar(self, logger: Any, key: str, value: float | int, step: int) -> None:
         if not math.isfinite(value):

@@ -17,7 +17,9 @@ Rich records (swanlab has no table or histogram type; media land under ``<run>/m
 
 Table cells that are not finite floats (a NaN score) are written as the strings "NaN", "Infinity",
 "-Infinity": swanlab's JSON writer would turn them into null. Records of one key at one step in one
-batch become one log call; a step with no samples logs nothing.
+batch become one log call; a step with no samples logs nothing. Metrics go a log call a record, as verl
+logs them: swanlab keeps the first value of a key at a step (verl's store is the oracle:
+tests/test_verl_oracle_trackers.py).
 
 Two things about swanlab 0.10.3's run store (``run-<id>.swanlab``), written by ``DataStoreWriter``
 (swanlab/sdk/internal/core_python/store) through an 8 KiB Python file buffer, with no lock:
@@ -58,7 +60,7 @@ from pipeline.core.errors import SinkError
 from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from pipeline.host.sink import Sink, import_sdk
 from workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
-from workers.sinks.steps import R, merge_by_step, records_by_step
+from workers.sinks.steps import R, merged_values, records_by_step
 
 log = logging.getLogger("tracklane")
 
@@ -139,14 +141,16 @@ class SwanlabSink(Sink):
 
     def _log(self, values: dict[str, Any], step: int) -> None:
         """One ``run.log`` call, counted so that ``flush()`` knows how many records to wait for."""
-        self._handed.logged(len(values))
+        self._handed.logged(_records_of(values))
         self._run.log(values, step=step)
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         if self._run is None:
             raise SinkError("swanlab sink written to before open() or after close()")
-        for step, values in merge_by_step(records):  # swanlab reports its own logging errors, never raises
-            self._log(values, step)
+        # A log call a record, as verl logs each call: swanlab keeps a key's first value at a step and skips a later
+        # one ("duplicate or too old"). Merged, records of one step in one batch stored the later value instead.
+        for record in records:  # swanlab reports its own logging errors, never raises
+            self._log(merged_values([record]), record.step)
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         self._log_tables(records, GENERATION_COLUMNS, generation_rows)
@@ -357,6 +361,24 @@ def _started(store: Path) -> bool:
     finally:
         with contextlib.suppress(AssertionError):  # close() asserts that open() got as far as opening the file
             reader.close()
+
+
+def _records_of(values: Mapping[str, Any]) -> int:
+    """How many records swanlab hands to its store for one ``run.log(values)``: one a key as swanlab cleans it
+    (``validate_key``: leading and trailing whitespace, "." and "/" trimmed). Two keys cleaned alike are one record
+    (the later value), a key left empty none; counted as logged, they held ``flush()`` FLUSH_STALL_S and warned of
+    values swanlab dropped (seen with "a" and "a." in one call)."""
+    try:
+        from swanlab.sdk.internal.run.fmt import validate_key
+    except ImportError:  # another swanlab than 0.10.3: one record a key
+        return len(values)
+    names = set()
+    for key in values:
+        try:
+            names.add(validate_key(key))
+        except ValueError:  # swanlab drops it ("invalid or empty after sanitization")
+            pass
+    return len(names)
 
 
 def _store_writer(run: Any) -> Any:

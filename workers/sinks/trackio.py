@@ -27,8 +27,9 @@ the first rows, plus the keys trackio's own ``Run`` adds (``_Username``: None he
 What lands where (non-finite floats are stored as the strings "NaN"/"Infinity"/"-Infinity" by trackio's
 ``serialize_values``; its readers turn top-level ones back into floats, nested ones stay strings):
 
-    metrics       one row per run of consecutive records of one step (later values win), stamped with the
-                  last record's time; keys trackio reserves (step, time, timestamp, project, run, metrics,
+    metrics       one row per run of consecutive records of one step, stamped with the last record's time; a
+                  record logging a key that row holds starts a new row (both values kept, as verl's trackio
+                  keeps a row per call); keys trackio reserves (step, time, timestamp, project, run, metrics,
                   "__*") get "__" in front, as ``trackio.log`` renames them
     other axis    a producer's axis (``rollout/step``): the row's step is that axis' step and the axis is
                   a key of the row, so the dashboard's X-axis menu can plot against it
@@ -242,10 +243,11 @@ class TrackioSink(Sink):
                 self._system += [_Row(step, {**self._keys(r.values), SYSTEM_AXIS: step}, r.time, self._log_id([r]))
                                  for r in group]
                 continue
-            values = self._keys(merged_values(group))
-            if axis is not None:
-                values[axis] = step
-            self._add(step, values, group)
+            for part in _apart(group):
+                values = self._keys(merged_values(part))
+                if axis is not None:
+                    values[axis] = step
+                self._add(step, values, part)
 
     def _keys(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The values with the keys trackio reserves renamed as ``trackio.log`` renames them ("__" + key)."""
@@ -359,6 +361,22 @@ class TrackioSink(Sink):
         store = self.dir / name
         return (f"trackio: run {self.run.experiment!r} (id {self.run_id or 'not opened'}) in {store}; view with "
                 f"`TRACKIO_DIR={shlex.quote(str(self.dir))} trackio show --project {shlex.quote(self.run.project)}`")
+
+
+def _apart(group: Sequence[Metrics]) -> list[list[Metrics]]:
+    """A step's records, cut before each record that logs a key the row already holds: verl's trackio stores a row
+    per call, so a key logged twice at a step keeps both values (merged, the later one replaced the earlier)."""
+    if len(group) == 1:
+        return [list(group)]
+    parts: list[list[Metrics]] = []
+    held: set[str] = set()
+    for record in group:
+        if not parts or not held.isdisjoint(record.values):
+            parts.append([])
+            held = set()
+        parts[-1].append(record)
+        held.update(record.values)
+    return parts
 
 
 def remote_variables(env: Mapping[str, str]) -> list[str]:
