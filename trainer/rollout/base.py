@@ -59,12 +59,15 @@ class RolloutEngine(Protocol):
 
 
 def left_pad(sequences: list[list[int]], pad: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, max_len] ids padded on the left, and the mask of real tokens."""
+    """[N, max_len] ids padded on the left, and the mask of real tokens: by length, not by id (a pad id the policy
+    sampled in an earlier turn is part of the next turn's context, as the trainer sees it)."""
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad, dtype=torch.long)
+    valid = torch.zeros((len(sequences), width), dtype=torch.bool)
     for row, seq in enumerate(sequences):
         ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-    return ids.to(device), (ids != pad).to(device)
+        valid[row, width - len(seq):] = True
+    return ids.to(device), valid.to(device)
 
 
 def per_prompt(max_new_tokens: int | Sequence[int], prompts: int) -> list[int]:
