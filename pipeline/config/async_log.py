@@ -112,8 +112,9 @@ class AsyncLogConfig:
     actor_options: dict[str, Any] = field(default_factory=dict)
     """Extra Ray actor options for the lane actors (e.g. {"num_cpus": 0, "resources": {...}})."""
     ray_init: dict[str, Any] = field(default_factory=dict)
-    """Arguments for ray.init() when Ray is not running yet (defaults: num_cpus one per lane up to the cores, so their
-    workers start together; no dashboard)."""
+    """Arguments for ray.init() when Ray is not running yet (defaults: a Ray of the run's own, address "local", unless
+    RAY_ADDRESS names a cluster to join; num_cpus one per lane up to the cores, so their workers start together; no
+    dashboard)."""
 
     def __post_init__(self) -> None:
         for name in ("queue_max_bytes", "lane_max_bytes", "max_batch_bytes", "max_inflight_batches"):

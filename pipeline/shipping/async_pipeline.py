@@ -44,11 +44,13 @@ class AsyncPipeline:
         import ray
 
         if not ray.is_initialized():
-            # RAY_ADDRESS names a running cluster that ray.init() joins: it refuses num_cpus then
+            # RAY_ADDRESS names a running cluster that ray.init() joins: it refuses num_cpus then. Without it, a Ray of
+            # this run's own ("local"): ray.init() with no address joins whichever cluster another process last
+            # started on this machine (/tmp/ray/ray_current_cluster), another job's or a test suite's.
             joining = os.environ.get("RAY_ADDRESS", "local") not in ("", "local")
             # Ray starts at most num_cpus worker processes at a time: one per lane (up to the cores) opens them together
             # (the lane actors reserve no CPU slot, so nothing else changes)
-            start = {} if joining else {"num_cpus": max(1, min(os.cpu_count() or 1, len(backends))),
+            start = {} if joining else {"address": "local", "num_cpus": max(1, min(os.cpu_count() or 1, len(backends))),
                                         "include_dashboard": False}
             ray.init(**{**start, "log_to_driver": True, **cfg.ray_init})
         spooling = open_spooling(cfg, run, {name: settings for name, (_, settings) in backends.items()}) \
