@@ -14,7 +14,6 @@ TensorBoard raises) is tracklane's documented behaviour instead: test_values.py 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import importlib.util
 import itertools
 import math
@@ -25,13 +24,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pipeline import Tracking
+from tests.verl_inputs import configs as verl_configs
+from tests.verl_inputs import keys, numbers, torch_scalars
 from workers.sinks.mlflow import mlflow_key
 from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
@@ -47,17 +46,6 @@ def verls_mlflow_name(key: str) -> str:
     return _INVALID.sub("_", re.sub(r"/+", "/", key.replace("@", "_at_")))
 
 
-segment = st.text(st.sampled_from(list("ab_-: @#é%.")), min_size=1, max_size=5).filter(lambda s: s.strip(".") != "")
-keys = st.lists(segment, min_size=1, max_size=3).map("/".join).filter(lambda key: not key.startswith("tracklane"))
-numbers = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**53), 2**53), st.booleans(),
-    st.floats().map(np.float64), st.floats(width=32).map(np.float32), st.integers(-(2**53), 2**53).map(np.int64),
-    st.floats(width=32).map(torch.tensor), st.floats().map(lambda x: torch.tensor(x, dtype=torch.float64)),
-    st.floats(width=16).map(lambda x: torch.tensor(x, dtype=torch.bfloat16)),
-    st.integers(-(2**31), 2**31 - 1).map(lambda i: torch.tensor(i, dtype=torch.int32)),
-)
-
-
 def verl_loses(data: dict) -> bool:
     """verl's MLflow loses the whole call when one name resolves to another as a path (``..x``, ``a/./b``): tracklane
     renames such a name (``mlflow_key``) and stores the call."""
@@ -65,7 +53,7 @@ def verl_loses(data: dict) -> bool:
     return any(posixpath.normpath(name) != name or name.startswith(("..", "/")) for name in names)
 
 
-dicts = st.dictionaries(keys, numbers, min_size=1, max_size=6).filter(
+dicts = st.dictionaries(keys, st.one_of(numbers, torch_scalars), min_size=1, max_size=6).filter(
     lambda data: len({verls_mlflow_name(key) for key in data}) == len({mlflow_key(key) for key in data}) == len(data))
 calls = st.lists(st.tuples(dicts, st.integers(0, 10_000)), min_size=1, max_size=6)
 _runs = itertools.count()
@@ -139,29 +127,7 @@ def _same_as_verl(root: Path, logged: list[tuple[dict, int]], log_async: bool) -
     assert ours_board == verl_board
 
 
-class Color(enum.Enum):
-    RED = "red"
-    SIZE = 3
-
-
-@dataclasses.dataclass
-class Optim:
-    lr: float = 1e-3
-    betas: tuple = (0.9, 0.999)
-    name: str = "adam"
-
-
-param_keys = st.text(st.sampled_from(list("abc_-. 1")), min_size=1, max_size=6).filter(
-    lambda key: key.strip(".") != "" and key != "trainer" and not key.startswith((".", " ")) and key == key.strip())
-param_values = st.one_of(
-    st.integers(-(2**62), 2**62), st.floats(allow_nan=False, allow_infinity=False), st.booleans(), st.none(),
-    st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=10), st.sampled_from(list(Color)),
-    st.builds(lambda name: Path("/data") / name, st.text(st.sampled_from(list("abc")), min_size=1, max_size=4)),
-    st.builds(Optim, lr=st.floats(1e-6, 1.0), name=st.sampled_from(["adam", "sgd"])),
-)
-configs = st.recursive(param_values, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                              st.dictionaries(param_keys, inner, max_size=3)),
-                       max_leaves=10).filter(lambda c: isinstance(c, dict))
+configs = verl_configs()
 
 
 def _params(root: Path, config: dict, which: str) -> dict[str, str]:

@@ -43,7 +43,6 @@ import math
 import os
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,18 +51,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pipeline import Tracking
+from tests.verl_inputs import configs as verl_configs
+from tests.verl_inputs import keys, numbers, param_values
 
 if importlib.util.find_spec("verl") is None:
     pytest.skip("verl 0.9.1 is not installed (.ci/run installs it)", allow_module_level=True)
 for _sdk in ("wandb", "swanlab", "trackio", "clearml"):
     pytest.importorskip(_sdk)
 
-segment = st.text(st.sampled_from(list("ab_-: @#é%.")), min_size=1, max_size=5).filter(lambda s: s.strip(".") != "")
-keys = st.lists(segment, min_size=1, max_size=3).map("/".join).filter(lambda key: not key.startswith("tracklane"))
-numbers = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**53), 2**53), st.booleans(),
-    st.floats().map(np.float64), st.floats(width=32).map(np.float32), st.integers(-(2**53), 2**53).map(np.int64),
-)
 steps = st.one_of(st.integers(0, 3), st.integers(0, 10_000))  # small steps repeat: the calls of one step meet
 dicts = st.dictionaries(keys, numbers, min_size=1, max_size=6)
 calls = st.lists(st.tuples(dicts, steps), min_size=1, max_size=6)
@@ -342,30 +337,7 @@ def test_trackers_hold_what_verls_hold_through_the_lanes(ray_session, offline_tr
         check(logged, _read(tracker, theirs, _verl(tracker, theirs, logged)), _read(tracker, ours, run_id))
 
 
-class Color(enum.Enum):
-    RED = "red"
-    SIZE = 3
-
-
-@dataclasses.dataclass
-class Optim:
-    lr: float = 1e-3
-    betas: tuple = (0.9, 0.999)
-    name: str = "adam"
-
-
-param_keys = st.text(st.sampled_from(list("abc_-. 1")), min_size=1, max_size=6).filter(
-    lambda key: key.strip(".") != "" and key != "trainer" and not key.startswith((".", " ")) and key == key.strip())
-param_values = st.one_of(
-    st.integers(-(2**62), 2**62), st.floats(allow_nan=False, allow_infinity=False), st.booleans(), st.none(),
-    st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=10), st.sampled_from(list(Color)),
-    st.builds(lambda name: Path("/data") / name, st.text(st.sampled_from(list("abc")), min_size=1, max_size=4)),
-    st.builds(Optim, lr=st.floats(1e-6, 1.0), name=st.sampled_from(["adam", "sgd"])),
-    st.tuples(st.integers(0, 9), st.floats(allow_nan=False, allow_infinity=False)),
-)
-configs = st.recursive(param_values, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                              st.dictionaries(param_keys, inner, max_size=3)),
-                       max_leaves=10).filter(lambda c: isinstance(c, dict))
+configs = verl_configs(st.one_of(param_values, st.tuples(st.integers(0, 9), st.floats(allow_nan=False, allow_infinity=False))))
 
 
 def _as_tracklane_keeps(config: Any, stored: Any, top: bool = False) -> Any:
