@@ -113,6 +113,20 @@ class LogCalls:
         except Exception:
             self._reject("log_artifact", path)
 
+    def log_trace(self, name: str, step: int, start_ns: int, end_ns: int, status: str = "success",
+                  attributes: dict | None = None, messages: list | None = None, metadata: dict | None = None,
+                  key: str | None = None, backend: str | list[str] | None = None) -> None:
+        """One traced call (a tool, an agent loop, a generate call) or span: its name, wall-clock start and end
+        (``time.time_ns``), status (``success``/``error``), flat ``attributes``, the call as ``messages``
+        ([{"role", "content"}]) and nested ``metadata``; ``key``: where trackers keep it (``rollout_trace/<name>``).
+        verl's rollout traces come here with the drop-in (pipeline/verl/rollout_traces.py)."""
+        try:
+            size = 512 + sum(len(m.get("content") or "") for m in messages or () if isinstance(m, dict))
+            self._rich("trace", step, (name, key or f"rollout_trace/{name}", start_ns, end_ns, status, attributes,
+                                       messages, metadata), backend, size)
+        except Exception:
+            self._reject("log_trace", name)
+
     def _rich(self, kind: str, step: int, payload: tuple, backend: Any, size: int) -> None:
         if self._report is not None:
             return self._drop_late()

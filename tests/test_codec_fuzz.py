@@ -26,6 +26,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+import orjson
 import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
@@ -47,6 +48,7 @@ from pipeline.core.records import (
     Record,
     Reduction,
     Text,
+    Trace,
     Trajectories,
     Trajectory,
 )
@@ -146,8 +148,13 @@ _artifacts = st.builds(Artifact, path=_texts, name=_texts, type=_texts, **_commo
 _reductions = st.builds(Reduction, role=st.sampled_from(sorted(ROLES)), values=st.dictionaries(_texts, _numbers, max_size=3),
                         op=st.sampled_from(["", *OPS]), ops=st.dictionaries(_texts, st.sampled_from(OPS), max_size=2),
                         **_common)
+_traces = st.builds(Trace, name=_texts, key=_texts, start_ns=st.integers(0, 2**64 - 1),
+                    end_ns=st.integers(0, 2**64 - 1), status=_texts, attributes=st.dictionaries(_texts, _plain, max_size=3),
+                    messages=st.lists(st.dictionaries(_texts, _texts, max_size=2), max_size=2),
+                    metadata=st.dictionaries(_texts, _plain, max_size=3).map(
+                        lambda m: orjson.dumps(m, option=orjson.OPT_NON_STR_KEYS).decode()), **_common)
 _records = st.one_of(_metrics, _generations, _trajectories, _trajectory_lines(), _histograms(), _text_records, _images,
-                     _artifacts, _reductions)
+                     _artifacts, _reductions, _traces)
 
 
 def _batches(records: st.SearchStrategy = _records, max_records: int = 4) -> st.SearchStrategy[Batch]:
@@ -229,6 +236,12 @@ def _well_typed(record: Record) -> bool:
     if isinstance(record, Reduction):
         return (record.role in ROLES and _str_map(record.values, _is_number) and (record.op == "" or record.op in OPS)
                 and _str_map(record.ops, lambda op: op in OPS))
+    if isinstance(record, Trace):
+        return (all(type(getattr(record, n)) is str for n in ("name", "key", "status", "metadata"))
+                and all(type(getattr(record, n)) is int and getattr(record, n) >= 0 for n in ("start_ns", "end_ns"))
+                and _str_map(record.attributes, _is_plain) and type(record.messages) is list
+                and all(_str_map(m, lambda v: type(v) is str) for m in record.messages)
+                and record.metadata.startswith("{") and record.metadata.endswith("}"))
     return all(type(getattr(record, n)) is str for n in ("path", "name", "type"))
 
 
@@ -314,6 +327,9 @@ def _every_kind() -> Batch:
         Artifact(path="/ckpt/a.pt", name="a", type="checkpoint", **common),
         Metrics(values={"loss": 0.5, "big": 2**60}, **common),  # an int past 2**53: the map form
         Reduction(role="part", values={"r": 1.5}, op="", ops={"r": "max"}, **common),
+        Trace(name="ToolAgentLoop.run", key="rollout_trace/ToolAgentLoop.run", start_ns=1, end_ns=2, status="success",
+              attributes={"sample_index": 0}, messages=[{"role": "user", "content": "hi"}], metadata='{"op":"x"}',
+              **common),
     ])
 
 
@@ -453,6 +469,8 @@ def _accepts(spec: Any, v: Any) -> bool:
         return type(v) is str and v in OPS
     if spec == "row":
         return type(v) is list and len(v) == 3 and type(v[0]) is str and type(v[1]) is str and _is_number(v[2])
+    if spec == "object_text":
+        return type(v) is str and v.startswith("{") and v.endswith("}")
     if spec == "figures":
         return v is None  # a map must hold exactly the figures' fields: none of the candidates does
     kind, inner = spec
@@ -486,6 +504,10 @@ _SPECS: dict[int, list[tuple[tuple, Any]]] = {  # index of the record in _every_
     5: [(("name",), "str"), (("text",), "str")],
     6: [(("name",), "str"), (("png",), "png")],
     7: [(("path",), "str"), (("name",), "str"), (("type",), "str")],
+    10: [(("name",), "str"), (("key",), "str"), (("status",), "str"), (("start_ns",), "uint"), (("end_ns",), "uint"),
+         (("attributes",), ("dict", "plain")), (("attributes", "sample_index"), "plain"),
+         (("messages",), ("list", ("dict", "str"))), (("messages", 0), ("dict", "str")),
+         (("messages", 0, "role"), "str"), (("metadata",), "object_text")],
     9: [(("role",), "role"), (("values",), ("dict", "number")), (("values", "r"), "number"), (("op",), "op"),
         (("ops",), ("dict", "opname")), (("ops", "r"), "opname")],
 }

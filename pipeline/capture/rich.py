@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.histogram import histogram_figures
 from pipeline.core.png import PNG_SIGNATURE, encode_png
-from pipeline.core.records import Artifact, Histogram, Image, Record, Text, Trajectory
+from pipeline.core.records import Artifact, Histogram, Image, Record, Text, Trace, Trajectory
 from pipeline.core.trajectory_lines import trajectory_line
 
 log = logging.getLogger("tracklane")
@@ -133,6 +134,7 @@ class RichConverter:
         self._warned: set[str] = set()
         self._builders: dict[str, Callable[[int, tuple, float, list[str] | None], Record]] = {
             Histogram.kind: self.histogram, Text.kind: self.text, Image.kind: self.image, Artifact.kind: self.artifact,
+            Trace.kind: self.trace,
         }
 
     def build(self, kind: str, step: int, payload: tuple, when: float, only: list[str] | None) -> Record:
@@ -175,7 +177,31 @@ class RichConverter:
         path, name, kind = payload
         return Artifact(step=step, path=path, name=str(name), type=str(kind), time=when, only=only)
 
+    def trace(self, step: int, payload: tuple, when: float, only: list[str] | None) -> Trace:
+        name, key, start_ns, end_ns, status, attributes, messages, metadata = payload
+        plain = self._nested(metadata if metadata is not None else {})
+        if type(plain) is not dict:
+            raise TypeError(f"trace metadata must be a dict, got {type(metadata).__name__}")
+        return Trace(step=step, time=when, name=str(name), key=str(key), start_ns=_nanoseconds(start_ns),
+                     end_ns=_nanoseconds(end_ns), status=str(status),
+                     attributes={str(k): _plain(v) for k, v in (attributes or {}).items()},
+                     messages=[{"role": self._text(m.get("role", "")), "content": self._text(m.get("content", ""))}
+                               for m in map(_fields_of_message, messages or [])],
+                     metadata=orjson.dumps(plain, option=orjson.OPT_NON_STR_KEYS).decode(), only=only)
+
     # -- helpers -------------------------------------------------------------------------
+    def _nested(self, value: Any, depth: int = 0) -> Any:
+        """JSON-plain values of any depth (strings cut to max_chars, counted; deeper than 32 levels as text)."""
+        if type(value) is str:
+            return self._text(value)
+        if value is None or type(value) in (int, float, bool):
+            return value if type(value) is not int or -2**63 <= value < 2**64 else str(value)
+        if depth < 32 and isinstance(value, Mapping):
+            return {str(k): self._nested(v, depth + 1) for k, v in value.items()}
+        if depth < 32 and isinstance(value, (list, tuple)):
+            return [self._nested(v, depth + 1) for v in value]
+        return self._text(_plain(value))
+
     def _text(self, value: Any) -> str:
         text = value if type(value) is str else _as_text(value)
         if len(text) > self.limits.max_chars:
@@ -213,6 +239,19 @@ def _fields(item: Any) -> Mapping[str, Any]:
     if isinstance(item, Trajectory):
         return {name: getattr(item, name) for name in Trajectory.__slots__}
     raise TypeError(f"a trajectory must be a dict or a Trajectory, got {type(item).__name__}")
+
+
+def _fields_of_message(message: Any) -> Mapping[str, Any]:
+    if isinstance(message, Mapping):
+        return message
+    raise TypeError(f"a trace message must be a dict, got {type(message).__name__}")
+
+
+def _nanoseconds(value: Any) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError(f"a trace time must be >= 0 ns, got {number}")
+    return number
 
 
 def _as_text(value: Any) -> str:

@@ -8,6 +8,7 @@ is for, from ``log(..., backend=...)``; None means all).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -167,6 +168,46 @@ class Artifact:
 
 
 @dataclass(slots=True, kw_only=True)
+class Trace:
+    """One traced call of a rollout worker (verl's ``rollout_trace_op``: a tool, an agent loop, a generate call) or
+    one span of verl's ``RLInsightLogger`` (``trace_state``, ``trace_span``): pipeline/verl/rollout_traces.py."""
+
+    step: int
+    """The trainer step it belongs to (verl's trace attribute ``step``)."""
+    time: float
+    """When it ended (wall clock)."""
+    name: str
+    """The op's qualified name (``ToolAgentLoop.run``) or the span's name."""
+    start_ns: int
+    end_ns: int
+    """Wall-clock nanoseconds (``time.time_ns``)."""
+    status: str
+    """``success`` or ``error``."""
+    attributes: dict[str, Any] = field(default_factory=dict)
+    """Flat plain values: verl's ``sample_index``, ``step``, ``rollout_n``, ``validate``, ``experiment_name``; the
+    worker that traced it (``worker``); a span's labels."""
+    messages: list[dict[str, str]] = field(default_factory=list)
+    """The call as a conversation, as verl renders it for trackio: [{"role": ..., "content": ...}, ...]."""
+    metadata: str = "{}"
+    """verl's trace metadata (op, inputs, output or exception, status, attributes) as one JSON object's text
+    (nested values of any depth travel as text, parsed by the sinks that store them nested)."""
+    key: str = "rollout_trace"
+    """Where the trackers keep it: verl's trackio key ``rollout_trace/<op>``."""
+    only: list[str] | None = None
+
+    kind = "trace"
+
+    def metadata_object(self) -> dict[str, Any]:
+        """The metadata parsed (the wire checks only its braces: text that is no JSON object comes as
+        ``{"unparsed": text}``)."""
+        try:
+            parsed = json.loads(self.metadata)
+        except ValueError:
+            parsed = None
+        return parsed if isinstance(parsed, dict) else {"unparsed": self.metadata}
+
+
+@dataclass(slots=True, kw_only=True)
 class Reduction:
     """For the run's reduce lane only (``only``), never a tracker: a producer's values to reduce across producers
     (role ``part``: ``values`` keyed without the producer's prefix, reduced with ``op`` or ``ops[key]``), or one of
@@ -184,15 +225,15 @@ class Reduction:
     kind = "reduction"
 
 
-Record = Union[Metrics, Generations, Trajectories, Histogram, Text, Image, Artifact, Reduction]
+Record = Union[Metrics, Generations, Trajectories, Histogram, Text, Image, Artifact, Trace, Reduction]
 """Every record kind a sink may receive."""
 
-BULK_KINDS = frozenset({Generations.kind, Trajectories.kind, Image.kind, Artifact.kind})
-"""Kinds that travel in a lane's bulk stream (rollout dumps, tables, media): small records (metrics, params, text,
+BULK_KINDS = frozenset({Generations.kind, Trajectories.kind, Image.kind, Artifact.kind, Trace.kind})
+"""Kinds that travel in a lane's bulk stream (rollout dumps, tables, media, rollout traces): small records (metrics, params, text,
 histograms, the run's health keys) overtake them, and a full buffer never evicts a small record for them."""
 
 RECORD_TYPES: dict[str, type] = {cls.kind: cls for cls in (Metrics, Generations, Trajectories, Histogram, Text,
-                                                            Image, Artifact, Reduction)}
+                                                            Image, Artifact, Trace, Reduction)}
 """Kind tag on the wire -> record class."""
 
 

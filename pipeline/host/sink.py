@@ -48,6 +48,7 @@ from pipeline.core.records import (
     Reduction,
     RunSpec,
     Text,
+    Trace,
     Trajectories,
 )
 
@@ -88,6 +89,7 @@ class Sink:
             Metrics.kind: self.write_metrics, Generations.kind: self.write_generations,
             Trajectories.kind: self.write_trajectories, Histogram.kind: self.write_histogram,
             Text.kind: self.write_text, Image.kind: self.write_image, Artifact.kind: self.write_artifact,
+            Trace.kind: self.write_traces,
             Reduction.kind: _not_a_trackers,  # the reduce lane's (core/reduction.py): a tracker never stores them
         }
 
@@ -127,6 +129,9 @@ class Sink:
 
     def write_artifact(self, records: Sequence[Artifact]) -> None:
         self._unsupported(Artifact.kind, len(records))
+
+    def write_traces(self, records: Sequence[Trace]) -> None:
+        self._unsupported(Trace.kind, len(records))
 
     def _unsupported(self, kind: str, n: int) -> None:
         first = kind not in self.counts.unsupported

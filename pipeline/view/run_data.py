@@ -5,10 +5,16 @@ spool's ``SpoolSource``), so the viewer knows no storage format of its own and o
 a run writes, ``snapshot()`` re-reads when a file under the run changed (sizes and modification times, looked at
 most once a ``RECHECK_S``, or three times as long as the last read took); a read that fails meanwhile (a line
 half written) keeps the last good snapshot and says why.
+
+A step's rollout traces (``Trace``: verl's traced agent loops, tool and generate calls, and spans) come with its
+rollouts: each with its start relative to the step's first, its duration, status, attributes, messages and parsed
+metadata, every string cut to ``TRACE_TEXT_CHARS`` and every list to ``TRACE_LIST_ITEMS`` for the page (``cut``
+counts what was cut), and the rollout it belongs to when a trajectory's meta has the same sample and rollout index.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import stat
 import threading
@@ -19,13 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import ConfigError
-from pipeline.core.records import Generations, Metrics, Record, Trajectories, Trajectory
+from pipeline.core.records import Generations, Metrics, Record, Trace, Trajectories, Trajectory
 from pipeline.host.registry import source_class
 from pipeline.spool.manifest import RunManifest
 
 RECHECK_S = 1.0
 SCORE_WORDS = ("score", "reward", "acc")  # a step's metrics shown beside its rollouts: keys holding one of these
 MAX_STEP_METRICS = 16
+TRACE_TEXT_CHARS = 2000  # a trace's strings on the page (a generate call's prompt can be the whole conversation)
+TRACE_LIST_ITEMS = 64  # a trace's lists on the page (a generate call's output holds every token id)
 
 
 @dataclass(slots=True)
@@ -34,9 +42,10 @@ class Snapshot:
 
     run: dict[str, Any]
     steps: dict[int, dict[str, Any]] = field(default_factory=dict)
-    """step -> its summary: trajectories, their scores, data sources, generations, score metrics."""
+    """step -> its summary: trajectories, their scores, data sources, generations, traces, score metrics."""
     trajectories: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     generations: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    traces: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     read_at: float = 0.0
     error: str = ""
     skipped: dict[str, int] = field(default_factory=dict)
@@ -90,7 +99,7 @@ class RunData:
         if self.kind == "spool":
             return [Path(self.path)]
         base = Path(self.path).with_suffix("")
-        return [Path(self.path), *(base.with_name(base.name + suffix) for suffix in ("_rollouts", "_generations"))]
+        return [Path(self.path), *(base.with_name(base.name + suffix) for suffix in ("_rollouts", "_generations", "_traces"))]
 
     def _files_signature(self) -> tuple[Any, ...]:
         seen = []
@@ -122,9 +131,10 @@ class RunData:
 
 
 def build_snapshot(records: Iterable[Record]) -> Snapshot:
-    """The viewer's view of ``records``: trajectories and generations by step, each step summarised."""
+    """The viewer's view of ``records``: trajectories, generations and traces by step, each step summarised."""
     snapshot = Snapshot(run={})
     metrics: dict[int, dict[str, float]] = {}
+    traces: dict[int, list[Trace]] = {}
     for record in records:
         if isinstance(record, Trajectories):
             rows = snapshot.trajectories.setdefault(record.step, [])
@@ -133,12 +143,17 @@ def build_snapshot(records: Iterable[Record]) -> Snapshot:
             rows = snapshot.generations.setdefault(record.step, [])
             rows += [{"index": len(rows) + i, "input": str(s[0]), "output": str(s[1]), "score": _number(s[2])}
                      for i, s in enumerate(record.samples) if len(s) >= 3]
+        elif isinstance(record, Trace):
+            traces.setdefault(record.step, []).append(record)
         elif isinstance(record, Metrics) and record.axis is None:
             chosen = {k: float(v) for k, v in record.values.items() if any(word in k for word in SCORE_WORDS)}
             metrics.setdefault(record.step, {}).update(chosen)
-    for step in sorted(set(snapshot.trajectories) | set(snapshot.generations)):
+    for step, records in traces.items():
+        snapshot.traces[step] = trace_rows(records, snapshot.trajectories.get(step, []))
+    for step in sorted(set(snapshot.trajectories) | set(snapshot.generations) | set(snapshot.traces)):
         snapshot.steps[step] = step_summary(step, snapshot.trajectories.get(step, []),
-                                            snapshot.generations.get(step, []), metrics.get(step, {}))
+                                            snapshot.generations.get(step, []), metrics.get(step, {}),
+                                            snapshot.traces.get(step, []))
     return snapshot
 
 
@@ -151,10 +166,74 @@ def trajectory_row(index: int, trajectory: Trajectory, key: str) -> dict[str, An
             "tool_calls": trajectory.tool_calls, "meta": meta, "tokens": int(len(trajectory.token_ids) // 4)}
 
 
+def trace_rows(traces: list[Trace], trajectories: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A step's traces as the page shows them, in the order they started; each with the index of its rollout
+    (``trajectory``: the trajectory whose meta has its sample_index and rollout index, and validation flag) or None."""
+    rollouts: dict[tuple[str, str, bool], int] = {}
+    for row in trajectories:
+        meta = row["meta"]
+        if "sample_index" in meta and "rollout_index" in meta:
+            rollouts.setdefault(_rollout_key(meta["sample_index"], meta["rollout_index"], meta.get("validation")),
+                                row["index"])
+    first = min(trace.start_ns for trace in traces)
+    rows = []
+    for index, trace in enumerate(sorted(traces, key=lambda t: (t.start_ns, t.end_ns))):
+        row = trace_row(index, trace, first)
+        row["trajectory"] = rollouts.get(_rollout_key(row["sample_index"], row["rollout_n"],
+                                                      trace.attributes.get("validate")))
+        rows.append(row)
+    return rows
+
+
+def trace_row(index: int, trace: Trace, first_ns: int) -> dict[str, Any]:
+    """One trace: times in ms (``offset_ms`` from the step's first start), verl's metadata parsed into inputs,
+    output, exception_type and the rest, every long string and list cut (``cut``: how many)."""
+    cut = [0]
+    metadata = trace.metadata_object()
+    inputs, output = metadata.pop("inputs", None), metadata.pop("output", None)
+    exception_type = metadata.pop("exception_type", None)
+    attributes = {k: _plain(v) for k, v in trace.attributes.items()}
+    return {"index": index, "name": trace.name, "key": trace.key, "status": trace.status,
+            "error": trace.status == "error", "start_s": trace.start_ns / 1e9,
+            "offset_ms": (trace.start_ns - first_ns) / 1e6, "duration_ms": max(0, trace.end_ns - trace.start_ns) / 1e6,
+            "sample_index": attributes.get("sample_index"), "rollout_n": attributes.get("rollout_n"),
+            "attributes": attributes, "exception_type": exception_type,
+            "messages": [{"role": m.get("role", ""), "content": _bounded(m.get("content", ""), cut)}
+                         for m in trace.messages],
+            "inputs": _bounded(inputs, cut), "output": _bounded(output, cut), "metadata": _bounded(metadata, cut),
+            "cut": cut[0]}
+
+
+def _rollout_key(sample: Any, rollout: Any, validation: Any) -> tuple[str, str, bool]:
+    """Traces say ``rollout_n``/``validate``, trajectories ``rollout_index``/``validation``: compared as text."""
+    return str(sample), str(rollout), bool(validation)
+
+
+def _bounded(value: Any, cut: list[int], depth: int = 0) -> Any:
+    """``value`` with strings cut to TRACE_TEXT_CHARS and lists to TRACE_LIST_ITEMS (each cut counted in ``cut``),
+    nesting deeper than 16 levels as text."""
+    if isinstance(value, str):
+        if len(value) <= TRACE_TEXT_CHARS:
+            return value
+        cut[0] += 1
+        return f"{value[:TRACE_TEXT_CHARS]}… [{len(value) - TRACE_TEXT_CHARS} more characters]"
+    if depth >= 16 and isinstance(value, (dict, list)):
+        return _bounded(json.dumps(value), cut)
+    if isinstance(value, dict):
+        return {str(k): _bounded(v, cut, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        if len(value) > TRACE_LIST_ITEMS:
+            cut[0] += 1
+            value = [*value[:TRACE_LIST_ITEMS], f"… [{len(value) - TRACE_LIST_ITEMS} more items]"]
+        return [_bounded(v, cut, depth + 1) for v in value]
+    return _plain(value)
+
+
 def step_summary(step: int, trajectories: list[dict[str, Any]], generations: list[dict[str, Any]],
-                 metrics: dict[str, float]) -> dict[str, Any]:
+                 metrics: dict[str, float], traces: list[dict[str, Any]]) -> dict[str, Any]:
     scores = [row["score"] for row in trajectories if row["score"] is not None]
     return {"step": step, "trajectories": len(trajectories), "generations": len(generations),
+            "traces": len(traces), "trace_errors": sum(row["error"] for row in traces),
             "score_mean": sum(scores) / len(scores) if scores else None,
             "score_min": min(scores) if scores else None, "score_max": max(scores) if scores else None,
             "data_sources": sorted({row["data_source"] for row in trajectories if row["data_source"]}),

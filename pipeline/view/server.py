@@ -2,7 +2,7 @@
 
     GET /                   the page (index.html, app.js, app.css: no CDN, no build step)
     GET /api/run            the run and its steps' summaries (re-read when the run's files changed)
-    GET /api/step/<step>    that step's trajectories and validation generations
+    GET /api/step/<step>    that step's trajectories, validation generations and rollout traces
 
 Python's own ``http.server`` (``ThreadingHTTPServer``): a page and three GETs for one local browser need no
 framework, and the viewer then installs nothing beyond tracklane. Anything but GET is refused (405); the server
@@ -57,9 +57,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(HTTPStatus.BAD_REQUEST, f"not a step: {text!r}")
         snapshot = self.data.snapshot()
         if step not in snapshot.steps:
-            return self._error(HTTPStatus.NOT_FOUND, f"step {step} holds no rollouts or generations")
+            return self._error(HTTPStatus.NOT_FOUND, f"step {step} holds no rollouts, generations or traces")
         self._json({"step": step, "summary": snapshot.steps[step], "trajectories": snapshot.trajectories.get(step, []),
-                    "generations": snapshot.generations.get(step, [])})
+                    "generations": snapshot.generations.get(step, []), "traces": snapshot.traces.get(step, [])})
 
     def _static(self, name: str) -> None:
         path = STATIC / name

@@ -48,6 +48,7 @@ from pipeline.core.records import (
     Record,
     Reduction,
     Text,
+    Trace,
     Trajectories,
     Trajectory,
 )
@@ -340,6 +341,13 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     Text.kind: {**_COMMON, "name": _is_str, "text": _is_str},
     Image.kind: {**_COMMON, "name": _is_str, "png": lambda v: type(v) is bytes and v[:8] == PNG_SIGNATURE},
     Artifact.kind: {**_COMMON, "path": _is_str, "name": _is_str, "type": _is_str},
+    Trace.kind: {**_COMMON, "name": _is_str, "key": _is_str, "status": _is_str,
+                 "start_ns": lambda v: type(v) is int and v >= 0, "end_ns": lambda v: type(v) is int and v >= 0,
+                 "attributes": lambda v: _str_map_of(v, _PLAIN),
+                 "messages": lambda v: type(v) is list and set(map(type, v)) <= _DICT
+                 and set(map(type, chain.from_iterable(v))) <= _STR
+                 and set(map(type, chain.from_iterable(map(dict.values, v)))) <= _STR,
+                 "metadata": lambda v: type(v) is str and v.startswith("{") and v.endswith("}")},
     Reduction.kind: {**_COMMON, "role": lambda v: type(v) is str and v in ROLES,
                      "values": lambda v: _str_map_of(v, _NUMERIC),
                      "op": lambda v: type(v) is str and (v == "" or v in _OPS),

@@ -11,7 +11,9 @@ trainer's step, a producer's own or the system metrics' seconds: ``{"step", "axi
 beside it too: validation generations and rollout trajectories as one ``{step}.jsonl`` per step in
 ``<name>_generations/`` and ``<name>_rollouts/`` (the shape of verl's ``validation_data_dir`` / ``rollout_data_dir``
 dumps, but never in those folders: verl's trainer writes its own ``{step}.jsonl`` there, and the two would mix or
-overwrite each other), histograms, text, images and artifacts under ``<name>_media/``: an artifact is copied to
+overwrite each other), verl's rollout traces as one ``{step}.jsonl`` per step in ``<name>_traces/`` (``{"step", "name",
+"key", "start_ns", "end_ns", "status", "attributes", "messages", "metadata"}``, the metadata nested as verl made it),
+histograms, text, images and artifacts under ``<name>_media/``: an artifact is copied to
 ``artifacts/<type>/<name>/step_<step>/<file or folder name>``, so each step's version of one name is kept. Every
 file is strict JSON, encoded by orjson; rollout rows are rendered so by the shipper (core/trajectory_lines.py) and
 this sink appends the bytes.
@@ -28,7 +30,18 @@ import orjson
 
 from pipeline.core.files import write_atomically
 from pipeline.core.packed_values import PackedValues
-from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
+from pipeline.core.records import (
+    Artifact,
+    Generations,
+    Histogram,
+    Image,
+    Metrics,
+    Record,
+    RunSpec,
+    Text,
+    Trace,
+    Trajectories,
+)
 from pipeline.core.trajectory_lines import TrajectoryLines, trajectory_line
 from pipeline.host.sink import Sink
 from workers.sinks.media import safe_name
@@ -49,7 +62,7 @@ class FileSink(Sink):
         base = os.path.splitext(os.path.abspath(path))[0]
         # Folders of the file tracker's own, whatever trainer.validation_data_dir / rollout_data_dir say (docstring).
         return {"path": os.path.abspath(path), "validation_dir": f"{base}_generations", "rollout_dir": f"{base}_rollouts",
-                "media_dir": f"{base}_media", "tracklane_dir": tracklane_dir(path)}
+                "media_dir": f"{base}_media", "traces_dir": f"{base}_traces", "tracklane_dir": tracklane_dir(path)}
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         path = self.settings["path"]
@@ -102,6 +115,20 @@ class FileSink(Sink):
             with open(path, "ab") as handle:
                 handle.write(lines)
 
+    def write_traces(self, records: Sequence[Trace]) -> None:
+        by_step: dict[int, list[bytes]] = {}
+        for record in records:
+            by_step.setdefault(record.step, []).append(trace_line(record))
+        for step, lines in by_step.items():
+            path = self._traces_file(step)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "ab") as handle:
+                handle.write(b"".join(lines))
+
+    def _traces_file(self, step: int) -> str:
+        folder = self.settings.get("traces_dir") or f"{os.path.splitext(self.settings['path'])[0]}_traces"  # older spools
+        return os.path.join(folder, f"{step}.jsonl")
+
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         lines = [{"step": r.step, "name": r.name, **_histogram_line(r)} for r in records]
         self._append_lines(os.path.join(self.settings["media_dir"], "histograms.jsonl"), lines)
@@ -144,6 +171,8 @@ class FileSink(Sink):
                 paths.add(os.path.join(self.settings["validation_dir"], f"{record.step}.jsonl"))
             elif isinstance(record, Trajectories):
                 paths.add(os.path.join(self.settings["rollout_dir"], f"{record.step}.jsonl"))
+            elif isinstance(record, Trace):
+                paths.add(self._traces_file(record.step))
             elif isinstance(record, Histogram):
                 paths.add(os.path.join(self.settings["media_dir"], "histograms.jsonl"))
         # text, images and artifacts are written whole under their step's name: writing them again is harmless
@@ -191,6 +220,15 @@ def _verl_line(record: Metrics) -> bytes:
     if type(record.values) is PackedValues:  # in a lane: straight from the wire's numbers, no dict
         return record.values.verl_line(record.step)
     return orjson.dumps({"step": record.step, "data": record.values}, option=_OPTIONS)
+
+
+def trace_line(record: Trace) -> bytes:
+    """A trace as one JSON line, its metadata nested (parsed from the JSON text the record carries: a line stays
+    strict JSON whatever that text holds)."""
+    return orjson.dumps({"step": record.step, "name": record.name, "key": record.key, "start_ns": record.start_ns,
+                         "end_ns": record.end_ns, "status": record.status, "attributes": record.attributes,
+                         "messages": record.messages, "metadata": record.metadata_object()}, option=_OPTIONS)
+
 
 
 def _line(data: Any) -> bytes:

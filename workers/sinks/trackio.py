@@ -40,6 +40,10 @@ What lands where (non-finite floats are stored as the strings "NaN"/"Infinity"/"
     trajectories  a list of ``trackio.Trace``: the messages as given, each tool call a "tool" span (name,
                   input = arguments, output = result, duration_ms), metadata sample_index, rollout_index,
                   validation, score, rewards, num_tokens, meta (token ids are not stored)
+    traces        one row per rollout trace, ``{key: trackio.Trace(messages, metadata)}`` at its step, as verl's own
+                  trackio trace backend logs each traced call (``_log_trackio_trace``; metadata nested as verl made
+                  it; the worker that traced it and the call's start and end ns added to the metadata as
+                  ``tracklane``)
     histogram     ``trackio.Histogram`` of the 30 shared bins of the finite values; non-finite values are
                   left out and counted (``cuts["histogram_nonfinite"]``), none finite: nothing logged
     text          ``trackio.Markdown``
@@ -90,6 +94,7 @@ from pipeline.core.records import (
     Record,
     RunSpec,
     Text,
+    Trace,
     Trajectories,
     Trajectory,
 )
@@ -277,6 +282,17 @@ class TrackioSink(Sink):
             for record in group:
                 traces.setdefault(record.key, []).extend(_trajectory_trace(trackio, t) for t in record.trajectories)
             self._add(step, self._traces(traces, step), group)
+
+    def write_traces(self, records: Sequence[Trace]) -> None:
+        trackio = import_sdk(type(self))
+        for record in records:  # a row each, as verl's trackio.log per traced call
+            metadata = record.metadata_object()
+            metadata["tracklane"] = {"start_ns": record.start_ns, "end_ns": record.end_ns,
+                                     "worker": record.attributes.get("worker")}
+            trace = trackio.Trace(messages=record.messages, metadata=metadata)
+            self._add(record.step, {self._key(record.key): trace._to_dict(project=self.run.project,
+                                                                          run=self.run.experiment, step=record.step)},
+                      [record])
 
     def _traces(self, traces: dict[str, list[Any]], step: int) -> dict[str, Any]:
         """key -> the stored form of its traces (keys without any left out: a step with no samples logs nothing)."""

@@ -16,6 +16,7 @@ Rich records, where tracklane's file sink put them beside the file (``<base>`` i
     <base>_generations/<step>.jsonl   {"input", "output", "score", "step"} per sample  -> Generations (verl's
                                       validation dump; the key is not kept: "val/generations")
     <base>_rollouts/<step>.jsonl      ``Trajectory.as_dict()`` + "step" per trajectory -> Trajectories
+    <base>_traces/<step>.jsonl        one rollout trace per line (file sink's ``trace_line``) -> Trace
     <base>_media/histograms.jsonl     bins and summary per line   -> Histogram (the non-finite count as NaNs)
     <base>_media/text/<name>/<step>.txt, images/<name>/<step>.png   -> Text, Image (names as made file-safe)
     <base>_media/artifacts/<type>/<name>/step_<step>/<file>         -> Artifact at that step (a folder's files
@@ -30,8 +31,10 @@ from collections.abc import Iterator, Mapping
 from itertools import chain
 from typing import Any
 
+import orjson
+
 from pipeline.core.errors import ConfigError
-from pipeline.core.records import Artifact, Generations, Image, Metrics, Record, RunSpec, Text, Trajectories
+from pipeline.core.records import Artifact, Generations, Image, Metrics, Record, RunSpec, Text, Trace, Trajectories
 from pipeline.host.source import Source, SourceRun, option
 from workers.sinks.file import METRICS_FILE, RUN_FILE, tracklane_dir
 from workers.sinks.media import safe_name
@@ -39,7 +42,7 @@ from workers.sources.shaping import artifact_step, binned_histogram, in_step_ord
 
 GENERATIONS_KEY = "val/generations"  # the records' default keys: the file sink does not keep the key
 TRAJECTORIES_KEY = "rollout/trajectories"
-_STORED_AS = {kind: kind for kind in ("generations", "trajectories", "text", "histogram", "image", "artifact")}
+_STORED_AS = {kind: kind for kind in ("generations", "trajectories", "text", "histogram", "image", "artifact", "trace")}
 
 
 class FileSource(Source):
@@ -53,6 +56,7 @@ class FileSource(Source):
         self.validation_dir = validation_dir or f"{base}_generations"
         self.rollout_dir = rollout_dir or f"{base}_rollouts"
         self.media_dir = media_dir or f"{base}_media"
+        self.traces_dir = f"{base}_traces"
         self.own_dir = tracklane_dir(self.path)
 
     @classmethod
@@ -136,6 +140,8 @@ class FileSource(Source):
         for step, path, lines in _step_files(self.rollout_dir):
             records.append(Trajectories(step=step, trajectories=[trajectory(x) for x in lines],
                                         time=os.path.getmtime(path), key=TRAJECTORIES_KEY))
+        for step, path, lines in _step_files(self.traces_dir):
+            records += [self._trace(step, line, os.path.getmtime(path)) for line in lines]
         records += self._histograms()
         records += self._named_files("text", lambda step, name, path, data: Text(
             step=step, name=name, text=data.decode("utf-8"), time=os.path.getmtime(path)))
@@ -143,6 +149,12 @@ class FileSource(Source):
             step=step, name=name, png=png(data), time=os.path.getmtime(path)))
         records += self._artifacts()
         return records
+
+    @staticmethod
+    def _trace(step: int, line: dict[str, Any], when: float) -> Trace:
+        return Trace(step=step, time=when, name=str(line["name"]), key=str(line["key"]), start_ns=int(line["start_ns"]),
+                     end_ns=int(line["end_ns"]), status=str(line["status"]), attributes=dict(line["attributes"]),
+                     messages=list(line["messages"]), metadata=orjson.dumps(line["metadata"]).decode())
 
     def _histograms(self) -> list[Record]:
         path = os.path.join(self.media_dir, "histograms.jsonl")

@@ -1,6 +1,7 @@
 // tracklane view: the steps on the left, a step's rollouts (or validation generations) on the right, filtered,
-// sorted, searched, and optionally beside another step or as the step's best and worst. Every text from the run is
-// put in with textContent, never as HTML.
+// sorted, searched, and optionally beside another step or as the step's best and worst; below them the step's rollout
+// traces, grouped by sample, each rollout's also in its card. Every text from the run is put in with textContent,
+// never as HTML.
 "use strict";
 
 const state = { run: null, steps: [], step: null, data: null, other: null };
@@ -18,6 +19,8 @@ function el(tag, attrs, ...children) {
 }
 
 const fmt = (x) => (x === null || x === undefined ? "–" : Number(x).toFixed(3));
+const duration = (ms) => (ms < 1 ? `${Math.round(ms * 1000)} µs` : ms < 1000 ? `${ms.toFixed(1)} ms` : `${(ms / 1000).toFixed(2)} s`);
+const known = (x) => x !== null && x !== undefined;
 
 async function getJSON(url) {
   const response = await fetch(url, { cache: "no-store" });
@@ -45,7 +48,8 @@ async function refreshRun() {
   renderSteps();
   renderCompareChoices();
   const after = state.steps.find((s) => s.step === state.step);
-  if (after && before && (after.trajectories !== before.trajectories || after.generations !== before.generations)) {
+  if (after && before && (after.trajectories !== before.trajectories || after.generations !== before.generations
+      || after.traces !== before.traces)) {
     await openStep(state.step);
   }
 }
@@ -55,7 +59,8 @@ function renderSteps() {
   body.replaceChildren(...state.steps.map((s) => {
     const row = el("tr", { "data-step": s.step, class: s.step === state.step ? "selected" : "" },
       el("td", { text: s.step }), el("td", { text: s.trajectories }), el("td", { text: fmt(s.score_mean) }),
-      el("td", { text: fmt(s.score_min) }), el("td", { text: fmt(s.score_max) }), el("td", { text: s.generations || "" }));
+      el("td", { text: fmt(s.score_min) }), el("td", { text: fmt(s.score_max) }), el("td", { text: s.generations || "" }),
+      el("td", { class: s.trace_errors ? "error" : "", text: s.traces ? `${s.traces}${s.trace_errors ? ` (${s.trace_errors} err)` : ""}` : "" }));
     row.addEventListener("click", () => openStep(s.step));
     return row;
   }));
@@ -84,6 +89,7 @@ async function openStep(step) {
   select.value = sources.has(chosen) ? chosen : "";
   await loadOther();
   render();
+  renderTraces();
 }
 
 async function loadOther() {
@@ -135,15 +141,16 @@ function render() {
   fillTrajectories($("pane-a"), `step ${state.step}: ${shown.length} of ${state.data.trajectories.length} rollouts`, shown);
   if (state.other) {
     const other = ordered(state.other.trajectories.filter(matches));
-    fillTrajectories(paneB, `step ${state.other.step}: ${other.length} of ${state.other.trajectories.length} rollouts`, other);
+    fillTrajectories(paneB, `step ${state.other.step}: ${other.length} of ${state.other.trajectories.length} rollouts`, other, state.other);
   }
 }
 
-function fillTrajectories(pane, title, rows) {
-  pane.replaceChildren(el("h2", { text: title }), ...rows.map(trajectoryCard));
+function fillTrajectories(pane, title, rows, data = state.data) {
+  const traces = data.traces || [];
+  pane.replaceChildren(el("h2", { text: title }), ...rows.map((t) => trajectoryCard(t, traces.filter((x) => x.trajectory === t.index), traces)));
 }
 
-function trajectoryCard(t) {
+function trajectoryCard(t, traces = [], all = []) {
   const meta = t.meta || {};
   const where = [`#${t.index}`];
   if (meta.sample_index !== undefined) where.push(`sample ${meta.sample_index}`);
@@ -168,7 +175,104 @@ function trajectoryCard(t) {
   for (; toolIndex < t.tool_calls.length; toolIndex++) card.append(toolCall(t.tool_calls[toolIndex]));
   const metaText = Object.entries(meta).filter(([k]) => !k.startsWith("turn_")).map(([k, v]) => `${k}: ${JSON.stringify(v)}`);
   card.append(el("div", { class: "meta", text: metaText.join(" · ") }));
+  if (traces.length) {
+    const errors = traces.filter((x) => x.error).length;
+    card.append(el("details", { class: "rollout-traces" },
+      el("summary", { text: `${traces.length} rollout traces${errors ? ` · ${errors} failed` : ""}` }),
+      ...traces.map((x) => traceRow(x, stepSpan(all)))));
+  }
   return card;
+}
+
+// -- rollout traces ------------------------------------------------------------------------------------------------
+const stepSpan = (traces) => Math.max(1e-6, ...traces.map((t) => t.offset_ms + t.duration_ms));
+
+function traceGroups(traces) {
+  const groups = new Map();
+  for (const t of traces) {
+    const key = known(t.sample_index) ? `${t.attributes.validate ? "v" : "t"}/${t.sample_index}/${t.rollout_n ?? ""}` : "";
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key).push(t);
+  }
+  const order = ([a, [x]], [b, [y]]) => (a === "" ? 1 : b === "" ? -1 : !!x.attributes.validate - !!y.attributes.validate
+    || Number(x.sample_index) - Number(y.sample_index) || Number(x.rollout_n ?? -1) - Number(y.rollout_n ?? -1));
+  return [...groups.entries()].sort(order);
+}
+
+function renderTraces() {
+  const box = $("traces");
+  const traces = (state.data && state.data.traces) || [];
+  box.hidden = !traces.length;
+  const errors = traces.filter((t) => t.error).length;
+  const span = stepSpan(traces);
+  box.replaceChildren(el("h2", { text: `step ${state.step}: ${traces.length} rollout traces${errors ? `, ${errors} failed` : ""}` }),
+    ...traceGroups(traces).map(([key, group]) => traceGroup(key, group, span)));
+}
+
+function traceGroup(key, group, span) {
+  const [first] = group;
+  const failed = group.filter((t) => t.error).length;
+  const where = key === "" ? ["not tied to a sample"] : [`sample ${first.sample_index}`];
+  if (key !== "" && known(first.rollout_n)) where.push(`rollout ${first.rollout_n}`);
+  if (key !== "" && first.attributes.validate) where.push("validation");
+  where.push(`${group.length} traces`);
+  if (failed) where.push(`${failed} failed`);
+  const head = el("div", { class: "head" }, el("span", { text: where.join(" · ") }));
+  if (known(first.trajectory)) {
+    const link = el("a", { href: "#", class: "to-rollout", text: `rollout #${first.trajectory}` });
+    link.addEventListener("click", (event) => { event.preventDefault(); showRollout(first.trajectory); });
+    head.append(" → ", link);
+  }
+  return el("div", { class: "trace-group", "data-sample": first.sample_index ?? "", "data-rollout": first.rollout_n ?? "" },
+    head, ...group.map((t) => traceRow(t, span)));
+}
+
+function showRollout(index) {
+  const find = () => document.querySelector(`#pane-a .trajectory[data-index='${index}']`);
+  if (!find()) {  // filtered out, or validation generations shown: show every rollout
+    for (const id of ["search", "min-score", "max-score", "source"]) $(id).value = "";
+    $("show").value = "trajectories";
+    $("compare").value = "";
+    state.other = null;
+    render();
+  }
+  const card = find();
+  if (!card) return;
+  card.scrollIntoView({ block: "start" });
+  card.classList.remove("flash");
+  void card.offsetWidth;  // restart the animation
+  card.classList.add("flash");
+}
+
+function traceRow(t, span) {
+  const status = t.error ? `error${t.exception_type ? `: ${t.exception_type}` : ""}` : t.status;
+  const bar = el("span", { class: "bar", title: `starts ${duration(t.offset_ms)} into the step's traces` },
+    el("span", { style: `left: ${(100 * t.offset_ms) / span}%; width: ${Math.max(0.5, (100 * t.duration_ms) / span)}%` }));
+  const row = el("details", { class: `trace${t.error ? " error" : ""}`, "data-index": t.index, "data-status": t.status },
+    el("summary", {}, el("span", { class: "name", text: t.name }), el("span", { class: "duration", text: duration(t.duration_ms) }),
+      el("span", { class: "status", text: status }), bar));
+  row.addEventListener("toggle", () => { if (row.open && row.children.length === 1) row.append(...traceBody(t)); });
+  return row;
+}
+
+function traceBody(t) {
+  const json = (x) => (typeof x === "string" ? x : JSON.stringify(x, null, 2));
+  const parts = [el("div", { class: "meta", text: [`starts +${duration(t.offset_ms)}`,
+    ...Object.entries(t.attributes).map(([k, v]) => `${k}: ${JSON.stringify(v)}`)].join(" · ") })];
+  for (const message of t.messages) {
+    const role = message.role || "?";
+    parts.push(el("div", { class: `turn role-${role}` }, el("div", { class: "role", text: role }),
+      el("pre", { class: "content", text: String(message.content ?? "") })));
+  }
+  if (known(t.inputs)) parts.push(el("div", { class: "role", text: "inputs" }), el("pre", { class: "inputs", text: json(t.inputs) }));
+  if (known(t.output)) parts.push(el("div", { class: "role", text: "output" }), el("pre", { class: "output", text: json(t.output) }));
+  if (known(t.exception_type)) parts.push(el("div", { class: "role", text: "exception" }), el("pre", { class: "exception", text: t.exception_type }));
+  const said = { ...t.attributes, status: t.status };  // verl repeats the attributes and status in the metadata
+  const rest = Object.entries(t.metadata || {}).filter(([k, v]) => JSON.stringify(said[k]) !== JSON.stringify(v))
+    .map(([k, v]) => `${k}: ${JSON.stringify(v)}`);
+  if (rest.length) parts.push(el("div", { class: "meta", text: rest.join(" · ") }));
+  if (t.cut) parts.push(el("div", { class: "cut", text: `${t.cut} long texts or lists cut for this page; the run holds them whole` }));
+  return parts;
 }
 
 function toolCall(call) {
