@@ -134,6 +134,8 @@ class HubWatch:
         self.hub = hub
         self._ref: Any = None  # a snapshot() call in flight
         self._view: bytes | None = None  # the latest snapshot
+        self._asked = 0.0  # when the call in flight was made (time.monotonic)
+        self._view_asked = 0.0  # when the latest snapshot was asked for
 
     def targets(self) -> Targets | None:
         """What each live producer handed each lane (``targets``); None until the hub has answered."""
@@ -147,15 +149,33 @@ class HubWatch:
         if self.hub is None:
             return self._view
         if self._ref is None:
-            self._ref = self.hub.snapshot.remote()
+            self._ref, self._asked = self.hub.snapshot.remote(), time.monotonic()
         if ray.wait([self._ref], timeout=0)[0]:
             try:
-                self._view = ray.get(self._ref)
+                self._view, self._view_asked = ray.get(self._ref), self._asked
             except Exception as exc:  # the hub died: producers cannot be waited for
                 log.warning("tracklane: the producers' hub cannot be read (%s); not waiting for producers", exc)
                 self.hub, self._view = None, b"\x80"
             self._ref = None
         return self._view
+
+    def unshipped(self, since: dict[str, int] | None, asked_after: float) -> dict[str, int] | None:
+        """Live producers (reporting, not closed) holding records they logged but have not shipped, as the hub last
+        said (never blocks): source id -> how many they had logged. With ``since`` (an earlier answer), only those
+        that have not yet shipped what they had logged then. None until the hub has answered. Rank 0's close waits
+        for these too (a rollout worker traced the last step's calls a moment before ``finish()``), and only for
+        what was logged before it began (``asked_after``: a snapshot asked for after then, so that a producer's last
+        report is in it): a producer that goes on logging does not hold it to its deadline."""
+        view = self._poll()
+        if view is None or (self.hub is not None and self._view_asked < asked_after):
+            return None
+        out = {}
+        for source, f in msgpack.unpackb(view, raw=False).items():
+            done = f["shipped"] + f["buffer_dropped"] + f["rejected"]
+            wanted = f["logged"] if since is None else since.get(source, 0)
+            if not f["closed"] and f["age_s"] < GONE_AFTER_S and wanted > done:
+                out[source] = wanted
+        return out
 
     def closed(self) -> dict[str, int]:
         """source id -> the last batch it handed the reduce lane, for the producers that closed, as the hub last

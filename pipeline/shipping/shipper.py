@@ -36,7 +36,7 @@ from pipeline.core.report import PipelineReport, ProducerReport, ReductionReport
 from pipeline.node.busy import ThreadBusy
 from pipeline.shipping.buffer import RecordBuffer
 from pipeline.shipping.health import health_figures
-from pipeline.shipping.hub import HubWatch, Targets, behind
+from pipeline.shipping.hub import REPORT_EVERY_S, HubWatch, Targets, behind
 from pipeline.shipping.lane import Entry
 from pipeline.shipping.orphans import Orphans
 from pipeline.shipping.reduced import ReducedPoints
@@ -67,6 +67,7 @@ class _Barrier:
     started: float = field(default_factory=time.monotonic)
     target: int | None = None  # last seq that must be settled
     producer_targets: Targets | None = None  # closing: what producers handed each lane before finish (hub.py)
+    producer_unshipped: dict[str, int] | None = None  # closing: live producers' records logged, not yet shipped
     reduce_phase: int = 0  # closing with a reduce lane: 1 its FINISH sent, 2 the points it answered with sent
     calls: dict[str, Any] = field(default_factory=dict)  # lane -> ref of flush()/close()
     done: threading.Event = field(default_factory=threading.Event)
@@ -410,17 +411,23 @@ class Shipper:
         return all(lane.settled(target) for lane in self._lanes.values())
 
     def _producers_settled(self, barrier: _Barrier) -> bool:
-        """Closing: every live lane has what each producer handed it before finish() (as the hub knew it)."""
+        """Closing: every live lane has what each producer handed it before finish() (as the hub knew it), and no
+        live producer holds records it has not shipped."""
         if not barrier.closing or self.hub is None:
             return True
-        if barrier.producer_targets is None:
+        # a live producer still ships what it had logged when the close began: its new batches are waited for too
+        # (a snapshot asked for a report interval after the close began holds what each producer had logged by then)
+        barrier.producer_unshipped = self.hub.unshipped(barrier.producer_unshipped, barrier.started + REPORT_EVERY_S)
+        if barrier.producer_unshipped is None:
+            return False
+        if barrier.producer_targets is None or barrier.producer_unshipped:
             barrier.producer_targets = self.hub.targets()
             if barrier.producer_targets is None:
                 return False
         lagging = behind(self._lanes, barrier.producer_targets)
         for lane in lagging:
             lane.refresh()  # ask its actor how far each producer got
-        return not lagging
+        return not lagging and not barrier.producer_unshipped
 
     def _orphans_settled(self, barrier: _Barrier) -> bool:
         """Closing: the lanes hold every batch dead producers spooled (their spools found so far)."""
