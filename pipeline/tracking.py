@@ -43,6 +43,7 @@ from pipeline.host.registry import BACKENDS, backend_names, resolve_backends, sk
 from pipeline.log_calls import LogCalls
 from pipeline.pipe import open_pipe
 from pipeline.producer import Producer
+from pipeline.shipping import run_post
 from pipeline.spool.manifest import default_spool_dir
 
 log = logging.getLogger("tracklane")
@@ -86,6 +87,10 @@ class Tracking(LogCalls):
         self._report: PipelineReport | None = None
         self._warned_late = False
         self._rejected = 0  # log*() calls whose data could not even be copied
+        self._post = None  # verl's workers find this run's producer by name (shipping/run_post.py)
+        if self.log_async and run_post.wants_post(self.run.params, os.environ):
+            self._post = run_post.post(Producer(run_post.PRODUCER, self._pipe.producer_spec(), key_prefix=""),
+                                       project_name, experiment_name)
         _finish_at_exit(self)
 
     @property
@@ -156,6 +161,7 @@ class Tracking(LogCalls):
         if self._report is not None:
             return self._report
         deadline = self._cfg.finish_timeout_s if timeout is None else timeout
+        run_post.remove(getattr(self, "_post", None))  # no worker starts tracing into a run that is closing
         report = self._report = self._with_own_figures(self._pipe.close(exit_code, deadline))
         _unfinished.pop(self, None)
         if report.complete:

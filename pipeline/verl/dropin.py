@@ -6,7 +6,8 @@ tracklane's ``Tracking``, ``ValidationGenerationsLogger`` and ``DapoFilteredRewa
 ``verl.utils.tracking`` and in every verl module that imported them already; when verl is not imported
 yet, it does so the moment ``verl.utils.tracking`` is. For the actors of a verl job, name it as Ray's
 ``worker_process_setup_hook`` on verl's command line, and Ray runs it in every worker before any actor code
-(there it also makes the runs an actor method drops finish before the method counts as done: ray_methods.py)::
+(there it also makes the runs an actor method drops finish before the method counts as done: ray_methods.py, and
+routes verl's rollout traces, ``verl.utils.rollout_trace``, through the run: rollout_traces.py)::
 
     python -m verl.trainer.main_ppo ... +trainer.log_async=true \\
         +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=pipeline.verl.dropin.install
@@ -17,11 +18,12 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from pipeline.tracking import Tracking
-from pipeline.verl import ray_methods
+from pipeline.verl import ray_methods, rollout_traces
 from pipeline.verl.dapo_reward_logger import DapoFilteredRewardTableLogger
 from pipeline.verl.generations_logger import ValidationGenerationsLogger
 
@@ -35,21 +37,28 @@ REPLACEMENTS: dict[str, type] = {
 
 
 def install() -> None:
-    """Use tracklane's classes wherever verl names its own, in this process (idempotent). In a Ray worker,
-    also finish the runs an actor method drops before Ray reports it done (``ray_methods``)."""
+    """Use tracklane's classes wherever verl names its own, and its rollout traces, in this process (idempotent).
+    In a Ray worker, also finish the runs an actor method drops before Ray reports it done (``ray_methods``)."""
     if "ray" in sys.modules:
         ray_methods.install()
-    module = sys.modules.get(VERL_TRACKING)
-    if module is not None:
-        _swap(module)
-    elif not any(isinstance(finder, _SwapOnImport) for finder in sys.meta_path):
+    waiting = False
+    for name, patch in _PATCHES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+        else:
+            waiting = True
+    if waiting and not any(isinstance(finder, _SwapOnImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _SwapOnImport())
 
 
 def uninstall() -> None:
-    """Put verl's own classes back wherever ours were put (for tests that run both in one process)."""
+    """Put verl's own classes and trace functions back wherever ours were put (tests that run both in one process)."""
     sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _SwapOnImport)]
     _rebind({REPLACEMENTS[name]: original for name, original in _ORIGINALS.items()})
+    traces = sys.modules.get(rollout_traces.TRACE_MODULE)
+    if traces is not None:
+        rollout_traces.unpatch(traces)
 
 
 _ORIGINALS: dict[str, type] = {}  # verl's own classes, as first found
@@ -62,6 +71,9 @@ def _swap(module: ModuleType) -> None:
             _ORIGINALS.setdefault(name, original)
     # in verl.utils.tracking, and in each verl module that bound a name at import (`from ... import Tracking`)
     _rebind({original: REPLACEMENTS[name] for name, original in _ORIGINALS.items()})
+    rl_insight = getattr(module, "RLInsightLogger", None)
+    if rl_insight is not None:
+        rollout_traces.patch_rl_insight(rl_insight)
 
 
 def _rebind(replace: dict[type, type]) -> None:
@@ -75,32 +87,39 @@ def _rebind(replace: dict[type, type]) -> None:
                     setattr(loaded, name, new)
 
 
+_PATCHES: dict[str, Callable[[ModuleType], None]] = {VERL_TRACKING: _swap,
+                                                     rollout_traces.TRACE_MODULE: rollout_traces.patch}
+"""verl's modules tracklane changes, each with what it does to the module once it has run."""
+
+
 class _SwapOnImport(importlib.abc.MetaPathFinder):
-    """Finds ``verl.utils.tracking`` as the other finders would, and swaps its classes once it has run."""
+    """Finds the modules of ``_PATCHES`` as the other finders would, and patches each once it has run."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != VERL_TRACKING:
+        patch = _PATCHES.get(fullname)
+        if patch is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None:
-                spec.loader = _SwappingLoader(spec.loader)
+                spec.loader = _SwappingLoader(spec.loader, patch)
                 return spec
         return None
 
 
 class _SwappingLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, patch: Callable[[ModuleType], None]) -> None:
         self._inner = inner
+        self._patch = patch
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self._inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
-        _swap(module)
+        self._patch(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ...: the real loader's
         return getattr(self._inner, name)
