@@ -87,25 +87,36 @@ async def rollout_step(step: int) -> None:
 
 @ray.remote(num_cpus=0)
 class VerlRolloutWorker:
-    """verl's own trackio path, for reference. A synchronous actor: in an async one, verl 0.9.1's trackio traces
-    raise "Call trackio.init() before trackio.log()" (trackio's current run is a ContextVar, set by
+    """verl's own path (no drop-in), for reference. A synchronous actor: in an async one, verl 0.9.1's trackio
+    traces raise "Call trackio.init() before trackio.log()" (trackio's current run is a ContextVar, set by
     ``RolloutTraceConfig.init`` in ``__init__``, which the actor's event loop does not see)."""
 
-    def __init__(self, project: str, experiment: str, trackio_dir: str) -> None:
-        from workers.sinks.trackio import point_trackio_at
+    def __init__(self, project: str, experiment: str, backend: str, trackio_dir: str = "",
+                 mlflow_uri: str = "") -> None:
+        if trackio_dir:
+            from workers.sinks.trackio import point_trackio_at
 
-        point_trackio_at(trackio_dir)
+            point_trackio_at(trackio_dir)
+        if mlflow_uri:  # verl's mlflow path reads it from the environment
+            os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
         from verl.utils.rollout_trace import RolloutTraceConfig
 
-        RolloutTraceConfig.init(project, experiment, "trackio", False, None)
+        RolloutTraceConfig.init(project, experiment, backend, False, None)
 
     def rollout(self, step: int) -> None:
         asyncio.run(rollout_step(step))
 
     def finish(self) -> None:
-        import trackio
+        from verl.utils.rollout_trace import RolloutTraceConfig
 
-        trackio.finish()
+        if RolloutTraceConfig.get_backend() == "trackio":
+            import trackio
+
+            trackio.finish()
+        else:
+            import mlflow
+
+            mlflow.flush_trace_async_logging()
 
 
 @ray.remote(num_cpus=0)
@@ -171,7 +182,7 @@ def file_traces(metrics_path: str | os.PathLike) -> list[dict]:
 
 def test_verls_trackio_traces_arrive_as_verl_stores_them(offline_trackers, tmp_path):
     trackio_dir = str(offline_trackers["trackio"])
-    verl_worker = VerlRolloutWorker.remote("traces-verl", "exp", trackio_dir)
+    verl_worker = VerlRolloutWorker.remote("traces-verl", "exp", "trackio", trackio_dir=trackio_dir)
     run_worker(verl_worker)
     ray.get(verl_worker.finish.remote())
     ray.kill(verl_worker)
@@ -212,6 +223,60 @@ def test_verls_trackio_traces_arrive_as_verl_stores_them(offline_trackers, tmp_p
     snapshot = RunData(str(offline_trackers["file"])).snapshot()
     assert sum(len(rows) for rows in snapshot.traces.values()) == TRACES
     assert sorted(snapshot.traces) == list(STEPS)
+
+
+def mlflow_calls(uri: str, project: str, run_id: str | None) -> dict[tuple, dict[str, tuple]]:
+    """(step, sample, rollout) -> op name -> (status, tags of verl's, inputs, outputs) of every traced call MLflow
+    holds in ``project`` (of ``run_id``'s traces, if given): verl's are spans of one trace per sample (under its
+    ``agent_loop`` span), tracklane's one trace per call; both tagged with the sample's attributes as verl tags."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(project).experiment_id
+    stored = client.search_traces(locations=[experiment], run_id=run_id, max_results=500)
+    out: dict[tuple, dict[str, tuple]] = {}
+    for trace in stored:
+        tags = {k: v for k, v in trace.info.tags.items() if k in ("sample_index", "step", "rollout_n", "validate",
+                                                                  "experiment_name")}
+        calls = out.setdefault((tags["step"], tags["sample_index"], tags["rollout_n"]), {})
+        for span in trace.data.spans:
+            if span.name != "agent_loop":
+                calls.setdefault(span.name, ())
+                inputs = {k: v for k, v in (span.inputs or {}).items() if k != "messages"}  # (ours: chat messages)
+                calls[span.name] += ((span.status.status_code.name, tuple(sorted(tags.items())),
+                                      json.dumps(inputs, sort_keys=True), json.dumps(span.outputs, sort_keys=True)),)
+    return out
+
+
+def test_verls_mlflow_traces_arrive_with_verls_spans_and_tags(offline_trackers, tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path}/traces.db"
+    verl_worker = VerlRolloutWorker.remote("traces-verl-mlflow", "exp", "mlflow", mlflow_uri=uri)
+    run_worker(verl_worker)
+    ray.get(verl_worker.finish.remote())
+    ray.kill(verl_worker)
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    tracking = Tracking("traces-ours-mlflow", "exp", ["file", "mlflow"], config=trace_config("mlflow"))
+    worker = RolloutWorker.remote("traces-ours-mlflow", "exp", "mlflow")
+    run_worker(worker)
+    report = tracking.finish()
+    assert report.complete, report.summary()
+    ray.kill(worker)
+
+    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids
+
+    theirs = mlflow_calls(uri, "traces-verl-mlflow", None)
+    [run_id] = find_mlflow_run_ids(uri, "traces-ours-mlflow", "exp")
+    ours = mlflow_calls(uri, "traces-ours-mlflow", run_id)
+    assert sum(len(calls) for by_op in theirs.values() for calls in by_op.values()) == TRACES  # not vacuous
+    assert sorted(ours) == sorted(theirs)
+    for rollout, by_op in theirs.items():
+        names = {op: len(calls) for op, calls in by_op.items()}
+        assert {op: len(calls) for op, calls in ours[rollout].items()} == names, rollout
+        for op, calls in by_op.items():  # status, verl's tags, inputs and outputs, call by call
+            assert sorted(ours[rollout][op]) == sorted(calls), (rollout, op)
+    errors = [op for by_op in ours.values() for op, calls in by_op.items() for call in calls if call[0] == "ERROR"]
+    assert errors == ["ToyTool.execute"]
 
 
 @pytest.mark.slow
@@ -267,3 +332,4 @@ def test_rl_insight_states_become_spans_of_the_run(offline_trackers, monkeypatch
     assert all(s["key"] == f"span/{s['name']}" and s["attributes"]["state_lane_id"] == "replica_0"
                and s["attributes"]["phase"] == "rollout" and s["status"] == "success" and s["end_ns"] >= s["start_ns"]
                for s in spans)
+
