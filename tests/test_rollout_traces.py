@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -282,11 +283,12 @@ def test_verls_mlflow_traces_arrive_with_verls_spans_and_tags(offline_trackers, 
 @pytest.mark.slow
 def test_traces_of_a_killed_worker_land_once_when_mlflow_comes_back(mlflow_proxy, mlflow_server_uri,
                                                                      offline_trackers):
+    project = f"traces-killed-{uuid.uuid4().hex[:8]}"  # the session's server may hold an earlier run's
     config = trace_config("mlflow")
     config["trainer"]["async_log"].update(sink_retries=0, retry_backoff_s=0.05, max_retry_backoff_s=0.5)
-    tracking = Tracking("traces-killed", "exp", ["file", "mlflow"], config=config)
+    tracking = Tracking(project, "exp", ["file", "mlflow"], config=config)
     assert tracking.flush(60.0).complete  # both trackers open before MLflow goes away
-    worker = RolloutWorker.remote("traces-killed", "exp", "mlflow")
+    worker = RolloutWorker.remote(project, "exp", "mlflow")
     pid = ray.get(worker.pid.remote())
     mlflow_proxy.cut()
     run_worker(worker)
@@ -309,9 +311,9 @@ def test_traces_of_a_killed_worker_land_once_when_mlflow_comes_back(mlflow_proxy
 
     from workers.testing.readers.mlflow_reader import find_mlflow_run_ids
 
-    [run_id] = find_mlflow_run_ids(mlflow_server_uri, "traces-killed", "exp")
+    [run_id] = find_mlflow_run_ids(mlflow_server_uri, project, "exp")
     client = MlflowClient(mlflow_server_uri)
-    experiment = client.get_experiment_by_name("traces-killed")
+    experiment = client.get_experiment_by_name(project)
     stored = client.search_traces(locations=[experiment.experiment_id], run_id=run_id, max_results=500)
     ids = Counter(trace.info.tags.get("tracklane.trace_id") for trace in stored)
     assert len(ids) == TRACES and set(ids.values()) == {1}, ids
