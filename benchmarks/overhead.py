@@ -282,7 +282,7 @@ def main(argv: list[str]) -> int:
                         "(e.g. gpu50ms/full/all), and skip the trainer step kind; 'trainer': only the trainer")
     parser.add_argument("--async-log", metavar="KEY=VALUE", action="append", default=[],
                         help="a trainer.async_log setting for tracklane's modes (repeatable), e.g. "
-                             "flush_interval_s=0.1 or gil_switch_interval_s=0.0005")
+                             "flush_interval_s=0.1 or lane_max_bytes=33554432")
     args = parser.parse_args(argv)
     async_log = _settings(args.async_log)
     clock = Clock()

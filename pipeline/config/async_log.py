@@ -7,11 +7,14 @@ key raises ``ConfigError`` naming it, before anything starts.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.errors import ConfigError
+
+log = logging.getLogger("tracklane")
 
 OVERFLOW_POLICIES = ("spill", "drop_oldest", "block")
 
@@ -65,11 +68,6 @@ class AsyncLogConfig:
     """First backoff between retries of a failed tracker write."""
     max_restarts: int = 5
     """Restarts Ray may give a lane actor that died; unacknowledged batches are re-sent after each."""
-    gil_switch_interval_s: float | None = None
-    """While the pipeline runs, set Python's thread switch interval (``sys.setswitchinterval``; Python's
-    default is 0.005). The shipper holds the GIL while it converts and packs a batch, and a trainer thread
-    waking from a GPU wait can queue for up to one interval behind it; 0.0005 bounds that wait at 0.5 ms.
-    Process-wide, so off unless set; restored at finish()."""
     spool: bool = True
     """Keep every shipped batch on local disk until every tracker acknowledged it: what a crash, an
     outage or a dead actor left undelivered is delivered after ``resume`` or by ``tracklane replay``. With
@@ -123,11 +121,6 @@ class AsyncLogConfig:
                      "startup_timeout_s", "retry_backoff_s"):
             _positive(name, getattr(self, name),
                       allow_zero=name in ("busy_flush_interval_s", "block_timeout_s", "retry_backoff_s"))
-        if self.gil_switch_interval_s is not None:
-            _positive("gil_switch_interval_s", self.gil_switch_interval_s)
-        if self.gil_switch_interval_s is not None and not 1e-5 <= self.gil_switch_interval_s <= 0.1:
-            raise ConfigError("trainer.async_log.gil_switch_interval_s must be null or in [1e-5, 0.1] seconds, "
-                              f"got {self.gil_switch_interval_s!r}")
         _positive("system_metrics_s", self.system_metrics_s, allow_zero=True)
         if 0 < self.system_metrics_s < 1:
             raise ConfigError("trainer.async_log.system_metrics_s must be 0 (off) or at least 1 second (its axis counts "
@@ -179,6 +172,12 @@ def _priority(value: Any) -> str | int:
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(AsyncLogConfig)}
 
 
+REMOVED_KEYS = {
+    "gil_switch_interval_s": "its effect measured within noise (1.0019 vs 1.0027 at 50 ms steps, docs/performance.md) "
+                             "and it changed the whole process's thread switching",
+}
+"""Settings that existed and were taken out, with why: a config naming one still runs (warned, ignored)."""
+
 SYSTEM_METRICS_ENV = "TRACKLANE_SYSTEM_METRICS_S"
 """Sets ``system_metrics_s`` where the config does not (e.g. 0 to keep a test suite's runs free of them)."""
 
@@ -193,6 +192,9 @@ def async_log_config(section: Mapping[str, Any] | None, env: Mapping[str, str] |
             section["system_metrics_s"] = float(seconds)
         except ValueError:
             raise ConfigError(f"{SYSTEM_METRICS_ENV} must be a number of seconds, got {seconds!r}") from None
+    for name in sorted(set(section) & set(REMOVED_KEYS)):
+        log.warning("tracklane: trainer.async_log.%s was removed (%s); ignored", name, REMOVED_KEYS[name])
+        del section[name]
     unknown = sorted(set(section) - set(_FIELD_TYPES))
     if unknown:
         raise ConfigError(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -89,9 +88,6 @@ class AsyncPipeline:
                                 tracker_calls=TrackerCalls(), orphans=orphans,
                                 copies=StoredCopies(spooling.spool.directory) if spooling is not None else None,
                                 reduced=self._reduced)
-        self._switch_interval = sys.getswitchinterval()
-        if cfg.gil_switch_interval_s is not None:
-            sys.setswitchinterval(cfg.gil_switch_interval_s)
         self._shipper.start()
         self.put = self.buffer.put  # log()'s one call into the pipeline
         self.put_bulk = self.buffer.put_bulk  # log_trajectories() and the other bulk kinds' (BULK_KINDS)
@@ -142,10 +138,7 @@ class AsyncPipeline:
         deadline = time.monotonic() + timeout
         if self._sampling is not None:
             self._sampling.stop(min(0.5, timeout / 10))
-        try:
-            report = self._shipper.close(exit_code, max(0.0, deadline - time.monotonic()))
-        finally:
-            sys.setswitchinterval(self._switch_interval)
+        report = self._shipper.close(exit_code, max(0.0, deadline - time.monotonic()))
         TERMINAL.drain(min(_CONSOLE_DRAIN_S, max(0.0, deadline - time.monotonic())))  # its last lines, then the summary
         console = report.lanes.get("console")
         if console is not None and TERMINAL.dropped_chars:  # stdout did not keep up: said in the summary too
