@@ -32,6 +32,7 @@ from pipeline.capture.captured import REDUCE_NOTICE
 from pipeline.capture.rich import record_limits
 from pipeline.config.async_log import async_log_config, trainer_section
 from pipeline.config.console import console_config
+from pipeline.config.prometheus import prometheus_config
 from pipeline.core.errors import ConfigError
 from pipeline.core.params import plain_config
 from pipeline.core.records import RunSpec
@@ -63,6 +64,7 @@ class Tracking(LogCalls):
         self.log_async = bool(trainer.get("log_async", False))
         self._cfg = async_log_config(trainer.get("async_log"), os.environ)  # checked even when unused
         limits = record_limits(trainer.get("record_limits"))
+        prometheus_config(trainer.get("prometheus"), os.environ)  # checked even when the backend is not chosen
         if resume and not run_id:
             raise ConfigError("Tracking(resume=True) needs the run_id of the run to continue")
         self.run = RunSpec(project=project_name, experiment=experiment_name, params=plain_config(config),
@@ -228,11 +230,12 @@ class Tracking(LogCalls):
 def check_settings(config: Any = None, default_backend: str | list[str] = "console") -> None:
     """Raise ``ConfigError`` for what ``Tracking(default_backend=..., config=config)`` would refuse, without
     starting anything, so a trainer can check its config when it loads it: ``trainer.async_log``,
-    ``trainer.record_limits``, ``trainer.console`` and the backend names (said as ``trainer.logger``)."""
+    ``trainer.record_limits``, ``trainer.console``, ``trainer.prometheus`` and the backend names (said as ``trainer.logger``)."""
     trainer = trainer_section(config)
     async_log_config(trainer.get("async_log"), os.environ)
     record_limits(trainer.get("record_limits"))
     console_config(trainer.get("console"))
+    prometheus_config(trainer.get("prometheus"), os.environ)
     try:
         names, _ = skip_platform(backend_names(default_backend))  # Tracking warns about the skipped ones
     except ConfigError as exc:

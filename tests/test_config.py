@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 
 from pipeline import ConfigError, Tracking
 from pipeline.config.async_log import AsyncLogConfig, async_log_config, trainer_section
+from pipeline.config.prometheus import PrometheusConfig, prometheus_config
 from pipeline.core.params import REDACTED, flatten_params, plain_config
 from pipeline.host.registry import check_installed
 from pipeline.host.sink import Sink
@@ -69,6 +70,28 @@ def test_bad_async_key_fails_before_anything_starts():
     """A bad trainer.async_log key fails the constructor, even in sync mode."""
     with pytest.raises(ConfigError, match="unknown key"):
         Tracking("p", "e", "console", config={"trainer": {"async_log": {"nope": 1}}})
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"prot": 9100}, r"unknown key\(s\) trainer.prometheus.prot; valid keys: host, port"),
+    ({"port": 70000}, r"port must be a port number \(0-65535\), got 70000"),
+    ({"port": "http"}, r"port must be a port number \(0-65535\), got 'http'"),
+    ({"port": True}, r"port must be a port number"),
+    ({"host": ""}, r"host must be a host name or address"),
+])
+def test_bad_prometheus_settings_are_refused_before_anything_starts(section, message):
+    with pytest.raises(ConfigError, match=message):
+        prometheus_config(section)
+    with pytest.raises(ConfigError, match=message):  # even where the prometheus backend is not chosen
+        Tracking("p", "e", "console", config={"trainer": {"prometheus": section}})
+
+
+def test_prometheus_settings_fall_back_to_the_environment_then_the_defaults():
+    env = {"TRACKLANE_PROMETHEUS_HOST": "0.0.0.0", "TRACKLANE_PROMETHEUS_PORT": "9500"}
+    assert prometheus_config(None) == PrometheusConfig(host="127.0.0.1", port=9464)
+    assert prometheus_config({}, env) == PrometheusConfig(host="0.0.0.0", port=9500)
+    assert prometheus_config({"port": 0}, env) == PrometheusConfig(host="0.0.0.0", port=0)  # 0: any free port
+    assert prometheus_config(OmegaConf.create({"host": "::1"}), env).host == "::1"
 
 
 def test_secrets_redacted_and_ordinary_keys_kept():

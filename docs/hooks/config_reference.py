@@ -31,6 +31,7 @@ REFERENCES = {
     "async_log": Reference("pipeline/config/async_log.py", "AsyncLogConfig", "trainer.async_log"),
     "record_limits": Reference("pipeline/capture/rich.py", "RecordLimits", "trainer.record_limits"),
     "console": Reference("pipeline/config/console.py", "ConsoleConfig", "trainer.console"),
+    "prometheus": Reference("pipeline/config/prometheus.py", "PrometheusConfig", "trainer.prometheus"),
 }
 
 

@@ -9,9 +9,9 @@ alike stay two series. ``tracklane_step`` is the trainer's step; the pipeline's 
 as ordinary keys.
 
 Where it serves: ``trainer.prometheus.host`` / ``.port``, else ``TRACKLANE_PROMETHEUS_HOST`` /
-``TRACKLANE_PROMETHEUS_PORT``, else 127.0.0.1:9464. The endpoint lives as long as the lane: after ``finish()``
-there is nothing to scrape. A lane actor that is restarted serves again from the next batch on (the values
-before it are in whatever Prometheus scraped).
+``TRACKLANE_PROMETHEUS_PORT``, else 127.0.0.1:9464 (pipeline/config/prometheus.py). The endpoint lives as long as
+the lane: after ``finish()`` there is nothing to scrape. A lane actor that is restarted serves again from the next
+batch on (the values before it are in whatever Prometheus scraped).
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from pipeline.core.errors import ConfigError
+from pipeline.config.prometheus import prometheus_config
 from pipeline.core.records import Metrics, RunSpec
 from pipeline.host.sink import Sink, import_sdk
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter took; free of Prometheus' own 9090
 STEP_GAUGE = "tracklane_step"
 _NOT_IN_NAME = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -43,16 +41,8 @@ class PrometheusSink(Sink):
 
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
-        chosen = trainer.get("prometheus") or {}
-        host = _first(chosen.get("host"), env.get("TRACKLANE_PROMETHEUS_HOST"), DEFAULT_HOST)
-        raw_port = _first(chosen.get("port"), env.get("TRACKLANE_PROMETHEUS_PORT"), DEFAULT_PORT)
-        try:
-            port = int(raw_port)
-        except (TypeError, ValueError):
-            port = -1
-        if not 0 <= port <= 65535:
-            raise ConfigError(f"trainer.prometheus.port must be a port number (0-65535), got {raw_port!r}")
-        return {"host": str(host), "port": port}
+        chosen = prometheus_config(trainer.get("prometheus"), env)
+        return {"host": chosen.host, "port": chosen.port}
 
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         super().__init__(run, settings)
@@ -96,11 +86,6 @@ class PrometheusSink(Sink):
 
     def where(self) -> str:
         return f"prometheus: http://{self.settings['host']}:{self.port}/metrics (scrape it while the run lives)"
-
-
-def _first(*values: Any) -> Any:
-    """The first value that is set (port 0 is a choice: the OS picks one)."""
-    return next(value for value in values if value is not None and value != "")
 
 
 class _LatestValues:
