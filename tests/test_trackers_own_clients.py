@@ -459,7 +459,7 @@ def test_mlflow_rest_serves_the_run_params_and_metric_history(logged, mlflow_ser
 
 
 def test_mlflow_rest_serves_the_artifacts(logged, mlflow_server_uri):
-    """artifacts/list shows the layout mlflow_sink.py documents, and each file downloads through the server equal."""
+    """artifacts/list shows the layout workers/sinks/mlflow.py documents, and each file downloads through the server equal."""
     rest = _MlflowRest(mlflow_server_uri)
     run = _mlflow_run(rest, logged)
     run_id, experiment_id = run["info"]["run_id"], run["info"]["experiment_id"]

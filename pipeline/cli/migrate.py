@@ -1,12 +1,12 @@
 """``tracklane migrate``: another tracker's run (or a spool) delivered into any trackers, then checked against it.
 
-    1. The source (``--from``, a class in workers/sources/ found through the registry, backends.py ``SOURCES``)
+    1. The source (``--from``, a class in workers/sources/ found through the registry, host/registry.py ``SOURCES``)
        says who the run is and reads its records: pipeline.core.records types, each with the step and the time the
        source kept (MLflow's metric timestamps, TensorBoard's wall times, wandb's ``_timestamp`` ...).
     2. They are written, as they come, into the fresh spool of a new run (new run id; project and experiment
        the source's unless ``--project``/``--experiment``): the same batches, msgpack + zstd in checksummed frames,
        that the shipper spools, with the manifest naming the targets and their resolved settings.
-    3. That spool is delivered the way ``tracklane replay`` delivers one (cli.py ``deliver_spool``): AsyncPipeline,
+    3. That spool is delivered the way ``tracklane replay`` delivers one (cli/replay.py ``deliver_spool``): AsyncPipeline,
        one lane actor per target, the progress bar, the report, its exit code. A migration cut short is finished
        with ``tracklane replay <spool>``, which continues the same target runs.
     4. Each target that has a source reader is read back with it (``Source.of_target``) and compared, key by key,
@@ -59,7 +59,7 @@ class MigrateArgs:
     """What ``tracklane migrate`` was asked to do."""
 
     source: str
-    """Source name (backends.py ``SOURCES``)."""
+    """Source name (host/registry.py ``SOURCES``)."""
     options: dict[str, Any]
     """The source's command-line options by dest (run_id, tracking_uri, logdir, run_dir, path, run, spool ...)."""
     to: list[str]

@@ -25,7 +25,7 @@ _OURS = ("max_restarts", "max_task_retries")  # the lane's ordering and restarts
 # Tracker SDK settings the actors must see even if Ray started before they were set.
 FORWARDED_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "SWANLAB_", "TENSORBOARD_", "VERL_")
 PROCESS_BOUND_ENV = (
-    "WANDB_SERVICE",  # the address of the wandb-core service of the process that ran wandb.init (service_token.py)
+    "WANDB_SERVICE",  # the address of the wandb-core service of wandb.init's process (wandb/sdk/lib/service/service_token.py)
     "WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_SWEEP_PARAM_PATH",  # the run a sweep agent gave the trainer itself
     "CLEARML_PROC_MASTER_ID", "TRAINS_PROC_MASTER_ID",  # "<pid>:<task>" of the process that ran Task.init
     "_MLFLOW_ACTIVE_MODEL_ID",  # the model mlflow.set_active_model made active in that process

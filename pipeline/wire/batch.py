@@ -4,7 +4,7 @@ Wire layout: a zstd frame of the header, a msgpack array, or when the batch has 
 ``"TLB3" | header length u32 | header | tail``::
 
     ["TLB", 3, seq, created, [record, ...], [metrics schema, ...]]
-    record = ["m", step, time, schema index, numbers, only, axis]   # metrics by key table (metrics_wire.py)
+    record = ["m", step, time, schema index, numbers, only, axis]   # metrics by key table (wire/metrics.py)
            | ["metrics", step, time, {name: number}, only]   # only: [backend, ...] or nil
            | ["metrics", step, time, {name: number}, only, axis]   # a step on another axis (str)
            | ["trajectory_lines", {step, time, key, only, at, size, count}]   # Trajectories as JSON lines

@@ -10,7 +10,7 @@ for scalars). Here a batch holds a table of schemas, and a metrics record refers
 
 Ints travel as float64 and come back as ints (their positions are part of the schema), so a value is
 given back with its type; a record holding an int beyond 2**53 (not exact in float64) keeps the map
-form (codec.py). Decoding treats the table and the records as hostile, like the rest of the batch.
+form (wire/batch.py). Decoding treats the table and the records as hostile, like the rest of the batch.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from pipeline.core.records import RunSpec
 @dataclass(slots=True, kw_only=True, frozen=True)
 class LaneOpening:
     backend: str
-    """Backend name in the registry (backends.py)."""
+    """Backend name in the registry (host/registry.py)."""
     run: RunSpec
     settings: dict[str, Any]
     """The sink's resolved settings (plain values)."""

@@ -13,7 +13,7 @@ Offline, ClearML writes a session folder ``<cache>/offline/<task id>/`` (``task.
 ClearML's ``$TMPDIR/clearml_cache``. ``CLEARML_CACHE_DIR`` and ``CLEARML_CONFIG_FILE`` are made absolute on the
 trainer side and set again in the lane's process. ``clearml-task --import-offline-session <zip>`` uploads a
 session later (that needs a server: offline it raises "Creating task in offline mode"). Every ``Task.init``
-also records the task in ``$HOME/.clearml/.session.json`` (config/cache.py; no variable moves it).
+also records the task in ``$HOME/.clearml/.session.json`` (clearml/config/cache.py; no variable moves it).
 
 ``Task.init`` as verl calls it (project, experiment name, ``output_uri=False``, the config as the
 "Hyperparameters" configuration object), and without what would intercept a lane actor: no stdout/stderr

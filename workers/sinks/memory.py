@@ -4,7 +4,7 @@ Selected as backend ``"memory"``; configured under ``trainer.memory_sink`` (``de
 write, ``fail_writes``, ``fail_open``, ``down_while``, ``store_lag``, ``dir``, ``discard``). It
 appends each write as one encoded batch (msgpack + zstd, never pickle) to ``<dir>/records.tlb``, so
 what it got can be read back from any process, whether it ran in a lane actor or in-process:
-``pipeline.testing.memory_records(run_id)``.
+``workers.testing.memory.memory_records(run_id)``.
 The default ``dir`` is ``<temp>/tracklane-memory/<run_id>``; a fresh run starts it empty.
 With ``discard`` it keeps only counts (``<dir>/tally.json`` at close: records, scalar values,
 trajectories): the pipeline's own ceiling, with a sink that costs nothing (``benchmarks.capacity``).

@@ -16,7 +16,7 @@ because in 0.43 ``trackio.init``/``Run`` cannot do what a lane needs (trackio/ru
 - ``init(resume=...)`` resumes by run *name* only (the newest run with that name that has metrics);
   here the run id is ours, so a restarted actor re-attaches to exactly its run.
 - ``Run.__init__`` asks the Hub who the user is (``huggingface_hub.whoami`` whenever a token is set: network;
-  run.py:164), ``init`` starts a CPU monitor thread when psutil is there and follows ``TRACKIO_SPACE_ID`` /
+  trackio/run.py:164), ``init`` starts a CPU monitor thread when psutil is there and follows ``TRACKIO_SPACE_ID`` /
   ``TRACKIO_SERVER_URL`` to a Space or server.
 
 So there is no background thread, no server and no network here; ``write()`` returns with its rows
@@ -107,7 +107,7 @@ REMOTE_VARIABLES = ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "TRACKIO_BUCKET_ID
 """What would send trackio to a Space, a server or the Hub; this sink writes only the local store."""
 RESERVED_KEYS = frozenset({"project", "run", "timestamp", "step", "time", "metrics"})  # trackio.utils.RESERVED_KEYS
 TRACKIO_RESERVED_CONFIG = ("_Username", "_Created", "_Group")
-"""Config keys trackio's own ``Run`` adds (run.py); the dashboard groups runs by ``_Group``."""
+"""Config keys trackio's own ``Run`` adds (trackio/run.py); the dashboard groups runs by ``_Group``."""
 EXIT_ALERT_TITLE = "tracklane: trainer exited"
 _DIR_NAMES = ("TRACKIO_DIR", "MEDIA_DIR", "ARTIFACTS_DIR")
 _SQLITE_BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: another process holds the database; retry later
