@@ -4,7 +4,7 @@
 
 Each scenario stages one fault for real and counts, per tracker, the points it holds exactly once,
 the ones missing and the ones stored twice (from the tracker's own files or server, never from
-tracklane's report). ``tests/test_faults.py`` runs the short versions and asserts on the same
+tracklane's report). ``tests/faults/test_faults.py`` runs the short versions and asserts on the same
 figures; ``--long`` runs the sizes the README's Reliability section quotes (minutes).
 
     sigkill   the trainer SIGKILLed mid-run, then resumed with the same run id and spool

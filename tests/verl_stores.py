@@ -2,7 +2,7 @@
 
 ``RunStores`` names the folders (and the MLflow store) one run writes to, as the environment verl and
 tracklane both read, and reads each tracker back into ``Stored``: (step, key) -> value, plus how the run
-ended. Used by tests/test_verl_side_by_side.py to compare verl's own ``Tracking`` with tracklane's, run by
+ended. Used by tests/e2e/test_verl_side_by_side.py to compare verl's own ``Tracking`` with tracklane's, run by
 verl's own trainer code; the readers are the ones in ``workers.testing.readers`` (wandb's run file,
 TensorBoard's event files, MLflow's client, SwanLab's run store, trackio's Api), plus verl's two text
 formats (the file logger's JSON lines, the console's ``step:N - key:value`` lines).

@@ -5,7 +5,7 @@ A batch names each set of keys once (a schema) and each record sends its numbers
 as much as the bare orjson line it writes (3 of 7 us a record of 81 keys, measured in the lane actor).
 ``PackedValues`` keeps the numbers packed: ``verl_line`` renders verl's ``FileLogger`` line straight from
 them, orjson encoding the numbers as one float64 array (its float text is the same as for Python floats:
-checked on 2.7 M values, NaN and +-Inf as ``null``, tests/test_packed_values.py), and the keys, encoded
+checked on 2.7 M values, NaN and +-Inf as ``null``, tests/unit/test_packed_values.py), and the keys, encoded
 once per schema, placed around them. The dict is built only if something reads the values.
 """
 

@@ -44,7 +44,7 @@ it there and runs its ~100 schema migrations on it (about 1 s here), one DDL sta
 between leaves a database that every later open refuses (mlflow 3.17, kills spread over the migration: 19
 of 24 left ``table _alembic_tmp_experiments already exists``, ``duplicate column name: ...`` and the like).
 So ``create_sqlite_store`` builds it under a temporary name in the same folder and links it into place
-once complete: a kill at any moment leaves no database or a complete one (``tests/test_store_creation.py``).
+once complete: a kill at any moment leaves no database or a complete one (``tests/trackers/test_store_creation.py``).
 The artifact folder beside it needs nothing of the kind: MLflow makes nothing there until a file is logged,
 and a run whose folder is missing lists no artifacts.
 """

@@ -19,7 +19,7 @@ Table cells that are not finite floats (a NaN score) are written as the strings 
 "-Infinity": swanlab's JSON writer would turn them into null. Records of one key at one step in one
 batch become one log call; a step with no samples logs nothing. Metrics go a log call a record, as verl
 logs them: swanlab keeps the first value of a key at a step (verl's store is the oracle:
-tests/test_verl_oracle_trackers.py).
+tests/e2e/test_verl_oracle_trackers.py).
 
 Two things about swanlab 0.10.3's run store (``run-<id>.swanlab``), written by ``DataStoreWriter``
 (swanlab/sdk/internal/core_python/store) through an 8 KiB Python file buffer, with no lock:
