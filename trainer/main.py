@@ -1,6 +1,7 @@
 """``python -m trainer``: GRPO (or PPO) on a built-in tool-use task, logged through ``pipeline.Tracking``.
 
-Reads top to bottom like verl's ``RayPPOTrainer.fit`` on rank 0: config, models (a supervised
+Reads top to bottom like verl's ``RayPPOTrainer.fit`` on rank 0 (``_fit``: ``_setup``, then each step ``_train_step`` and
+``_log_step``): config, models (a supervised
 warm-up, or a checkpoint), then each step multi-turn rollout (the policy may call a calculator) ->
 reward by component -> old and reference log-probs (-> values) -> advantages -> update -> log about
 100 verl metric keys, a score histogram and a few rollout trajectories; validation every
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -80,174 +82,268 @@ def fit(cfg: Config, tracking_class: Callable[..., Tracking] = Tracking) -> FitR
 
 
 def _fit(cfg: Config, tracking_class: Callable[..., Tracking], cleanup: ExitStack) -> FitResult:
+    """Set up, then each step: train (rollout, reward, log-probs, advantages, update) and log, as verl's fit does."""
+    run = _setup(cfg, tracking_class, cleanup)
+    t, tracking = cfg.trainer, run.tracking
+    if run.start_step == 0:
+        tracking.log_artifact(_write_config(cfg), name="config", type="config", step=0)
+    val_logger = ValidationGenerationsLogger(t.project_name, t.experiment_name)
+    progress = Progress(t.total_steps, t.progress)
+    result = FitResult(first_step=run.start_step + 1)
+    with tracking:  # an exception finishes the tracker runs as failed
+        if run.start_step == 0 and t.val_before_train and t.test_freq > 0:
+            val_metrics, rows = run.validate()
+            tracking.log(val_metrics, step=0)
+            val_logger.log(t.logger, rows, 0)
+        for step in range(run.start_step + 1, t.total_steps + 1):
+            step_started = time.perf_counter()
+            done = _train_step(run, step)
+            log_us = _log_step(run, step, done, val_logger)
+            if done.val_acc is not None:
+                result.val_acc[step] = done.val_acc
+            result.scores[step] = float(done.scores.mean())
+            result.step_s[step] = time.perf_counter() - step_started
+            progress.update(step, result.scores[step], done.timings["step"], log_us, tracking.health(),
+                            f"val acc {done.val_acc:.3f}" if done.val_acc is not None else "")
+        progress.close()
+    result.report = tracking.finish()
+    return result
+
+
+@dataclass
+class _Run:
+    """What every step uses: the config, the task, the models, the rollout engine and the tracker runs."""
+
+    cfg: Config
+    device: torch.device
+    task: Task
+    engine: Any
+    models: Models
+    tracking: Tracking
+    probes: dict[str, GradientProbe]
+    start_step: int
+    max_prompt: int
+    max_response: int
+
+    def validate(self) -> tuple[dict[str, float], list]:
+        arr = self.cfg.actor_rollout_ref
+        return validate(self.engine, self.task, arr.rollout, self.max_response, self.cfg.trainer.log_val_generations,
+                        self.device)
+
+
+@dataclass
+class _Step:
+    """One step's results, as the updates left them, for its logging."""
+
+    problems: list[Problem]
+    episodes: Any
+    batch: Batch
+    scored: Scored
+    token_rewards: torch.Tensor
+    timings: dict[str, float]
+    metrics: dict[str, float] = field(default_factory=dict)
+    entropy: Any = None
+    old_logp: Any = None
+    ref_logp: Any = None
+    old_values: Any = None
+    advantages: Any = None
+    returns: Any = None
+    rows: list = field(default_factory=list)
+    val_acc: float | None = None
+    saved: str | None = None
+    histograms: dict[str, np.ndarray] = field(default_factory=dict)
+    heatmap: Any = None
+
+    @property
+    def scores(self) -> torch.Tensor:
+        return self.scored.scores
+
+
+def _setup(cfg: Config, tracking_class: Callable[..., Tracking], cleanup: ExitStack) -> _Run:
+    """The task, the policy and its engine, the tracker runs; then the models from a checkpoint or a short
+    supervised warm-up (RL starts from an SFT model), while the tracker actors open."""
     t, arr = cfg.trainer, cfg.actor_rollout_ref
     device = _device(t.device)
     torch.manual_seed(t.seed)
     task = make_task(cfg.task, t.seed)
-    tok, n, temperature = task.tokenizer, arr.rollout.n, arr.rollout.temperature
     max_prompt, max_response = task.max_prompt_length(), arr.rollout.response_length or task.max_response_length()
-    max_turns = arr.rollout.multi_turn.max_assistant_turns
-    actor = GPT(arr.model, tok.vocab_size, max_prompt + max_response).to(device)
-    engine = make_engine(arr.rollout.name, actor, tok, gpu_memory_utilization=arr.rollout.gpu_memory_utilization,
+    actor = GPT(arr.model, task.tokenizer.vocab_size, max_prompt + max_response).to(device)
+    engine = make_engine(arr.rollout.name, actor, task.tokenizer, gpu_memory_utilization=arr.rollout.gpu_memory_utilization,
                          kv_cache_memory_bytes=arr.rollout.kv_cache_memory_bytes,
                          separate_process=arr.rollout.separate_process, seed=t.seed)  # vllm's options
     cleanup.callback(close_engine, engine)  # vLLM's engine and export folder, however the run ends
-
-    # -- start from a checkpoint, or from a short supervised warm-up (RL starts from an SFT model) --
     checkpoint = _checkpoint_to_resume(t)
     state = load_checkpoint(checkpoint, device) if checkpoint is not None else None
     run_id = state.get("tracking_run_id") if state is not None else None
     # Started before the warm-up, so the tracker actors open while the model warms up; a resumed
     # run continues the tracker runs its checkpoint names (older checkpoints name none).
     tracking = tracking_class(t.project_name, t.experiment_name, list(t.logger), config=cfg.to_dict(),
-                        run_id=run_id, resume=run_id is not None)
+                              run_id=run_id, resume=run_id is not None)
     try:
-        if state is None:
-            warm_up(actor, task, arr.warmup, device)
-        models = Models.build(cfg, task, device, actor)
-        start_step = 0
-        if state is not None:
-            models.load_state_dict(state, task)
-            start_step = state["step"]
-            log.info("resumed from %s at step %d", checkpoint, start_step)
+        models, start_step = _models(cfg, task, device, actor, state, checkpoint)
         engine.sync_weights()
-        # The tracker actors opened during the warm-up (on 2 busy cores that takes 10-25 s: six Ray workers,
-        # each importing its SDK); steps logged before they are up would wait for them.
-        waited = time.perf_counter()
-        if not tracking.wait_ready(timeout=120.0):
-            log.warning("some trackers are still opening; their records wait for them")
-        waited = time.perf_counter() - waited
-        if waited >= 0.1:
-            log.info("waited %.1f s after the warm-up for the trackers to open", waited)
+        _wait_for_trackers(tracking)
     except BaseException:
         tracking.finish(exit_code=1)
         raise
-    rows_per_minibatch = arr.actor.ppo_mini_batch_size * n
     probes = {"actor": GradientProbe(models.actor, "actor")}
     if models.critic is not None:
         probes["critic"] = GradientProbe(models.critic, "critic")
-    if start_step == 0:
-        tracking.log_artifact(_write_config(cfg), name="config", type="config", step=0)
+    return _Run(cfg, device, task, engine, models, tracking, probes, start_step, max_prompt, max_response)
 
-    val_logger = ValidationGenerationsLogger(t.project_name, t.experiment_name)
-    progress = Progress(t.total_steps, t.progress)
-    result = FitResult(first_step=start_step + 1)
-    with tracking:  # an exception finishes the tracker runs as failed
-        if start_step == 0 and t.val_before_train and t.test_freq > 0:
-            val_metrics, rows = validate(engine, task, arr.rollout, max_response, t.log_val_generations, device)
-            tracking.log(val_metrics, step=0)
-            val_logger.log(t.logger, rows, 0)
-        for step in range(start_step + 1, t.total_steps + 1):
-            metrics: dict[str, float] = {}
-            timings: dict[str, float] = {}
-            step_started = time.perf_counter()
-            gradients_due = t.log_gradients and _due(step, t.gradient_freq, t.total_steps)
-            with timer("step", timings):
-                problems = task.sample(cfg.data.train_batch_size)
-                with timer("gen", timings):
-                    episodes = run_episodes(engine, task, problems, n, max_response, temperature, max_turns, device)
-                rollout = episodes.rollout
-                batch = Batch.from_rollout(rollout)
-                mask = batch.response_mask
 
-                with timer("reward", timings):
-                    scored = score_episodes(task, [p for p in problems for _ in range(n)], episodes.episodes, device)
-                    scores = scored.scores
-                    token_rewards = _at_last_token(scores, mask)  # the outcome reward sits on the policy's last token
+def _models(cfg: Config, task: Task, device: torch.device, actor: GPT, state: dict | None,
+            checkpoint: str | None) -> tuple[Models, int]:
+    if state is None:
+        warm_up(actor, task, cfg.actor_rollout_ref.warmup, device)
+    models = Models.build(cfg, task, device, actor)
+    if state is None:
+        return models, 0
+    models.load_state_dict(state, task)
+    log.info("resumed from %s at step %d", checkpoint, state["step"])
+    return models, state["step"]
 
-                with torch.no_grad():
-                    with timer("old_log_prob", timings):
-                        old_logp, entropy = log_probs(models.actor, batch, temperature, with_entropy=True)
-                    with timer("ref", timings):
-                        ref_logp, _ = log_probs(models.ref, batch, temperature)
-                    if models.critic is not None:
-                        with timer("values", timings):
-                            old_values = values(models.critic, batch)
 
-                with timer("adv", timings):
-                    if models.critic is not None:
-                        advantages, returns = algos.gae_advantages(token_rewards, old_values, mask,
-                                                                   cfg.algorithm.gamma, cfg.algorithm.lam)
-                    else:
-                        advantages = algos.grpo_advantages(scores, n, mask, cfg.algorithm.norm_adv_by_std_in_grpo)
-                        returns = advantages
+def _wait_for_trackers(tracking: Tracking) -> None:
+    """The tracker actors opened during the warm-up (on 2 busy cores that takes 10-25 s: six Ray workers, each
+    importing its SDK); steps logged before they are up would wait for them."""
+    waited = time.perf_counter()
+    if not tracking.wait_ready(timeout=120.0):
+        log.warning("some trackers are still opening; their records wait for them")
+    waited = time.perf_counter() - waited
+    if waited >= 0.1:
+        log.info("waited %.1f s after the warm-up for the trackers to open", waited)
 
-                if models.critic is not None:
-                    assert models.critic_optim is not None  # built together with the critic
-                    with timer("update_critic", timings):
-                        set_lr(models.critic_optim, cfg.critic.optim, step)
-                        metrics.update(update_critic(models.critic, models.critic_optim, batch, old_values, returns,
-                                                     cfg.critic, arr.actor.grad_clip, rows_per_minibatch,
-                                                     probes["critic"] if gradients_due else None))
-                with timer("update_actor", timings):
-                    set_lr(models.actor_optim, arr.actor.optim, step)
-                    metrics.update(update_actor(models.actor, models.actor_optim, batch, old_logp, ref_logp,
-                                                advantages, arr.actor, temperature, rows_per_minibatch,
-                                                probes["actor"] if gradients_due else None))
-                with timer("update_weights", timings):
-                    engine.sync_weights()
 
-                rows = []
-                if _due(step, t.test_freq, t.total_steps):
-                    with timer("testing", timings):
-                        val_metrics, rows = validate(engine, task, arr.rollout, max_response, t.log_val_generations, device)
-                    metrics.update(val_metrics)
-                    result.val_acc[step] = val_metrics[f"val-core/{task.name}/acc/mean@1"]
-                saved = None
-                if _due(step, t.save_freq, t.total_steps):
-                    with timer("save_checkpoint", timings):
-                        saved = save_checkpoint(t.default_local_dir, step,
-                                                {**models.state_dict(task), "tracking_run_id": tracking.run_id})
-                histograms: dict[str, np.ndarray] = {}
-                if gradients_due:
-                    timings["gradient_capture"] = 0.0
-                    for probe in probes.values():  # the gradients were taken in the updates; the weights now
-                        layers, norms, spent = probe.figures()
-                        histograms.update(layers)
-                        metrics.update(norms)
-                        timings["gradient_capture"] += spent
-                heatmap = None
-                if _due(step, t.image_freq, t.total_steps):
-                    with timer("kl_heatmap", timings):
-                        heatmap, metrics["actor/kl_heatmap/max"] = batch_kl_heatmap(old_logp, ref_logp, mask,
-                                                                                    batch.response_valid)
+def _train_step(run: _Run, step: int) -> _Step:
+    """Rollout -> reward -> old and reference log-probs (-> values) -> advantages -> update; then validation,
+    checkpoint, gradients and the KL heatmap where due."""
+    t, n = run.cfg.trainer, run.cfg.actor_rollout_ref.rollout.n
+    timings: dict[str, float] = {}
+    with timer("step", timings):
+        problems = run.task.sample(run.cfg.data.train_batch_size)
+        with timer("gen", timings):
+            episodes = run_episodes(run.engine, run.task, problems, n, run.max_response,
+                                    run.cfg.actor_rollout_ref.rollout.temperature,
+                                    run.cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns, run.device)
+        batch = Batch.from_rollout(episodes.rollout)
+        with timer("reward", timings):
+            scored = score_episodes(run.task, [p for p in problems for _ in range(n)], episodes.episodes, run.device)
+            token_rewards = _at_last_token(scored.scores, batch.response_mask)  # the outcome reward: the last token
+        done = _Step(problems, episodes, batch, scored, token_rewards, timings)
+        gradients_due = t.log_gradients and _due(step, t.gradient_freq, t.total_steps)
+        _old_and_advantages(run, done)
+        _update(run, done, step, gradients_due)
+        _after_update(run, done, step, gradients_due)
+    return done
 
-            # -- log on rank 0, as verl does --
-            metrics["actor/entropy_old"] = float(algos.masked_mean(entropy, mask))
-            metrics.update(data_metrics(batch, scores, token_rewards, advantages, returns,
-                                        old_values if models.critic is not None else None, max_prompt, max_response))
-            metrics.update(mismatch_metrics(rollout.logprobs, old_logp, mask))
-            metrics.update(_score_shape(scored, n))
-            metrics.update(reward_metrics(scored))
-            metrics.update(episode_metrics(episodes.episodes))
-            metrics.update(seqlen_balance_metrics(batch, t.n_gpus_per_node))
-            metrics.update(timing_metrics(timings, batch))
-            metrics.update(throughput_metrics(timings, batch, device))
-            metrics.update({"training/global_step": step, "training/epoch": 0})
-            before = time.perf_counter()
-            tracking.log(metrics, step=step)
-            log_us = (time.perf_counter() - before) * 1e6
-            tracking.log_histogram("critic/score_dist", scores.cpu().numpy(), step)
-            for name, values_of_layer in histograms.items():
-                tracking.log_histogram(name, values_of_layer, step)
-            if heatmap is not None:
-                tracking.log_image("actor/kl_heatmap", heatmap, step)
-            if _due(step, t.text_freq, t.total_steps):
-                tracking.log_text("rollout/samples", markdown_samples(task, step, problems, episodes.episodes,
-                                                                      scored, n), step)
-            if saved is not None:  # versioned: one artifact name, a version per checkpoint
-                tracking.log_artifact(saved, name="checkpoint", type="checkpoint", step=step)
-            tracking.log_trajectories(_trajectories(task, problems, episodes.episodes, scored, advantages, mask, n,
-                                                    t.log_rollouts), step)
-            if rows:
-                val_logger.log(t.logger, rows, step)
-            result.scores[step] = float(scores.mean())
-            result.step_s[step] = time.perf_counter() - step_started
-            progress.update(step, result.scores[step], timings["step"], log_us, tracking.health(),
-                            f"val acc {result.val_acc[step]:.3f}" if step in result.val_acc else "")
-        progress.close()
-    result.report = tracking.finish()
-    return result
+
+def _old_and_advantages(run: _Run, done: _Step) -> None:
+    cfg, models, batch, timings = run.cfg, run.models, done.batch, done.timings
+    temperature, mask = cfg.actor_rollout_ref.rollout.temperature, batch.response_mask
+    with torch.no_grad():
+        with timer("old_log_prob", timings):
+            done.old_logp, done.entropy = log_probs(models.actor, batch, temperature, with_entropy=True)
+        with timer("ref", timings):
+            done.ref_logp, _ = log_probs(models.ref, batch, temperature)
+        if models.critic is not None:
+            with timer("values", timings):
+                done.old_values = values(models.critic, batch)
+    with timer("adv", timings):
+        if models.critic is not None:
+            done.advantages, done.returns = algos.gae_advantages(done.token_rewards, done.old_values, mask,
+                                                                 cfg.algorithm.gamma, cfg.algorithm.lam)
+        else:
+            done.advantages = algos.grpo_advantages(done.scores, cfg.actor_rollout_ref.rollout.n, mask,
+                                                    cfg.algorithm.norm_adv_by_std_in_grpo)
+            done.returns = done.advantages
+
+
+def _update(run: _Run, done: _Step, step: int, gradients_due: bool) -> None:
+    cfg, models, arr, timings = run.cfg, run.models, run.cfg.actor_rollout_ref, done.timings
+    rows_per_minibatch = arr.actor.ppo_mini_batch_size * arr.rollout.n
+    if models.critic is not None:
+        assert models.critic_optim is not None  # built together with the critic
+        with timer("update_critic", timings):
+            set_lr(models.critic_optim, cfg.critic.optim, step)
+            done.metrics.update(update_critic(models.critic, models.critic_optim, done.batch, done.old_values,
+                                              done.returns, cfg.critic, arr.actor.grad_clip, rows_per_minibatch,
+                                              run.probes["critic"] if gradients_due else None))
+    with timer("update_actor", timings):
+        set_lr(models.actor_optim, arr.actor.optim, step)
+        done.metrics.update(update_actor(models.actor, models.actor_optim, done.batch, done.old_logp, done.ref_logp,
+                                         done.advantages, arr.actor, arr.rollout.temperature, rows_per_minibatch,
+                                         run.probes["actor"] if gradients_due else None))
+    with timer("update_weights", timings):
+        run.engine.sync_weights()
+
+
+def _after_update(run: _Run, done: _Step, step: int, gradients_due: bool) -> None:
+    t, timings, metrics = run.cfg.trainer, done.timings, done.metrics
+    if _due(step, t.test_freq, t.total_steps):
+        with timer("testing", timings):
+            val_metrics, done.rows = run.validate()
+        metrics.update(val_metrics)
+        done.val_acc = val_metrics[f"val-core/{run.task.name}/acc/mean@1"]
+    if _due(step, t.save_freq, t.total_steps):
+        with timer("save_checkpoint", timings):
+            done.saved = save_checkpoint(t.default_local_dir, step,
+                                         {**run.models.state_dict(run.task), "tracking_run_id": run.tracking.run_id})
+    if gradients_due:
+        timings["gradient_capture"] = 0.0
+        for probe in run.probes.values():  # the gradients were taken in the updates; the weights now
+            layers, norms, spent = probe.figures()
+            done.histograms.update(layers)
+            metrics.update(norms)
+            timings["gradient_capture"] += spent
+    if _due(step, t.image_freq, t.total_steps):
+        with timer("kl_heatmap", timings):
+            done.heatmap, metrics["actor/kl_heatmap/max"] = batch_kl_heatmap(done.old_logp, done.ref_logp,
+                                                                             done.batch.response_mask,
+                                                                             done.batch.response_valid)
+
+
+def _log_step(run: _Run, step: int, done: _Step, val_logger: ValidationGenerationsLogger) -> float:
+    """Log the step on rank 0, as verl does; the microseconds ``log(metrics)`` took."""
+    t, tracking, n = run.cfg.trainer, run.tracking, run.cfg.actor_rollout_ref.rollout.n
+    metrics = _step_metrics(run, step, done)
+    before = time.perf_counter()
+    tracking.log(metrics, step=step)
+    log_us = (time.perf_counter() - before) * 1e6
+    tracking.log_histogram("critic/score_dist", done.scores.cpu().numpy(), step)
+    for name, values_of_layer in done.histograms.items():
+        tracking.log_histogram(name, values_of_layer, step)
+    if done.heatmap is not None:
+        tracking.log_image("actor/kl_heatmap", done.heatmap, step)
+    if _due(step, t.text_freq, t.total_steps):
+        tracking.log_text("rollout/samples", markdown_samples(run.task, step, done.problems, done.episodes.episodes,
+                                                              done.scored, n), step)
+    if done.saved is not None:  # versioned: one artifact name, a version per checkpoint
+        tracking.log_artifact(done.saved, name="checkpoint", type="checkpoint", step=step)
+    tracking.log_trajectories(_trajectories(run.task, done.problems, done.episodes.episodes, done.scored,
+                                            done.advantages, done.batch.response_mask, n, t.log_rollouts), step)
+    if done.rows:
+        val_logger.log(t.logger, done.rows, step)
+    return log_us
+
+
+def _step_metrics(run: _Run, step: int, done: _Step) -> dict[str, float]:
+    """verl's metric families of the step: the updates', the data's, the rollouts', the timings and throughput."""
+    batch, mask, n = done.batch, done.batch.response_mask, run.cfg.actor_rollout_ref.rollout.n
+    metrics = done.metrics
+    metrics["actor/entropy_old"] = float(algos.masked_mean(done.entropy, mask))
+    metrics.update(data_metrics(batch, done.scores, done.token_rewards, done.advantages, done.returns,
+                                done.old_values if run.models.critic is not None else None, run.max_prompt,
+                                run.max_response))
+    metrics.update(mismatch_metrics(done.episodes.rollout.logprobs, done.old_logp, mask))
+    metrics.update(_score_shape(done.scored, n))
+    metrics.update(reward_metrics(done.scored))
+    metrics.update(episode_metrics(done.episodes.episodes))
+    metrics.update(seqlen_balance_metrics(batch, run.cfg.trainer.n_gpus_per_node))
+    metrics.update(timing_metrics(done.timings, batch))
+    metrics.update(throughput_metrics(done.timings, batch, run.device))
+    metrics.update({"training/global_step": step, "training/epoch": 0})
+    return metrics
 
 
 # -- helpers, each one job -----------------------------------------------------------------------
