@@ -1,11 +1,10 @@
 """``python -m trainer``: GRPO (or PPO) on a built-in tool-use task, logged through ``pipeline.Tracking``.
 
-Reads top to bottom like verl's ``RayPPOTrainer.fit`` on rank 0 (``_fit``: ``_setup``, then each step ``_train_step`` and
-``_log_step``): config, models (a supervised
-warm-up, or a checkpoint), then each step multi-turn rollout (the policy may call a calculator) ->
-reward by component -> old and reference log-probs (-> values) -> advantages -> update -> log about
-100 verl metric keys, a score histogram and a few rollout trajectories; validation every
-``trainer.test_freq`` steps.
+Reads top to bottom like verl's ``RayPPOTrainer.fit`` on rank 0 (``_fit``: ``_setup``, then each step
+``_train_step`` and ``_log_step``): config, models (a supervised warm-up, or a checkpoint), then each step multi-turn
+rollout (the policy may call a calculator) -> reward by component -> old and reference log-probs (-> values) ->
+advantages -> update -> log about 100 verl metric keys, a score histogram and a few rollout trajectories; validation
+every ``trainer.test_freq`` steps.
 
     python -m trainer [--print-config] [key=value ...]
     python -m trainer trainer.logger=[console,tensorboard] trainer.total_steps=200 actor_rollout_ref.rollout.n=8
