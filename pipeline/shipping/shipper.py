@@ -7,7 +7,8 @@ Shutdown is a request like a flush, with a deadline: drain, close each tracker, 
 the actors. A batch is in the spool before any lane sees it, and leaves it once every
 lane's tracker acknowledged it.
 
-The shipper is the loop and the barriers; what differs between rank 0 and a producer is
+The shipper is the loop; a flush or close is a ``Barrier`` (barrier.py: its phases) that the loop moves on each
+round, asking the shipper what only it knows. What differs between rank 0 and a producer is
 the stages it is handed, wired in one place each (async_pipeline.py, producer_pipeline.py):
 the converter, the spool (spool_stage.py), the calls that flush and close the trackers
 (tracker_calls.py), the producers' hub (hub.py) and a progress callback.
@@ -20,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -34,9 +35,10 @@ from pipeline.core.records import Metrics, Record, Text
 from pipeline.core.reduction import LANE as REDUCE_LANE
 from pipeline.core.report import PipelineReport, ProducerReport, ReductionReport
 from pipeline.node.busy import ThreadBusy
+from pipeline.shipping.barrier import Barrier, producers_settled
 from pipeline.shipping.buffer import RecordBuffer
 from pipeline.shipping.health import health_figures
-from pipeline.shipping.hub import REPORT_EVERY_S, HubWatch, Targets, behind
+from pipeline.shipping.hub import HubWatch
 from pipeline.shipping.lane import Entry
 from pipeline.shipping.orphans import Orphans
 from pipeline.shipping.reduced import ReducedPoints
@@ -54,24 +56,6 @@ _BUSY_WAIT_S = 0.02  # sleep while a barrier is pending or answers are awaited
 _ANSWER_S = 0.5
 """How long past its deadline a barrier's answer may take (the report: the producers' last words, the spool's
 close) before the caller gets a timed-out report instead: finish() returns within finish_timeout_s + this."""
-
-
-@dataclass(slots=True, kw_only=True)
-class _Barrier:
-    """A flush() or finish() waiting for the lanes; answered with a report."""
-
-    closing: bool
-    exit_code: int
-    drain_deadline: float
-    deadline: float
-    started: float = field(default_factory=time.monotonic)
-    target: int | None = None  # last seq that must be settled
-    producer_targets: Targets | None = None  # closing: what producers handed each lane before finish (hub.py)
-    producer_unshipped: dict[str, int] | None = None  # closing: live producers' records logged, not yet shipped
-    reduce_phase: int = 0  # closing with a reduce lane: 1 its FINISH sent, 2 the points it answered with sent
-    calls: dict[str, Any] = field(default_factory=dict)  # lane -> ref of flush()/close()
-    done: threading.Event = field(default_factory=threading.Event)
-    report: PipelineReport | None = None
 
 
 @dataclass(slots=True)
@@ -117,7 +101,7 @@ class Shipper:
         self._dead_told: set[str] = set()  # lanes whose giving up was logged to the others
         self._seq = spool.first_seq if spool is not None else 0
         self._bulk: deque[_BulkItem] = deque()  # big parts of calls already taken, shipped a batch a round
-        self._barriers: list[_Barrier] = []  # guarded by the buffer's lock
+        self._barriers: list[Barrier] = []  # guarded by the buffer's lock
         self._finished = False
         self._closing = False  # set once trackers are being closed: nothing more is shipped
         self._last_step = 0
@@ -157,16 +141,16 @@ class Shipper:
         share = 1.0 - min(0.25, 15.0 / max(timeout, 1e-9))
         return self._await(self._post(closing=True, exit_code=exit_code, timeout=timeout, drain_share=share), timeout)
 
-    def _post(self, *, closing: bool, exit_code: int, timeout: float, drain_share: float) -> _Barrier:
+    def _post(self, *, closing: bool, exit_code: int, timeout: float, drain_share: float) -> Barrier:
         now = time.monotonic()
-        barrier = _Barrier(closing=closing, exit_code=exit_code,
+        barrier = Barrier(closing=closing, exit_code=exit_code,
                            drain_deadline=now + timeout * drain_share, deadline=now + timeout)
         with self._buffer.ready:
             self._barriers.append(barrier)
             self._buffer.ready.notify()
         return barrier
 
-    def _await(self, barrier: _Barrier, timeout: float) -> PipelineReport:
+    def _await(self, barrier: Barrier, timeout: float) -> PipelineReport:
         if not self._thread.is_alive() and not barrier.done.is_set():
             return self._report(barrier, timed_out=True)
         if barrier.done.wait(timeout + _ANSWER_S) and barrier.report is not None:
@@ -382,70 +366,43 @@ class Shipper:
             return
         now = time.monotonic()
         for barrier in list(self._barriers):
-            if barrier.target is None:  # everything logged before the request goes out first
-                self._ship(force=True)
-                if self.bulk_pending() and now < barrier.drain_deadline:
-                    continue  # a dump: a batch a round, the lanes pumped between them
-                barrier.target = self._seq
-            if not barrier.calls and ((self._all_settled(barrier.target) and self._producers_settled(barrier)
-                                       and self._orphans_settled(barrier)) or now >= barrier.drain_deadline):
-                if self._reduce_first(barrier, now):
-                    continue
-                barrier.calls = self._call_lanes(barrier)
-            if barrier.calls and (self._calls_done(barrier) or now >= barrier.deadline):
-                self._answer(barrier, timed_out=now >= barrier.deadline)
+            barrier.advance(self, now)
 
-    def _reduce_first(self, barrier: _Barrier, now: float) -> bool:
-        """Closing with a reduce lane, once every producer's last batch is in it: its FINISH (it completes every
-        open step), then the points it answered with, each waited for like the batches before; True while so."""
-        if not barrier.closing or self._reduced is None or barrier.reduce_phase >= 2 or now >= barrier.drain_deadline:
+    # -- what a barrier asks of the shipper (barrier.py's BarrierHost) ------------------------
+    def ship_before(self, barrier: Barrier, now: float) -> bool:
+        self._ship(force=True)
+        return not (self.bulk_pending() and now < barrier.drain_deadline)  # a dump: a batch a round, lanes pumped
+
+    def settled(self, barrier: Barrier) -> bool:
+        target = barrier.target if barrier.target is not None else self._seq
+        return self._all_settled(target) and producers_settled(barrier, self.hub, self._lanes) \
+            and self._orphans_settled(barrier)
+
+    def finish_reductions(self) -> bool:
+        if self._reduced is None:
             return False
-        if barrier.reduce_phase == 0:
-            self._send([self._reduced.finish()])
-        # else: its answer to the FINISH came (the lanes settled it), and this round's _send_reduced sent the points
-        barrier.reduce_phase += 1
-        barrier.target = self._seq
+        self._send([self._reduced.finish()])
         return True
 
-    def _all_settled(self, target: int) -> bool:
-        return all(lane.settled(target) for lane in self._lanes.values())
-
-    def _producers_settled(self, barrier: _Barrier) -> bool:
-        """Closing: every live lane has what each producer handed it before finish() (as the hub knew it), and no
-        live producer holds records it has not shipped."""
-        if not barrier.closing or self.hub is None:
-            return True
-        # a live producer still ships what it had logged when the close began: its new batches are waited for too
-        # (a snapshot asked for a report interval after the close began holds what each producer had logged by then)
-        barrier.producer_unshipped = self.hub.unshipped(barrier.producer_unshipped, barrier.started + REPORT_EVERY_S)
-        if barrier.producer_unshipped is None:
-            return False
-        if barrier.producer_targets is None or barrier.producer_unshipped:
-            barrier.producer_targets = self.hub.targets()
-            if barrier.producer_targets is None:
-                return False
-        lagging = behind(self._lanes, barrier.producer_targets)
-        for lane in lagging:
-            lane.refresh()  # ask its actor how far each producer got
-        return not lagging and not barrier.producer_unshipped
-
-    def _orphans_settled(self, barrier: _Barrier) -> bool:
-        """Closing: the lanes hold every batch dead producers spooled (their spools found so far)."""
-        return not barrier.closing or self._orphans is None or self._orphans.settled()
-
-    def _call_lanes(self, barrier: _Barrier) -> dict[str, Any]:
+    def call_trackers(self, barrier: Barrier) -> dict[str, Any]:
         if barrier.closing:
             self._closing = True
             for lane in self._lanes.values():
                 lane.freeze()  # nothing may reach a tracker after its close
-        calls = {} if self._tracker_calls is None else \
+        return {} if self._tracker_calls is None else \
             self._tracker_calls.call(self._lanes, barrier.closing, barrier.exit_code)
-        return calls or {"": None}  # nothing to call: the barrier is answered at once
 
-    def _calls_done(self, barrier: _Barrier) -> bool:
+    def calls_answered(self, barrier: Barrier) -> bool:
         return TrackerCalls.all_answered({name: ref for name, ref in barrier.calls.items() if ref is not None})
 
-    def _answer(self, barrier: _Barrier, timed_out: bool) -> None:
+    def _all_settled(self, target: int) -> bool:
+        return all(lane.settled(target) for lane in self._lanes.values())
+
+    def _orphans_settled(self, barrier: Barrier) -> bool:
+        """Closing: the lanes hold every batch dead producers spooled (their spools found so far)."""
+        return not barrier.closing or self._orphans is None or self._orphans.settled()
+
+    def answer(self, barrier: Barrier, timed_out: bool) -> None:
         results = TrackerCalls.collect({name: ref for name, ref in barrier.calls.items() if ref is not None})
         for name, result in results.items():
             if isinstance(result, Ack):
@@ -453,7 +410,7 @@ class Shipper:
             else:
                 self._lanes[name].report.note_error(result)
         for name in barrier.calls:
-            if name and name not in results and barrier.closing:  # a flush that timed out is only late (timed_out)
+            if name not in results and barrier.closing:  # a flush that timed out is only late (timed_out)
                 self._lanes[name].report.note_error("did not answer before the deadline")
         unsettled = not self._all_settled(barrier.target if barrier.target is not None else self._seq)
         if barrier.closing and self._spool is not None:
@@ -471,7 +428,7 @@ class Shipper:
             self._barriers.remove(barrier)
         barrier.done.set()
 
-    def _report(self, barrier: _Barrier, timed_out: bool) -> PipelineReport:
+    def _report(self, barrier: Barrier, timed_out: bool) -> PipelineReport:
         return self._converter.counted(PipelineReport(
             lanes={name: lane.snapshot() for name, lane in self._lanes.items()},
             buffered_records=len(self._buffer) + len(self._bulk),

@@ -1,0 +1,133 @@
+"""A ``flush()`` or ``finish()`` waiting on the shipper thread: the barrier and the phases it goes through.
+
+The caller posts a barrier and waits on ``done``; the shipper thread moves it on a phase at a time
+(``Barrier.advance``), asking the shipper (``BarrierHost``) what it alone knows:
+
+    SHIP            what was logged before the request goes out first (a dump: a batch a round)
+    SETTLE          until every lane holds the batches up to ``target`` (closing: also what live producers handed
+                    the lanes and what dead producers' spools hold), or the drain's deadline
+    REDUCE_FINISH   closing with a reduce lane: its FINISH sent (it completes every open step), settled like a batch
+    REDUCE_POINTS   the points it answered with sent into every tracker, settled like a batch
+    CALL            the trackers' flush() (or close()) called; answered when they all answered, or at the deadline
+    DONE            the report is in ``report``
+
+Past the drain's deadline the reduce phases are skipped and the trackers are called with what they have.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+from pipeline.core.report import PipelineReport
+from pipeline.shipping.hub import REPORT_EVERY_S, HubWatch, Targets, behind
+
+
+class Phase(Enum):
+    SHIP = "ship"
+    SETTLE = "settle"
+    REDUCE_FINISH = "reduce_finish"
+    REDUCE_POINTS = "reduce_points"
+    CALL = "call"
+    DONE = "done"
+
+
+class BarrierHost(Protocol):
+    """What a barrier asks of the shipper thread that serves it."""
+
+    def ship_before(self, barrier: Barrier, now: float) -> bool:
+        """Ship what was logged before the barrier; True once all of it is out (its last batch is ``seq``)."""
+
+    @property
+    def seq(self) -> int: ...
+
+    def settled(self, barrier: Barrier) -> bool:
+        """Every lane holds the batches up to ``barrier.target`` (closing: producers' and dead producers' too)."""
+
+    def finish_reductions(self) -> bool:
+        """Closing: send the reduce lane its FINISH; False when there is no reduce lane."""
+
+    def call_trackers(self, barrier: Barrier) -> dict[str, Any]:
+        """The trackers' flush() or close() calls made (lane -> ref); {} when there is nothing to call."""
+
+    def calls_answered(self, barrier: Barrier) -> bool: ...
+
+    def answer(self, barrier: Barrier, timed_out: bool) -> None:
+        """Make the report, end what the barrier ends, set ``report`` and ``done``."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Barrier:
+    """A flush() or finish() waiting for the lanes; answered with a report."""
+
+    closing: bool
+    exit_code: int
+    drain_deadline: float
+    deadline: float
+    started: float = field(default_factory=time.monotonic)
+    phase: Phase = Phase.SHIP
+    target: int | None = None
+    """The last batch that must be settled (set once what was logged before the barrier is shipped)."""
+    producer_targets: Targets | None = None
+    """Closing: what producers handed each lane before finish (hub.py)."""
+    producer_unshipped: dict[str, int] | None = None
+    """Closing: live producers holding records they logged before the close began and had not shipped."""
+    calls: dict[str, Any] = field(default_factory=dict)
+    """Lane -> ref of its tracker's flush() or close()."""
+    done: threading.Event = field(default_factory=threading.Event)
+    report: PipelineReport | None = None
+
+    def advance(self, host: BarrierHost, now: float) -> None:
+        """Move on as far as this round allows (the shipper thread calls it every round)."""
+        if self.phase is Phase.SHIP:
+            if not host.ship_before(self, now):
+                return
+            self.target, self.phase = host.seq, Phase.SETTLE
+        if self.phase in (Phase.SETTLE, Phase.REDUCE_FINISH, Phase.REDUCE_POINTS):
+            draining = now < self.drain_deadline
+            if draining and not host.settled(self):
+                return
+            if draining and self._reduce_next(host):
+                return  # the next round waits for what was just sent
+            self.calls, self.phase = host.call_trackers(self), Phase.CALL
+        if self.phase is Phase.CALL and (not self.calls or host.calls_answered(self) or now >= self.deadline):
+            host.answer(self, timed_out=now >= self.deadline)
+            self.phase = Phase.DONE
+
+    def _reduce_next(self, host: BarrierHost) -> bool:
+        """Closing with a reduce lane: its FINISH, then (its answer settled, and the points it completed sent by the
+        shipper's round) the points; each waited for like the batches before. False when nothing is left to send."""
+        if not self.closing:
+            return False
+        if self.phase is Phase.SETTLE:
+            if not host.finish_reductions():
+                return False
+            self.phase = Phase.REDUCE_FINISH
+        elif self.phase is Phase.REDUCE_FINISH:
+            self.phase = Phase.REDUCE_POINTS
+        else:
+            return False
+        self.target = host.seq
+        return True
+
+
+def producers_settled(barrier: Barrier, hub: HubWatch | None, lanes: dict[str, Any]) -> bool:
+    """Closing: every live lane has what each producer handed it before finish() (as the hub knew it), and no live
+    producer holds records it logged before the close began and has not shipped."""
+    if not barrier.closing or hub is None:
+        return True
+    # a snapshot asked for a report interval after the close began holds what each producer had logged by then
+    barrier.producer_unshipped = hub.unshipped(barrier.producer_unshipped, barrier.started + REPORT_EVERY_S)
+    if barrier.producer_unshipped is None:
+        return False
+    if barrier.producer_targets is None or barrier.producer_unshipped:  # its new batches are waited for too
+        barrier.producer_targets = hub.targets()
+        if barrier.producer_targets is None:
+            return False
+    lagging = behind(lanes, barrier.producer_targets)
+    for lane in lagging:
+        lane.refresh()  # ask its actor how far each producer got
+    return not lagging and not barrier.producer_unshipped
