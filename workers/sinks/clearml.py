@@ -383,6 +383,8 @@ class ClearmlSink(Sink):
             return
         try:
             try:
+                for _ in range(FLUSH_ROUNDS):  # everything reported written before close zips the session: its own
+                    task.flush(wait_for_uploads=True)  # flush may end a reporter cycle without the newest events
                 tags = [tag for tag in task.get_tags() if not tag.startswith(EXIT_TAG)]
                 task.set_tags([*tags, f"{EXIT_TAG}{exit_code}"])  # offline, the only record of how it ended
             finally:
