@@ -38,7 +38,7 @@ class PrometheusConfig:
 
 def prometheus_config(section: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> PrometheusConfig:
     """The section (a plain mapping) with the environment's fallbacks, refusing unknown keys and bad values."""
-    section = {key: value for key, value in dict(section or {}).items()}
+    section = dict(section or {})
     unknown = sorted(set(section) - set(PrometheusConfig.__slots__))
     if unknown:
         raise ConfigError(f"unknown key(s) trainer.prometheus.{', trainer.prometheus.'.join(unknown)}; "

@@ -129,8 +129,7 @@ class TraceForwarder:
         data, step = self.client.take()
         ((key, kept),) = data.items()
         metadata = kept.metadata if isinstance(kept.metadata, dict) else {}
-        attributes = {k: v for k, v in self.module._current_trace_attributes().items()
-                      if v is None or type(v) in (str, int, float, bool)}
+        attributes = self.module._current_trace_attributes()  # made plain by the shipper (numpy ints too)
         self.log(op_name, step, start_ns, end_ns, str(metadata.get("status", "success")),
                  {**attributes, "worker": self.worker}, kept.messages, metadata, key)
 
@@ -286,7 +285,7 @@ def patch_rl_insight(logger_class: Any) -> None:
             with verl_state(cls, state_name, state_lane_id=state_lane_id, **labels):
                 yield
             return
-        with spans.span(state_name, _plain({**labels, "state_lane_id": state_lane_id, "worker": spans.worker})):
+        with spans.span(state_name, {**labels, "state_lane_id": state_lane_id, "worker": spans.worker}):
             yield
 
     def trace_span(cls: Any, name: str, *, start_time_ns: int, end_time_ns: int,
@@ -295,7 +294,7 @@ def patch_rl_insight(logger_class: Any) -> None:
         if spans is None:
             return verl_span(cls, name, start_time_ns=start_time_ns, end_time_ns=end_time_ns, attributes=attributes)
         spans.log(name, None, int(start_time_ns), int(end_time_ns), "success",
-                  _plain({**(attributes or {}), "worker": spans.worker}), [], {"status": "success"}, f"span/{name}")
+                  {**(attributes or {}), "worker": spans.worker}, [], {"status": "success"}, f"span/{name}")
         return None
 
     logger_class.trace_state = classmethod(trace_state)
@@ -325,10 +324,6 @@ def _span_forwarder() -> TraceForwarder | None:
         return None
     _SPANS._only = [name for name in _SPANS.producer.backends if name in STORES_TRACES]
     return _SPANS
-
-
-def _plain(values: dict) -> dict:
-    return {str(k): v if v is None or type(v) in (str, int, float, bool) else str(v) for k, v in values.items()}
 
 
 def _in_ray_worker() -> bool:
