@@ -120,10 +120,13 @@ def producers_settled(barrier: Barrier, hub: HubWatch | None, lanes: dict[str, A
     if not barrier.closing or hub is None:
         return True
     # a snapshot asked for a report interval after the close began holds what each producer had logged by then
+    was_shipping = barrier.producer_unshipped
     barrier.producer_unshipped = hub.unshipped(barrier.producer_unshipped, barrier.started + REPORT_EVERY_S)
     if barrier.producer_unshipped is None:
         return False
-    if barrier.producer_targets is None or barrier.producer_unshipped:  # its new batches are waited for too
+    # what producers handed the lanes, again while one was still shipping and once more when it has shipped: its
+    # last batches are waited for too
+    if barrier.producer_targets is None or was_shipping or barrier.producer_unshipped:
         barrier.producer_targets = hub.targets()
         if barrier.producer_targets is None:
             return False
