@@ -174,7 +174,7 @@ class Lane:
         says which its tracker already holds."""
         for e in entries:
             self._window[e.seq] = Entry(seq=e.seq, ref=None, nbytes=e.nbytes, records=e.records,
-                                        oldest_log_time=e.oldest_time)
+                                        oldest_log_time=e.oldest_log_time)
             self.offered = max(self.offered, e.seq)
         self._window = OrderedDict(sorted(self._window.items()))
 

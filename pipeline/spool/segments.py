@@ -54,7 +54,7 @@ class SpoolEntry:
 
     seq: int
     records: int
-    oldest_time: float
+    oldest_log_time: float
     nbytes: int  # payload bytes
     segment: int  # first seq of its segment (the segment's name)
     offset: int  # of the frame in the segment
@@ -99,13 +99,13 @@ class _Segment:
     entries: list[SpoolEntry] = field(default_factory=list)
 
 
-def frame_header(seq: int, records: int, oldest_time: float, payload: bytes, bulk: bool = False,
+def frame_header(seq: int, records: int, oldest_log_time: float, payload: bytes, bulk: bool = False,
                  audience: frozenset[str] | None = None) -> bytes:
     """One frame's header and audience for ``payload`` (the payload follows them on disk)."""
     names = "\n".join(sorted(audience)).encode() if audience else b""
-    checked = _CHECKED.pack(seq, records, oldest_time, int(bulk), len(names)) + names
+    checked = _CHECKED.pack(seq, records, oldest_log_time, int(bulk), len(names)) + names
     crc = crc32c.crc32c(payload, crc32c.crc32c(checked))
-    return _HEADER.pack(MAGIC, len(payload), crc, seq, records, oldest_time, int(bulk), len(names)) + names
+    return _HEADER.pack(MAGIC, len(payload), crc, seq, records, oldest_log_time, int(bulk), len(names)) + names
 
 
 class Spool:
@@ -257,7 +257,7 @@ class Spool:
         return data[end - found.nbytes:end]
 
     # -- writing -------------------------------------------------------------------------
-    def append(self, seq: int, records: int, oldest_time: float, payload: bytes, bulk: bool = False,
+    def append(self, seq: int, records: int, oldest_log_time: float, payload: bytes, bulk: bool = False,
                audience: frozenset[str] | None = None) -> list[SpoolEntry]:
         """Write one batch (``bulk``, ``audience``: SpoolEntry's); returns the batches evicted to stay within
         ``max_bytes`` (usually none)."""
@@ -268,13 +268,13 @@ class Spool:
         if self._fd is None or self._segments[-1].size >= self._segment_bytes:
             self._roll(seq)
         segment = self._segments[-1]
-        header = frame_header(seq, records, oldest_time, payload, bulk, audience)
+        header = frame_header(seq, records, oldest_log_time, payload, bulk, audience)
         try:
             _write_all(self._fd, header, payload)
         except OSError:  # a full or failing disk: the spool stays as the index says, the caller decides
             self._cut_back(segment)
             raise
-        entry = SpoolEntry(seq=seq, records=records, oldest_time=oldest_time, nbytes=len(payload),
+        entry = SpoolEntry(seq=seq, records=records, oldest_log_time=oldest_log_time, nbytes=len(payload),
                            segment=segment.first, offset=segment.size, bulk=bulk, audience=audience or None)
         segment.size += len(header) + len(payload)
         self._bytes += len(header) + len(payload)
@@ -420,7 +420,7 @@ def _frame_at(data: bytes, pos: int, segment: int) -> SpoolEntry | None:
         audience = frozenset(bytes(data[pos + _HEADER.size:start]).decode().split("\n")) if names else None
     except UnicodeDecodeError:
         return None
-    return SpoolEntry(seq=seq, records=records, oldest_time=oldest, nbytes=length, segment=segment, offset=pos,
+    return SpoolEntry(seq=seq, records=records, oldest_log_time=oldest, nbytes=length, segment=segment, offset=pos,
                       bulk=bool(stream), audience=audience)
 
 
@@ -434,7 +434,7 @@ def _frame_v1_at(data: bytes, pos: int, segment: int) -> SpoolEntry | None:
     payload = memoryview(data)[pos + _HEADER_V1.size:end]
     if crc32c.crc32c(payload, crc32c.crc32c(data[pos + 12:pos + _HEADER_V1.size])) != crc:
         return None
-    return SpoolEntry(seq=seq, records=records, oldest_time=oldest, nbytes=length, segment=segment, offset=pos)
+    return SpoolEntry(seq=seq, records=records, oldest_log_time=oldest, nbytes=length, segment=segment, offset=pos)
 
 
 def _frame_end(data: bytes, entry: SpoolEntry) -> int:

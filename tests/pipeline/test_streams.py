@@ -120,7 +120,7 @@ def test_preloaded_batches_go_back_to_their_streams_and_skip_what_each_stored():
     tracker holds, and only the rest is sent, once."""
     actor = TwoStreamSink.remote(applied={"": 3, "~bulk": 2})
     lane = _pair(actor)
-    lane.preload([SpoolEntry(seq=seq, records=1, oldest_time=time.time(), nbytes=10, segment=1, offset=0, bulk=bulk)
+    lane.preload([SpoolEntry(seq=seq, records=1, oldest_log_time=time.time(), nbytes=10, segment=1, offset=0, bulk=bulk)
                   for seq, bulk in ((1, False), (2, True), (3, False), (4, True), (5, False))])
     lane.small._reload = lane.bulk._reload = lambda seq: ray.put(b"x")  # the spool's reader, for this test
     _pump_until(lane, lambda: lane.acked == 5)

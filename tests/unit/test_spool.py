@@ -61,7 +61,7 @@ def test_batches_read_back_after_reopen_and_files_are_private(tmp_path):
     again = Spool(str(tmp_path / "s"))
     assert [e.seq for e in again.entries()] == list(range(1, 31))
     assert all(again.read(seq) == _payload(seq) for seq in range(1, 31))
-    assert [e.records for e in again.entries()][:3] == [1, 2, 3] and again.entries()[0].oldest_time == 1001.0
+    assert [e.records for e in again.entries()][:3] == [1, 2, 3] and again.entries()[0].oldest_log_time == 1001.0
     assert len(_segments(tmp_path / "s")) > 3
     assert stat.S_IMODE(os.stat(tmp_path / "s").st_mode) == 0o700
     for path in _segments(tmp_path / "s"):
@@ -264,7 +264,7 @@ def test_a_frame_keeps_its_stream_and_audience_across_a_reopen(tmp_path):
     header = struct.pack("<4sIIQId", b"TLS1", len(payload), crc32c.crc32c(payload, crc32c.crc32c(checked)), 9, 4, 9.5)
     (old / f"seg-{9:016d}.tls").write_bytes(header + payload)
     back = Spool(str(tmp_path), readonly=True)
-    assert [(e.seq, e.records, e.oldest_time, e.bulk, e.audience) for e in back.entries()] == [
+    assert [(e.seq, e.records, e.oldest_log_time, e.bulk, e.audience) for e in back.entries()] == [
         (1, 3, 1.5, False, None), (2, 1, 2.5, True, frozenset({"file"})), (3, 2, 3.5, False, frozenset({"wandb", "file"}))]
     assert [back.read(seq) for seq in (1, 2, 3)] == [_payload(1), _payload(2, 5000), _payload(3)]
     [first] = Spool(str(old), readonly=True).entries()
