@@ -30,7 +30,7 @@ is one ``log*()`` call: a step's metrics, or a validation-generations record):
 - a SIGKILLed trainer's own window records: allowed losses, not named by any report (counted);
 - everything else the report says is lost (``dropped_records`` of the lane, of rank 0 and of each producer: a
   full disk's cost) is exactly how many must records are missing;
-- ``failed_records`` is 1 in MLflow (the poison) and 0 elsewhere, and nothing is left unacknowledged.
+- ``failed_records`` is 1 in MLflow (the poison) and 0 elsewhere, and nothing is left unstored.
 """
 
 from __future__ import annotations
@@ -451,8 +451,8 @@ def _match_report(tracker: str, expected: Expected, report: dict[str, Any] | Non
         rows.append({"what": "failed (the poison record in MLflow)", "named": failed, "missing": want})
         if failed != want:
             failures.append(f"the report counts {failed} failed record(s) for {tracker}, expected {want}")
-        if lane.get("unacked_records"):
-            failures.append(f"{lane['unacked_records']} record(s) still unacknowledged at finish()")
+        if lane.get("unstored_records"):
+            failures.append(f"{lane['unstored_records']} record(s) still not stored at finish()")
     return rows
 
 

@@ -569,7 +569,7 @@ def slow_tracker(work: Path, seconds: float = 20.0, keys: int = 100, pause: floa
                 health = tracking.health()
                 rss.append(me.memory_info().rss)
                 spool_bytes.append(health.get("tracklane/spool_bytes", 0))
-                unacked.append(health.get("tracklane/lane/memory/unacked_bytes", 0))
+                unacked.append(health.get("tracklane/lane/memory/unstored_bytes", 0))
             time.sleep(pause)
         report = tracking.finish(timeout=finish_timeout_s)
     got = stored_points("memory", work, tracking.run_id, "", "")
@@ -580,9 +580,9 @@ def slow_tracker(work: Path, seconds: float = 20.0, keys: int = 100, pause: floa
             "max_unacked_bytes": max(unacked, default=0), "max_spool_bytes": max(spool_bytes, default=0),
             "rss_mib_first_last_max": [round(rss[0] / 2**20), round(rss[-1] / 2**20), round(max(rss) / 2**20)]
             if rss else [], "arrived_steps": len(arrived), "dropped_records": memory.dropped_records,
-            "unacked_records_at_finish": memory.unacked_records, "evicted_records": report.spool.evicted_records
+            "unstored_records_at_finish": memory.unstored_records, "evicted_records": report.spool.evicted_records
             if report.spool else 0, "duplicated": sum(1 for n in got.values() if n > 1),
-            "accounted": len(arrived) + memory.dropped_records + memory.unacked_records, "summary": report.summary()}
+            "accounted": len(arrived) + memory.dropped_records + memory.unstored_records, "summary": report.summary()}
 
 
 # -- hung: finish() with a tracker that never answers, then replay ------------------------------
@@ -609,7 +609,7 @@ def hung_finish_then_replay(work: Path, mlflow_uri: str, steps: int = 200, keys:
     mlflow = tally(stored_points("mlflow", work, tracking.run_id, experiment, mlflow_uri), must, set(), keys)
     [run] = find_mlflow_run_ids(mlflow_uri, PROJECT, experiment)
     return {"scenario": "hung", "steps": steps, "keys": keys, "finish_timeout_s": finish_timeout_s,
-            "finish_s": round(finish_s, 1), "left_at_finish": report.lanes["mlflow"].unacked_records,
+            "finish_s": round(finish_s, 1), "left_at_finish": report.lanes["mlflow"].unstored_records,
             "summary_at_finish": report.summary(), "replay_rc": replay.returncode,
             "replay_stderr_tail": replay.stderr[-2000:], "mlflow_status": read_mlflow_run(mlflow_uri, run).status,
             "trackers": {"mlflow": mlflow}}

@@ -78,7 +78,7 @@ def _pipeline_bytes(mode: TracklaneMode) -> int:
     the last batch shipped (at most one flush interval old)."""
     tracking = mode.tracking
     buffered = int(tracking.health().get("tracklane/queue_bytes", 0))
-    return buffered + sum(lane.unacked_bytes for lane in tracking.lanes().values())
+    return buffered + sum(lane.unstored_bytes for lane in tracking.lanes().values())
 
 
 def calibrate(env: BenchEnv, trackers: tuple[str, ...], steps: int) -> dict:

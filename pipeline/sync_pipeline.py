@@ -83,7 +83,7 @@ class SyncPipeline:
         return True  # every tracker was opened in the constructor
 
     def lanes(self) -> dict[str, LaneInfo]:
-        return {name: LaneInfo(name=name, pid=os.getpid(), node_id="", unacked_bytes=0) for name in self._hosts}
+        return {name: LaneInfo(name=name, pid=os.getpid(), node_id="", unstored_bytes=0) for name in self._hosts}
 
     def flush(self, timeout: float) -> PipelineReport:
         """Every record is written already; this asks each tracker to flush (``timeout`` is not needed)."""
@@ -109,7 +109,7 @@ class SyncPipeline:
     def _report(self, started: float) -> PipelineReport:
         spool = self._spool.report() if self._spool is not None else None
         return self._converter.counted(PipelineReport(
-            lanes={name: _lane_report(name, host.ack(applied=0)) for name, host in self._hosts.items()},
+            lanes={name: _lane_report(name, host.ack(handed=0)) for name, host in self._hosts.items()},
             reductions=ReductionReport.of(self._reduced.figures, self._reduced.repeats, self._reduced.unlogged)
             if self._reduced is not None else None,
             dropped_records=self._late_drops, elapsed_s=time.monotonic() - started, spool=spool,

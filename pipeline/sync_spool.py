@@ -92,7 +92,7 @@ class SyncSpool:
         # A resumed run's folder may hold what its earlier process left: keep its trackers, number after every
         # batch any lane applied (a lane skips what it thinks it holds).
         states = glob.glob(os.path.join(lanes_dir(directory), "*.state"))
-        self._seq = max([spool.last_seq, *(LaneState.load(path).applied for path in states)])
+        self._seq = max([spool.last_seq, *(LaneState.load(path).stored_of("") for path in states)])
         self._manifest = RunManifest(run=self._run, backends=_earlier_backends(directory))
         self._spool = spool
         return spool, self._manifest

@@ -52,4 +52,4 @@ def _lane_watermarks(directory: str) -> dict[str, int]:
     folder = lanes_dir(directory)
     names = sorted(n[:-len(".state")] for n in os.listdir(folder) if n.endswith(".state")) \
         if os.path.isdir(folder) else []
-    return {name: LaneState.load(state_path(directory, name)).applied for name in names}
+    return {name: LaneState.load(state_path(directory, name)).stored_of("") for name in names}

@@ -51,7 +51,7 @@ def deliver_spool(directory: str, run: RunSpec, backends: dict[str, tuple[type, 
 
 def undelivered(report: PipelineReport) -> dict[str, int]:
     """Per tracker, the records it lacks (said on stderr); empty when every tracker has everything."""
-    left = {name: lane.unacked_records for name, lane in report.lanes.items() if not lane.complete}
+    left = {name: lane.unstored_records for name, lane in report.lanes.items() if not lane.complete}
     if left:
         print(f"tracklane: not everything arrived: {left}; run the same command again when the tracker is back",
               file=sys.stderr)
@@ -67,7 +67,7 @@ def _wait_with_progress(pipe: Any, deadline: float, progress: bool, desc: str) -
     total = None
     while time.monotonic() < deadline:
         report = pipe.flush(min(1.0, max(0.1, deadline - time.monotonic())))
-        waiting = sum(lane.unacked_records for lane in report.lanes.values())
+        waiting = sum(lane.unstored_records for lane in report.lanes.values())
         if total is None:
             total = waiting
             if progress:

@@ -74,20 +74,19 @@ class Work:
 
 @dataclass(slots=True, kw_only=True)
 class Ack:
-    """One answer of a sink host: how far its tracker got (``applied``) and how much of that its own store
-    already holds (``durable``)."""
+    """One answer of a sink host: how far its tracker got (``handed``) and how much of that its own store already
+    holds (``stored``): the two watermarks of pipeline/README.md's glossary."""
 
-    applied: int
-    """Sequence number of the last batch written into the tracker (0 on the synchronous path)."""
-    durable: int | None = None
-    """The last batch the tracker's store holds, when that is behind ``applied`` (None: the same). wandb's is:
+    handed: int
+    """Sequence number of the last batch handed to the tracker (0 on the synchronous path)."""
+    stored: int | None = None
+    """The last batch the tracker's store holds, when that is behind ``handed`` (None: the same). wandb's is:
     wandb-core writes its transaction log in 32 KiB blocks, so the newest rows are for a while only in its
-    memory. The lane keeps those batches (in the spool) until they are durable, to send again if the
-    actor dies."""
+    memory. The lane keeps those batches (in the spool) until they are stored, to send again if the actor dies."""
     gap: bool = False
-    """The batch was refused: it did not follow the last one applied (the lane re-sends in order)."""
+    """The batch was refused: it did not follow the last one handed (the lane re-sends in order)."""
     held: bool = False
-    """The tracker is down: the batch was not applied and nothing was counted (the lane sends it again
+    """The tracker is down: the batch was not handed and nothing was counted (the lane sends it again
     after a backoff; it is in the spool meanwhile)."""
     opened: bool = True
     """Whether the tracker is open (False: it failed to open and is retried at the next batch)."""
@@ -103,34 +102,34 @@ class Ack:
     """Process id of the host (the lane actor's, or the trainer's on the synchronous path)."""
     node_id: str = ""
     """Ray node id of the host ("" outside Ray)."""
-    sources: dict[str, int] = field(default_factory=dict)
-    """The last batch of each producer (``Tracking.producer``) the tracker was handed, by source id."""
+    handed_by_source: dict[str, int] = field(default_factory=dict)
+    """The last batch of each producer's stream (``Tracking.producer``) its tracker was handed, by source id."""
+    stored_by_source: dict[str, int] = field(default_factory=dict)
+    """The last batch of every source its tracker's store holds ("": the trainer's), as its state saves it:
+    rank 0 keeps a copy in its spool, so a lane on another node's disk re-sends nothing after a resume."""
     work: Work = field(default_factory=lambda: Work())
     """What the host has spent so far (this actor's life)."""
-    output: str = ""
-    """Lines the sink printed since the last answer to the trainer (the console's), for the trainer's own
-    stdout: a lane actor's stdout reaches the driver only through Ray's log forwarding, late and prefixed."""
-    reduced: dict[str, Any] = field(default_factory=dict)
-    """The reduce lane's answer to the trainer: ``{"points": [[step, {key: value}], ...], "figures": {...}}``
-    (host/sink.py ``Reducing``); empty from every other lane."""
     state_unsaved_since: float = 0.0
     """Since when (time.time(); 0: saved) the lane actor's acknowledgement state could not be saved (a full,
     read-only or failing disk): it is kept in memory and saved again once the disk takes it."""
-    stored: dict[str, int] = field(default_factory=dict)
-    """The last batch of every source its tracker's store holds ("": the trainer's), as its state saves it:
-    rank 0 keeps a copy in its spool, so a lane on another node's disk re-sends nothing after a resume."""
+    answers: dict[str, Any] = field(default_factory=dict)
+    """What a sink's optional capability brings back to the trainer, by capability (pipeline/wire/ack.py checks
+    each): ``output``, the lines the console printed since the last answer, for the trainer's own stdout (a lane
+    actor's stdout reaches the driver only through Ray's log forwarding, late and prefixed); ``reduced``, the
+    reduce lane's ``{"points": [[step, {key: value}], ...], "figures": {...}}`` (host/sink.py ``Reducing``).
+    A new capability adds a key and its check, no field."""
 
     @property
-    def durable_seq(self) -> int:
-        return self.applied if self.durable is None else min(self.durable, self.applied)
+    def stored_seq(self) -> int:
+        return self.handed if self.stored is None else min(self.stored, self.handed)
 
     def for_source(self, source: str) -> Ack:
         """This answer (to the trainer's source "") as its watermarks stand for another ``source`` of the same
         actor: a bulk stream's (shipping/streams.py), told by a flush or a close."""
-        applied = self.sources.get(source, 0)
-        stored = self.stored.get(source, 0)
-        return dataclasses.replace(self, applied=applied, durable=None if stored >= applied else stored, gap=False,
-                                   held=False, output="", reduced={})
+        handed = self.handed_by_source.get(source, 0)
+        stored = self.stored_by_source.get(source, 0)
+        return dataclasses.replace(self, handed=handed, stored=None if stored >= handed else stored, gap=False,
+                                   held=False, answers={})
 
 
 def _int(value: Any) -> int:

@@ -14,20 +14,20 @@ class LaneReport:
     """One tracker's lane at the moment of the report."""
 
     name: str
-    acked_seq: int = 0
-    """Last batch the tracker acknowledged."""
-    unacked_batches: int = 0
-    unacked_records: int = 0
-    """Records shipped to this lane and not (yet) acknowledged."""
+    stored_seq: int = 0
+    """Last batch the tracker's store holds."""
+    unstored_batches: int = 0
+    unstored_records: int = 0
+    """Records shipped to this lane and not (yet) stored by its tracker."""
     dropped_records: int = 0
     """Records this lane dropped because its bound was hit, or because its actor died for good."""
     failed_records: int = 0
     """Records the tracker rejected after every retry (or that never reached an opened tracker)."""
     lag_s: float = 0.0
-    """Age of the oldest unacknowledged batch."""
+    """Age of the oldest batch not handed to the tracker yet."""
     lag_p50_s: float = 0.0
     lag_p99_s: float = 0.0
-    """log() -> acknowledgement, over the acknowledged batches of small records (oldest record of each)."""
+    """log() -> handed to the tracker, over the handed batches of small records (oldest record of each)."""
     bulk_lag_s: float = 0.0
     bulk_lag_p50_s: float = 0.0
     bulk_lag_p99_s: float = 0.0
@@ -68,7 +68,7 @@ class LaneReport:
 
     @property
     def complete(self) -> bool:
-        return self.unacked_records == 0 and self.dropped_records == 0 and self.failed_records == 0
+        return self.unstored_records == 0 and self.dropped_records == 0 and self.failed_records == 0
 
     def note_error(self, text: str) -> None:
         """Something is wrong now: the error, and the last error with its time."""
@@ -92,7 +92,7 @@ class LaneReport:
             self.where = ack.where
 
     def line(self) -> str:
-        text = (f"{self.name}: acked through batch {self.acked_seq}, {self.unacked_records} unacknowledged, "
+        text = (f"{self.name}: stored through batch {self.stored_seq}, {self.unstored_records} not stored, "
                 f"{self.dropped_records} dropped, {self.failed_records} failed, lag p50 {self.lag_p50_s * 1e3:.0f} ms "
                 f"p99 {self.lag_p99_s * 1e3:.0f} ms")
         if self.bulk_lag_p99_s:
@@ -202,7 +202,7 @@ class PipelineReport:
 
     @property
     def complete(self) -> bool:
-        """Nothing buffered, dropped, failed or unacknowledged anywhere."""
+        """Nothing buffered, dropped, failed or not stored anywhere."""
         return (not self.timed_out and self.buffered_records == 0 and self.dropped_records == 0
                 and self.rejected_records == 0 and all(lane.complete for lane in self.lanes.values())
                 and (self.spool is None or self.spool.damaged == 0)
@@ -221,7 +221,7 @@ class PipelineReport:
             lines.append(f"  {self.reductions.line()}")
         if self.spool is not None:
             lines.append(f"  {self.spool.line()}")
-            behind = [name for name, lane in self.lanes.items() if lane.unacked_records]
+            behind = [name for name, lane in self.lanes.items() if lane.unstored_records]
             if behind:
                 lines.append(f"  not delivered yet, kept in the spool; deliver with: {self.spool.replay_command(behind)}")
             if self.spooled:
@@ -337,5 +337,5 @@ class LaneInfo:
     """Process of the lane's sink host: its Ray actor, or the trainer itself on the synchronous path."""
     node_id: str
     """Ray node id of that process ("" outside Ray)."""
-    unacked_bytes: int
+    unstored_bytes: int
     """Encoded bytes shipped to the lane and not acknowledged yet (0 on the synchronous path)."""

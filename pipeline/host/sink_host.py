@@ -33,12 +33,7 @@ class SinkHost:
         ``node_note`` is added to ``where`` (the node the paths are on, when it is not the trainer's)."""
         self.lane = lane
         self.sink = sink
-        # The optional capabilities (sink.py), asked once: None where the sink has none.
-        self._positions = sink if isinstance(sink, BatchPositions) else None
-        self._lagging = sink if isinstance(sink, LaggingStore) else None
-        self._undoable = sink if isinstance(sink, Undoable) else None
-        self._printing = sink if isinstance(sink, CapturedOutput) else None
-        self._reducing = sink if isinstance(sink, Reducing) else None
+        self._ask_capabilities(sink)
         if counts is not None:
             sink.counts = counts
         self.resume: dict[str, Any] | None = dict(resume) if resume is not None else None
@@ -48,6 +43,18 @@ class SinkHost:
         self._sleep = sleep
         self._node_id = node_id
         self._node_note = node_note
+        self._start_unopened()
+
+    def _ask_capabilities(self, sink: Sink) -> None:
+        """The optional capabilities (sink.py), asked once: None where the sink has none."""
+        self._positions = sink if isinstance(sink, BatchPositions) else None
+        self._lagging = sink if isinstance(sink, LaggingStore) else None
+        self._undoable = sink if isinstance(sink, Undoable) else None
+        self._printing = sink if isinstance(sink, CapturedOutput) else None
+        self._reducing = sink if isinstance(sink, Reducing) else None
+
+    def _start_unopened(self) -> None:
+        """The tracker's state as this host sees it at first: not opened yet, nothing failed."""
         self._opened = False
         self._closed = False
         self._failing = False  # the last write failed: warn once per outage, not per batch
@@ -221,10 +228,11 @@ class SinkHost:
         """What the reduce lane's sink completed since the last call ({} from any other sink, or before it opened)."""
         return self._reducing.take_reduced() if self._reducing is not None and self._opened else {}
 
-    def ack(self, applied: int, durable: int | None = None, gap: bool = False, held: bool = False,
-            sources: dict[str, int] | None = None, work: Work | None = None, output: str = "") -> Ack:
+    def ack(self, handed: int, stored: int | None = None, gap: bool = False, held: bool = False,
+            handed_by_source: dict[str, int] | None = None, work: Work | None = None,
+            answers: dict[str, Any] | None = None) -> Ack:
         """This host's figures now, as the lane and the report read them."""
-        return Ack(applied=applied, durable=None if durable == applied else durable, gap=gap, held=held,
-                   sources=sources or {}, opened=self._opened, error=self.error, last_error=self.last_error,
+        return Ack(handed=handed, stored=None if stored == handed else stored, gap=gap, held=held,
+                   handed_by_source=handed_by_source or {}, opened=self._opened, error=self.error, last_error=self.last_error,
                    last_error_at=self.last_error_at, counts=self.counts, where=self.sink.where() + self._node_note,
-                   pid=os.getpid(), node_id=self._node_id, work=work or Work(), output=output)
+                   pid=os.getpid(), node_id=self._node_id, work=work or Work(), answers=answers or {})

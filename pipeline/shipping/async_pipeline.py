@@ -67,7 +67,7 @@ class AsyncPipeline:
             opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
                                   sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
                                   trainer_node=trainer_node, priority=_priority(sink_class, cfg.background_priority),
-                                  stored=spooling.seen.get(name, {}) if spooling is not None else {},
+                                  stored=spooling.stored_copies.get(name, {}) if spooling is not None else {},
                                   env=lane_env(cfg.actor_options, env))
             actor = actor_class.options(**options).remote(name, opening.pack())
             lane = TrackerLane(name, actor, LaneSettings.of(cfg), reload=reload, on_output=TERMINAL.write,

@@ -31,6 +31,6 @@ def health_figures(buffer: RecordBuffer, converter: Converter, lanes: Iterable[T
     for lane in lanes:
         figures[f"tracklane/lane/{lane.name}/lag_s"] = lane.lag_s()
         figures[f"tracklane/lane/{lane.name}/bulk_lag_s"] = lane.bulk_lag_s()
-        figures[f"tracklane/lane/{lane.name}/unacked_bytes"] = lane.unacked_bytes
+        figures[f"tracklane/lane/{lane.name}/unstored_bytes"] = lane.unstored_bytes
         figures[f"tracklane/lane/{lane.name}/failed_records"] = lane.report.failed_records
     return figures

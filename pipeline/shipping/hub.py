@@ -103,7 +103,7 @@ def producer_reports(snapshot: bytes, lanes: dict[str, Any]) -> dict[str, Produc
 
 def _lags(lane: Any, handed: dict[str, int]) -> bool:
     """Whether ``lane``'s actor lacks some of what a producer handed it (stream source id -> last batch)."""
-    return any(lane.sources.get(source, 0) < seq for source, seq in handed.items())
+    return any(lane.handed_by_source.get(source, 0) < seq for source, seq in handed.items())
 
 
 Targets = dict[str, dict[str, int]]

@@ -1,10 +1,10 @@
 """The Ray actor that drains one lane into one tracker: sequence bookkeeping around a sink host.
 
-It decodes each batch, skips what it already applied (re-sends after a restart), refuses a
-batch that does not follow the last one applied, hands the rest to its ``SinkHost`` (which
-writes with retries, flushes and counts), records the sequence number durably, and answers with
+It decodes each batch, skips what its tracker was handed already (re-sends after a restart), refuses a
+batch that does not follow the last one handed, hands the rest to its ``SinkHost`` (which
+writes with retries, flushes and counts), saves the sequence number in its state, and answers with
 an ``Ack`` packed as msgpack. A tracker that cannot be reached makes it answer "held" (nothing
-applied; the lane sends the batch again later). A failing tracker costs only this lane.
+handed; the lane sends the batch again later). A failing tracker costs only this lane.
 
 Exactly once: the state moves right after the tracker's flush returned, and a sink that can undo
 a partial write (``Sink.mark``) has its undo point saved before the write, so an actor killed
@@ -68,9 +68,9 @@ class LaneActor:
             self._host.rollback(self._state.mark)
         self._state.pending, self._state.mark = 0, None
         # Per source (the trainer "", each producer): the last batch handed to the tracker; the state keeps
-        # the durable one.
-        self._written = {"": self._state.applied, **self._state.sources}
-        self._not_durable: deque[tuple[str, int, Any]] = deque()  # (source, seq, sink's point) not durable yet
+        # the stored one.
+        self._handed = dict(self._state.stored)
+        self._unstored: deque[tuple[str, int, Any]] = deque()  # (source, seq, sink's point) handed, not stored yet
         self._work = Work()
         self._cpu = ProcessCpu()  # its SDK's helper processes too (wandb-core)
         self._fresh_cpu = False  # the next answer looks at the live children (a flush's, a close's)
@@ -78,18 +78,18 @@ class LaneActor:
             self._save()
 
     def ready(self, source: str = "") -> bytes:
-        """Whether the tracker opened, and what was applied before (non-zero after a restart)."""
+        """Whether the tracker opened, and what it was handed before (non-zero after a restart)."""
         return self._answer(source)
 
     def apply(self, seq: int, prev: int, blob: bytes, final: bool = False, source: str = "") -> bytes:
         """Write batch ``seq`` of ``source`` if it follows ``prev``, the last batch that source's lane sent
         before it. ``final``: the lane waited long enough (max_outage_s); count what does not arrive
         instead of holding it. Each source (the trainer, each producer) numbers its own batches."""
-        written = self._written.get(source, 0)
-        if seq <= written:  # a re-send of what the tracker has already
+        handed = self._handed.get(source, 0)
+        if seq <= handed:  # a re-send of what the tracker has already
             self._settle()
             return self._answer(source)
-        if prev != written:
+        if prev != handed:
             return self._answer(source, gap=True)
         started = time.perf_counter()
         try:
@@ -110,38 +110,29 @@ class LaneActor:
             if not self._host.write(batch.records, hold=not final, durable=True, batch=(source, seq)):
                 return self._answer(source, held=True)  # the mark stays: rolling back to it undoes nothing
             self._work.records += len(batch.records)
-        self._written[source] = seq
-        self._not_durable.append((source, seq, self._host.written()))
+        self._handed[source] = seq
+        self._unstored.append((source, seq, self._host.written()))
         self._state.pending, self._state.mark = 0, None
         self._settle()
         self._save()
         return self._answer(source)
 
     def _settle(self) -> None:
-        """Move the durable watermarks over every batch the tracker's store now holds, in order."""
-        while self._not_durable:
-            source, seq, point = self._not_durable[0]
+        """Move the stored watermarks over every batch the tracker's store now holds, in order."""
+        while self._unstored:
+            source, seq, point = self._unstored[0]
             if point is not None and not self._host.durable(point):
                 return
-            self._not_durable.popleft()
-            self._set_durable(source, seq)
-
-    def _durable(self, source: str) -> int:
-        return self._state.applied if not source else self._state.sources.get(source, 0)
-
-    def _set_durable(self, source: str, seq: int) -> None:
-        if source:
-            self._state.sources[source] = seq
-        else:
-            self._state.applied = seq
+            self._unstored.popleft()
+            self._state.stored[source] = seq
 
     def catch_up(self, source: str, stored: int) -> bytes:
         """The lane knows from an earlier actor's answer that the tracker's store holds ``source``'s batches through
         ``stored``; this actor's state is behind (its disk refused the last saves before that actor died): take it,
-        or the lane's next batch would never follow the last one applied here."""
-        if stored > self._written.get(source, 0):
-            self._written[source] = stored
-            self._set_durable(source, max(stored, self._durable(source)))
+        or the lane's next batch would never follow the last one handed here."""
+        if stored > self._handed.get(source, 0):
+            self._handed[source] = stored
+            self._state.stored[source] = max(stored, self._state.stored_of(source))
             self._save()
         return self._answer(source)
 
@@ -156,9 +147,8 @@ class LaneActor:
         """End the tracker run; answers with the final figures."""
         self._fresh_cpu = True
         if self._host.close(exit_code):  # closed cleanly: its store holds everything handed to it
-            self._not_durable.clear()
-            for source, seq in self._written.items():
-                self._set_durable(source, seq)
+            self._unstored.clear()
+            self._state.stored.update(self._handed)
         self._save()
         return self._answer("")
 
@@ -191,20 +181,23 @@ class LaneActor:
         self._work.cpu_s = self._cpu.seconds(fresh=not source and not gap and not held and self._fresh_cpu)
         self._fresh_cpu = False
         output = "" if source else self._host.take_output()
-        if output and self._not_durable:  # the console's store is the trainer's stdout: its lines are on their way
+        if output and self._unstored:  # the console's store is the trainer's stdout: its lines are on their way
             self._settle()
             self._save()
         # Rank 0's streams hear how far every source got; a producer's only its own (an answer to each of 64
         # producers' batches naming all 128 streams cost the lane O(producers) a batch).
         streams = None if source in _RANK0 else (_own(source), bulk_source(_own(source)))
-        ack = self._host.ack(self._written.get(source, 0), durable=self._durable(source), gap=gap, held=held,
-                             sources={k: v for k, v in self._written.items() if k and (streams is None or k in streams)},
-                             work=self._work, output=output)
+        answers: dict[str, Any] = {"output": output} if output else {}
+        reduced = self._host.take_reduced() if not source else {}
+        if reduced:  # the reduce lane's points go to rank 0, which logs them into every tracker
+            answers["reduced"] = reduced
+        ack = self._host.ack(self._handed.get(source, 0), stored=self._state.stored_of(source), gap=gap, held=held,
+                             handed_by_source={k: v for k, v in self._handed.items()
+                                               if k and (streams is None or k in streams)},
+                             work=self._work, answers=answers)
         ack.state_unsaved_since = self._state_disk.off_since if self._state_disk is not None else 0.0
-        stored = self._state.stored()
-        ack.stored = stored if streams is None else {k: v for k, v in stored.items() if k in streams}
-        if not source:  # the reduce lane's points go to rank 0, which logs them into every tracker
-            ack.reduced = self._host.take_reduced()
+        stored = self._state.stored
+        ack.stored_by_source = stored if streams is None else {k: v for k, v in stored.items() if k in streams}
         return pack_ack(ack)
 
 

@@ -77,12 +77,12 @@ class _Adoption:
             if lane.answered and lane.name not in self.figures.lost and not lane.dead:
                 # Before anything is re-sent: how far its batches got, so the refused ones past it are lost.
                 self.figures.lost[lane.name] = sum(records for seq, records in self._unspooled
-                                                   if seq > lane.applied and seq not in self._spooled)
+                                                   if seq > lane.handed and seq not in self._spooled)
         if self.spool is None:
             return
-        live = [lane.acked for lane in self.lanes.values() if not lane.dead]
+        live = [lane.stored for lane in self.lanes.values() if not lane.dead]
         self.spool.release(min(live, default=self.last))
-        if not self.figures.delivered and all(lane.dead or lane.acked >= self.last for lane in self.lanes.values()) \
+        if not self.figures.delivered and all(lane.dead or lane.stored >= self.last for lane in self.lanes.values()) \
                 and all(lane.dead or lane.name in self.figures.lost for lane in self.lanes.values()):
             self.forget()
 

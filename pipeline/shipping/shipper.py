@@ -354,11 +354,11 @@ class Shipper:
             self._spool.release(self._acked_by_all())
         if self._copies is not None:
             for lane in self._lanes.values():
-                self._copies.update(lane.name, lane.stored)
+                self._copies.update(lane.name, lane.stored_by_source)
 
     def _acked_by_all(self) -> int:
         """Every lane's tracker holds the batches up to here: the spool may forget them."""
-        return min((lane.acked for lane in self._lanes.values()), default=self._seq)
+        return min((lane.stored for lane in self._lanes.values()), default=self._seq)
 
     # -- barriers ------------------------------------------------------------------------
     def _serve_barriers(self) -> None:

@@ -11,7 +11,7 @@ A batch the tracker has nothing in (its ``audience`` leaves it out: the file's s
 dashboards keep a sample) is never sent to it. The reduce lane never gets bulk.
 
 The spool may forget a batch once every tracker's store holds it: here, once no stream still waits for it
-(``acked``).
+(``stored``).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class TrackerLane:
         for bulk in (False, True):
             stream = self._stream(bulk)
             if stream is not None:
-                stream.preload(e for e in entries if e.bulk == bulk and self._mine(e.audience))
+                stream.window.preload(e for e in entries if e.bulk == bulk and self._mine(e.audience))
         self._offered = max([self._offered] + [e.seq for e in entries])
 
     def holds(self, entry: Entry) -> bool:
@@ -79,7 +79,7 @@ class TrackerLane:
         return stream is None or stream.has_room(nbytes)
 
     def evicted(self, seqs: set[int]) -> int:
-        return sum(stream.evicted(seqs) for stream in self.streams)
+        return sum(stream.window.evicted(seqs) for stream in self.streams)
 
     # -- progress ------------------------------------------------------------------------
     def waitables(self) -> list[Any]:
@@ -123,29 +123,30 @@ class TrackerLane:
     def offered(self) -> dict[str, int]:
         """Per stream (its source id), the last batch handed to it: the actor has them all once its ``sources``
         reach these."""
-        return {stream.source: stream.offered for stream in self.streams if stream.offered}
+        return {stream.source: stream.window.offered for stream in self.streams if stream.window.offered}
 
     @property
-    def sources(self) -> dict[str, int]:
+    def handed_by_source(self) -> dict[str, int]:
         """How far each source got at the actor, as of the newer of the two streams' answers."""
-        return _newest(stream.sources for stream in self.streams)
+        return _newest(stream.handed_by_source for stream in self.streams)
 
     @property
-    def stored(self) -> dict[str, int]:
-        return _newest(stream.stored for stream in self.streams)
+    def stored_by_source(self) -> dict[str, int]:
+        return _newest(stream.stored_by_source for stream in self.streams)
 
     def _first(self, stored: bool) -> int | None:
-        return min((seq for stream in self.streams if (seq := stream.first_pending(stored)) is not None), default=None)
+        return min((seq for stream in self.streams if (seq := stream.window.first_pending(stored)) is not None),
+                   default=None)
 
     @property
-    def acked(self) -> int:
+    def stored(self) -> int:
         """Every batch up to here that this tracker was offered is in its store (what the spool may forget)."""
         first = self._first(stored=True)
         return self._offered if first is None else first - 1
 
     @property
-    def applied(self) -> int:
-        """Every batch up to here was handed to the tracker (its store may hold less: ``acked``)."""
+    def handed(self) -> int:
+        """Every batch up to here was handed to the tracker (its store may hold less: ``stored``)."""
         first = self._first(stored=False)
         return self._offered if first is None else first - 1
 
@@ -153,31 +154,31 @@ class TrackerLane:
         return self.dead or all(stream.settled(through_seq) for stream in self.streams)
 
     @property
-    def unacked_bytes(self) -> int:
-        return sum(stream.unacked_bytes for stream in self.streams)
+    def unstored_bytes(self) -> int:
+        return sum(stream.window.nbytes for stream in self.streams)
 
     @property
     def outage_s(self) -> float:
         return max(stream.outage_s for stream in self.streams)
 
     def info(self) -> LaneInfo:
-        return dataclasses.replace(self.small.info(), unacked_bytes=self.unacked_bytes)
+        return dataclasses.replace(self.small.info(), unstored_bytes=self.unstored_bytes)
 
     def lag_s(self) -> float:
         """Age of the oldest small record its tracker lacks."""
-        return self.small.lag_s()
+        return self.small.window.lag_s()
 
     def bulk_lag_s(self) -> float:
-        return self.bulk.lag_s() if self.bulk is not None else 0.0
+        return self.bulk.window.lag_s() if self.bulk is not None else 0.0
 
     def snapshot(self) -> LaneReport:
         report = self.small.snapshot()
-        report.acked_seq = self.acked
+        report.stored_seq = self.stored
         if self.bulk is None:
             return report
         bulk = self.bulk.snapshot()
-        report.unacked_batches += bulk.unacked_batches
-        report.unacked_records += bulk.unacked_records
+        report.unstored_batches += bulk.unstored_batches
+        report.unstored_records += bulk.unstored_records
         report.dropped_records += bulk.dropped_records
         report.retries += bulk.retries
         report.restarts = max(report.restarts, bulk.restarts)

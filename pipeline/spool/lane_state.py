@@ -1,13 +1,13 @@
-"""A lane's durable acknowledgement state: the last batch applied, how to re-attach, what was not stored.
+"""A lane's acknowledgement state: the last batch its tracker stored, how to re-attach, what was not stored.
 
-Written atomically by the lane actor around every applied batch, so an actor that Ray restarts (or
+Written atomically by the lane actor around every batch it hands its tracker, so an actor that Ray restarts (or
 the actor of a resumed run, with the spool on) knows what its tracker already holds, skips re-sent
 batches instead of duplicating them, and continues its counts instead of starting again at zero.
 Read on the trainer side too, to know what a resumed run still has to deliver.
 
 ``pending``/``mark``: before a batch is written, a sink that can undo a partial write (the file
 logger, TensorBoard: truncate back to a byte offset) records where it stood; if the actor dies
-before ``applied`` moves, its successor rolls the tracker back to that mark and the re-sent batch
+before ``stored`` moves, its successor rolls the tracker back to that mark and the re-sent batch
 lands exactly once.
 """
 
@@ -21,7 +21,7 @@ import msgpack
 
 from pipeline.core.acks import SinkCounts
 from pipeline.core.files import write_atomically
-from pipeline.spool.manifest import seen_path
+from pipeline.spool.manifest import stored_copy_path
 
 log = logging.getLogger("tracklane")
 
@@ -36,10 +36,9 @@ def bulk_source(source: str) -> str:
 
 @dataclass(slots=True, kw_only=True)
 class LaneState:
-    applied: int = 0
-    """Sequence number of the trainer's last batch the tracker holds durably."""
-    sources: dict[str, int] = field(default_factory=dict)
-    """The same for each producer (``Tracking.producer``), by its source id: producers number their own batches."""
+    stored: dict[str, int] = field(default_factory=dict)
+    """Per source ("": the trainer's; a producer's source id: producers number their own batches), the last batch
+    its tracker's store holds."""
     resume: dict[str, Any] | None = None
     """What the sink's open() returned (e.g. the tracker run id); None before the first open."""
     counts: SinkCounts = field(default_factory=SinkCounts)
@@ -49,31 +48,22 @@ class LaneState:
     """Where the sink stood before ``pending`` (its ``mark()``), to roll back to."""
     path: str = field(default="", repr=False)
 
-    def catch_up(self, stored: dict[str, int]) -> bool:
-        """Take rank 0's copy of what the store holds (source -> last batch; "": the trainer's) where it is
-        ahead of this state; True if it was anywhere."""
-        ahead = False
-        for source, seq in stored.items():
-            mine = self.sources.get(source, 0) if source else self.applied
-            if seq > mine:
-                ahead = True
-                if source:
-                    self.sources[source] = seq
-                else:
-                    self.applied = seq
-        return ahead
+    def stored_of(self, source: str) -> int:
+        return self.stored.get(source, 0)
 
-    def stored(self) -> dict[str, int]:
-        """What the store holds, per source ("": the trainer's): what an Ack carries to rank 0's copy."""
-        return {"": self.applied, **self.sources}
+    def catch_up(self, stored: dict[str, int]) -> bool:
+        """Take rank 0's copy of what the store holds (source -> last batch) where it is ahead of this state;
+        True if it was anywhere."""
+        ahead = {source: seq for source, seq in stored.items() if seq > self.stored_of(source)}
+        self.stored.update(ahead)
+        return bool(ahead)
 
     @classmethod
     def load(cls, path: str) -> LaneState:
         try:
             with open(path, "rb") as handle:
                 data = msgpack.unpackb(handle.read(), raw=False)
-            return cls(applied=int(data["applied"]), resume=data.get("resume"),
-                       sources={str(k): int(v) for k, v in (data.get("sources") or {}).items()},
+            return cls(stored=_stored_map(data), resume=data.get("resume"),
                        counts=SinkCounts.from_plain(data.get("counts") or {}), pending=int(data.get("pending") or 0),
                        mark=data.get("mark"), path=path)
         except FileNotFoundError:
@@ -84,13 +74,21 @@ class LaneState:
             return cls(path=path)
 
     def save(self) -> None:
-        write_atomically(self.path, msgpack.packb({"applied": self.applied, "sources": self.sources, "resume": self.resume,
+        write_atomically(self.path, msgpack.packb({"stored": self.stored, "resume": self.resume,
                                                    "counts": self.counts.to_plain(),
                                                    "pending": self.pending, "mark": self.mark}, use_bin_type=True))
 
 
+def _stored_map(data: dict[str, Any]) -> dict[str, int]:
+    """The ``stored`` map of a saved state; a state saved before it had one holds the trainer's as ``applied``
+    and the producers' as ``sources``."""
+    if "stored" in data:
+        return {str(k): int(v) for k, v in data["stored"].items()}
+    return {"": int(data["applied"]), **{str(k): int(v) for k, v in (data.get("sources") or {}).items()}}
+
+
 class StoredCopies:
-    """Rank 0's copy of every lane's state, from the acknowledgements (``Ack.stored``): ``lanes/<name>.seen``
+    """Rank 0's copy of every lane's state, from the acknowledgements (``Ack.stored_by_source``): ``lanes/<name>.stored``
     in its spool. A lane actor on another node keeps its own state on that node's disk; a resumed run without
     shared storage hands this copy to the new actor, which then skips what its tracker holds already. Written
     when it changes (no fsync: like the spool's segments, it survives a killed process)."""
@@ -102,8 +100,7 @@ class StoredCopies:
     def update(self, lane: str, stored: dict[str, int]) -> None:
         if not stored or self._written.get(lane) == stored:
             return
-        state = LaneState(applied=stored.get("", 0), sources={k: v for k, v in stored.items() if k},
-                          path=seen_path(self._directory, lane))
+        state = LaneState(stored=dict(stored), path=stored_copy_path(self._directory, lane))
         try:
             state.save()
         except OSError:  # a full or failing disk: the spool's report says durability is off; kept for next time

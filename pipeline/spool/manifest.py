@@ -63,9 +63,12 @@ def state_path(directory: str, backend: str) -> str:
     return os.path.join(lanes_dir(directory), f"{backend}.state")
 
 
-def seen_path(directory: str, backend: str) -> str:
-    """Rank 0's copy of a lane's state (what its acknowledgements said), for a lane whose own is on another node."""
-    return os.path.join(lanes_dir(directory), f"{backend}.seen")
+def stored_copy_path(directory: str, backend: str) -> str:
+    """Rank 0's copy of a lane's state (what its acknowledgements said), for a lane whose own is on another node.
+    A spool written before this name holds it as ``<backend>.seen``: read from there while there is no other."""
+    path = os.path.join(lanes_dir(directory), f"{backend}.stored")
+    old = os.path.join(lanes_dir(directory), f"{backend}.seen")
+    return old if not os.path.exists(path) and os.path.exists(old) else path
 
 
 def default_spool_dir(run: RunSpec, trainer: Mapping[str, Any], env: Mapping[str, str]) -> str:

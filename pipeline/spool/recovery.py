@@ -18,7 +18,7 @@ from typing import Any
 from pipeline.config.async_log import AsyncLogConfig
 from pipeline.core.records import RunSpec
 from pipeline.spool.lane_state import LaneState, bulk_source
-from pipeline.spool.manifest import RunManifest, holds_a_spool, lanes_dir, seen_path, state_path
+from pipeline.spool.manifest import RunManifest, holds_a_spool, lanes_dir, state_path, stored_copy_path
 from pipeline.spool.segments import Spool, SpoolEntry
 
 log = logging.getLogger("tracklane")
@@ -37,7 +37,7 @@ class Spooling:
     """Per lane, the spooled batches its tracker had not acknowledged."""
     recovered: int = 0
     """Batches some lane still lacked when the spool was opened."""
-    seen: dict[str, dict[str, int]] = field(default_factory=dict)
+    stored_copies: dict[str, dict[str, int]] = field(default_factory=dict)
     """Per lane, rank 0's copy of what its tracker's store held (source -> last batch): handed to its actor."""
 
     @property
@@ -54,8 +54,8 @@ def open_spooling(cfg: AsyncLogConfig, run: RunSpec, backends: dict[str, dict[st
     os.makedirs(lanes_dir(directory), mode=0o700, exist_ok=True)
     manifest = RunManifest(run=run, backends=backends)
     manifest.save(directory)
-    seen = {name: LaneState.load(seen_path(directory, name)).stored() for name in backends}
-    stored = {name: _stored(LaneState.load(state_path(directory, name)).stored(), seen[name]) for name in backends}
+    copies = {name: LaneState.load(stored_copy_path(directory, name)).stored for name in backends}
+    stored = {name: _stored(LaneState.load(state_path(directory, name)).stored, copies[name]) for name in backends}
     entries = list(spool.entries())
     _forgive_delivered_gaps(spool, entries, min((min(s.values()) for s in stored.values()), default=0))
     pending = {name: [e for e in entries if e.seq > stored[name].get(bulk_source("") if e.bulk else "", 0)
@@ -66,12 +66,12 @@ def open_spooling(cfg: AsyncLogConfig, run: RunSpec, backends: dict[str, dict[st
         log.warning("tracklane: resuming run %s: %d spooled batch(es) not yet in every tracker are delivered first",
                     run.run_id, recovered)
     return Spooling(spool=spool, manifest=manifest, first_seq=first_seq, pending=pending, recovered=recovered,
-                    seen={name: stored for name, stored in seen.items() if any(stored.values())})
+                    stored_copies={name: stored for name, stored in copies.items() if any(stored.values())})
 
 
-def _stored(state: dict[str, int], seen: dict[str, int]) -> dict[str, int]:
+def _stored(state: dict[str, int], copy: dict[str, int]) -> dict[str, int]:
     """What a lane's tracker holds of rank 0's two streams: its state or rank 0's copy, whichever is ahead."""
-    return {source: max(state.get(source, 0), seen.get(source, 0)) for source in ("", bulk_source(""))}
+    return {source: max(state.get(source, 0), copy.get(source, 0)) for source in ("", bulk_source(""))}
 
 
 def set_aside_stale(directory: str, run: RunSpec) -> None:

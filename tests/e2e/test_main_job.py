@@ -114,8 +114,8 @@ def test_the_main_job_prints_in_order_and_unprefixed(job):
     assert "pid=" not in out and "LaneActor" not in out + err
     steps = [int(line.split()[1]) for line in out.splitlines() if line.startswith("step ")]
     assert steps == list(range(0, STEPS + 1)), out[-3000:]  # compact lines, one a step (0: validation), in order
-    lanes = [line for line in err.splitlines() if "acked through batch" in line]
-    assert len(lanes) == len(EVERY_LOGGER) and all("0 unacknowledged, 0 dropped, 0 failed" in line for line in lanes)
+    lanes = [line for line in err.splitlines() if "stored through batch" in line]
+    assert len(lanes) == len(EVERY_LOGGER) and all("0 not stored, 0 dropped, 0 failed" in line for line in lanes)
     assert (job.runs / "trackio").is_dir() and not (job.root / "mlruns").exists()
     assert list((job.runs / "clearml" / "offline").glob("*/task.json"))  # ClearML's offline session
     [board] = [line for line in out.splitlines() if line.strip().startswith("TensorBoard: ")]

@@ -194,12 +194,12 @@ def test_a_lane_keeps_unspooled_batches_in_memory_and_spills_the_spooled_ones():
         lane.offer(entry(seq, spooled=True))  # 3 waits on disk only
     lane.offer(entry(4, spooled=False))  # 1 gives up its memory
     lane.offer(entry(5, spooled=False))  # 2 too
-    assert [seq for seq, e in lane._window.items() if e.ref is not None] == [4, 5] and lane.unacked_bytes == 80
+    assert lane.window.in_memory() == [4, 5] and lane.window.nbytes == 80
     lane.offer(entry(6, spooled=False))  # nothing left to spill: 4, the oldest in memory only, is dropped
-    assert [seq for seq, e in lane._window.items() if e.ref is not None] == [5, 6]
+    assert lane.window.in_memory() == [5, 6]
     assert lane.snapshot().dropped_records == 4
-    assert lane.evicted({1, 5}) == 1  # 1 was only on disk; 5 is in memory
-    assert lane.snapshot().dropped_records == 5 and not lane._window[5].spooled
+    assert lane.window.evicted({1, 5}) == 1  # 1 was only on disk; 5 is in memory
+    assert lane.snapshot().dropped_records == 5 and not lane.window.entry(5).spooled
 
 
 # -- a lane actor ---------------------------------------------------------------------------------
@@ -222,11 +222,11 @@ def test_a_lane_actor_delivers_on_while_its_state_cannot_be_saved(tmp_path):
         ballast = _fill(disk)
         for seq in (2, 3):
             ack = unpack_ack(actor.apply(seq, seq - 1, _blob(seq, range(3 * seq - 3, 3 * seq))))
-            assert ack.applied == seq and ack.state_unsaved_since > 0 and not ack.gap
-        assert LaneState.load(str(disk / "lanes" / "memory.state")).applied == 1  # what the disk last took
+            assert ack.handed == seq and ack.state_unsaved_since > 0 and not ack.gap
+        assert LaneState.load(str(disk / "lanes" / "memory.state")).stored_of("") == 1  # what the disk last took
         ballast.unlink()
         assert unpack_ack(actor.apply(4, 3, _blob(4, range(9, 12)))).state_unsaved_since == 0
-        assert LaneState.load(str(disk / "lanes" / "memory.state")).applied == 4
+        assert LaneState.load(str(disk / "lanes" / "memory.state")).stored_of("") == 4
         actor.close(0)
         assert [r.step for r in memory_records(RUN.run_id, str(tmp_path / "memory"))] == list(range(12))
 
@@ -305,7 +305,7 @@ def _check_recovered(run: _Run, caplog: pytest.LogCaptureFixture, healed_at: int
     assert spool.unspooled_batches > 0 and "durability was off" in report.summary(), report.summary()
     assert _off_warnings(caplog) == spool.durability_outages  # one warning per outage, not one per batch
     assert all(lane.state_unsaved_since == 0 for lane in report.lanes.values()), report.summary()
-    last = report.lanes["file"].acked_seq
+    last = report.lanes["file"].stored_seq
     # Batches since the repair are on disk, the newest included. Not always from the repair on: a lane actor that
     # makes a removed folder again for its state can have a new segment land there before the spool looks.
     since = [seq for seq in on_disk if seq > healed_at]
@@ -331,10 +331,10 @@ def test_a_run_whose_spool_disk_fills_up_delivers_everything_and_says_so(tmp_pat
         ballast = _fill(disk)
         off = run.until(_off, between=lambda: _fill(disk))
         assert "durability OFF since" in off.summary() and off.spool and off.spool.disk_error.startswith("ENOSPC")
-        assert all(lane.unacked_records == 0 for lane in off.lanes.values()), off.summary()  # delivered from memory
+        assert all(lane.unstored_records == 0 for lane in off.lanes.values()), off.summary()  # delivered from memory
         assert any(lane.state_unsaved_since for lane in off.lanes.values()), off.summary()  # their states: same disk
         ballast.unlink()
-        healed_at = run.tracking.flush(timeout=30).lanes["file"].acked_seq
+        healed_at = run.tracking.flush(timeout=30).lanes["file"].stored_seq
         run.until(_back_on)
         run.log(40)
         _check_recovered(run, caplog, healed_at, same_disk=True)
@@ -368,10 +368,10 @@ def test_a_run_whose_spool_disk_goes_read_only_then_is_replaced(tmp_path, monkey
         trigger.write_text("tracklane disk fault test\n")  # ext4_error(): errors=remount-ro takes it read-only
         off = run.until(_off)
         assert off.spool and off.spool.disk_error.startswith("EROFS"), off.summary()
-        assert all(lane.unacked_records == 0 for lane in off.lanes.values()), off.summary()
+        assert all(lane.unstored_records == 0 for lane in off.lanes.values()), off.summary()
         _unmount(disk)  # held by the spool's and the lane actors' files: detached lazily
         _mount("-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(disk))
-        healed_at = run.tracking.flush(timeout=30).lanes["file"].acked_seq
+        healed_at = run.tracking.flush(timeout=30).lanes["file"].stored_seq
         run.until(_back_on)
         run.log(40)
         _check_recovered(run, caplog, healed_at, same_disk=False)
@@ -389,7 +389,7 @@ def test_a_run_whose_spool_folder_is_removed_makes_it_again(tmp_path, monkeypatc
     run.log(40)
     run.tracking.flush(timeout=60)
     shutil.rmtree(run.spool, ignore_errors=True)  # a lane actor may write its state meanwhile: the segments go
-    healed_at = run.tracking.flush(timeout=30).lanes["file"].acked_seq
+    healed_at = run.tracking.flush(timeout=30).lanes["file"].stored_seq
     run.until(_back_on)
     run.log(40)
     _check_recovered(run, caplog, healed_at, same_disk=False)

@@ -66,7 +66,7 @@ def test_health_metrics_are_logged(offline_trackers):
         health = tracking.health()  # what the trainer's progress line reads
     keys = set().union(*(line["data"] for line in file_lines(offline_trackers["file"])))
     assert {"tracklane/lag_s", "tracklane/queue_bytes", "tracklane/dropped_records",
-            "tracklane/lane/file/unacked_bytes"} <= keys
+            "tracklane/lane/file/unstored_bytes"} <= keys
     assert set(health) <= keys and "tracklane/lag_s" in health and health["tracklane/dropped_records"] == 0
 
 
@@ -120,11 +120,11 @@ def test_drop_oldest_bounds_a_slow_lane(offline_trackers):
     memory, file = report.lanes["memory"], report.lanes["file"]
     assert memory.dropped_records > 0
     # Exact accounting: each batch carried one health record; every record either arrived or was counted.
-    batches = file.acked_seq
+    batches = file.stored_seq
     assert len(memory_records(tracking.run_id)) + memory.dropped_records == 300 + batches
     assert file.complete and [line["step"] for line in _file_steps(offline_trackers["file"])] == list(range(300))
-    unacked = [line["data"]["tracklane/lane/memory/unacked_bytes"] for line in file_lines(offline_trackers["file"])
-               if "tracklane/lane/memory/unacked_bytes" in line["data"]]
+    unacked = [line["data"]["tracklane/lane/memory/unstored_bytes"] for line in file_lines(offline_trackers["file"])
+               if "tracklane/lane/memory/unstored_bytes" in line["data"]]
     assert unacked and max(unacked) <= bound
 
 
@@ -177,8 +177,8 @@ def test_with_the_spool_a_slow_lane_waits_on_disk_and_loses_nothing(offline_trac
     steps = [r.step for r in memory_records(tracking.run_id) if "k0" in getattr(r, "values", {})]
     assert steps == list(range(300))
     lines = file_lines(offline_trackers["file"])
-    unacked = [line["data"]["tracklane/lane/memory/unacked_bytes"] for line in lines
-               if "tracklane/lane/memory/unacked_bytes" in line["data"]]
+    unacked = [line["data"]["tracklane/lane/memory/unstored_bytes"] for line in lines
+               if "tracklane/lane/memory/unstored_bytes" in line["data"]]
     assert unacked and max(unacked) <= bound + 2 * 32 * 1024  # plus the batches in flight, read back from disk
     spooled = [line["data"]["tracklane/spool_bytes"] for line in lines if "tracklane/spool_bytes" in line["data"]]
     assert max(spooled) > bound  # it did wait on disk
@@ -231,7 +231,7 @@ def test_flush_is_a_barrier(offline_trackers):
     for step in range(10):
         tracking.log({"x": float(step)}, step=step)
     report = tracking.flush(timeout=30)
-    assert report.lanes["file"].unacked_records == 0 and not report.timed_out
+    assert report.lanes["file"].unstored_records == 0 and not report.timed_out
     assert [line["step"] for line in verl_lines(offline_trackers["file"])] == list(range(10))
     tracking.finish()
 

@@ -26,9 +26,9 @@ def _spool(folder: Path) -> None:
     spool.close()
     RunManifest(run=RunSpec(project="p", experiment="e", run_id="r1"), backends={"file": {}, "mlflow": {}}).save(str(folder))
     Path(lanes_dir(str(folder))).mkdir()
-    for name, applied in (("file", 3), ("mlflow", 1)):
+    for name, stored in (("file", 3), ("mlflow", 1)):
         state = LaneState.load(state_path(str(folder), name))
-        state.applied = applied
+        state.stored[""] = stored
         state.save()
 
 

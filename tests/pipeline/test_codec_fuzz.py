@@ -781,8 +781,15 @@ def test_default_limits_do_not_preallocate_the_cap() -> None:
 
 
 # == Ack.unpack ===================================================================================
-_ACK_WIRE = msgpack.unpackb(pack_ack(Ack(applied=3, error="e", counts=SinkCounts(unsupported={"a": 1}, cuts={"c": 2}),
+_ACK_WIRE = msgpack.unpackb(pack_ack(Ack(handed=3, error="e", counts=SinkCounts(unsupported={"a": 1}, cuts={"c": 2}),
                                 where="w", pid=12, node_id="n")), raw=False)
+
+
+_REDUCED = st.fixed_dictionaries({
+    "points": st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1),
+                                 st.dictionaries(st.text(max_size=8), st.floats(-1e9, 1e9) | st.integers(0, 9),
+                                                 max_size=3)).map(list), max_size=3),
+    "figures": st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3)})
 
 
 def _ack_field(annotation: str) -> st.SearchStrategy:
@@ -794,11 +801,7 @@ def _ack_field(annotation: str) -> st.SearchStrategy:
                                     unsupported=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3),
                                     cuts=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3)),
             "Work": st.builds(Work, busy_s=st.floats(0, 1e9), cpu_s=st.floats(0, 1e9), records=st.integers(0, 2**63)),
-            "dict[str, Any]": st.just({}) | st.fixed_dictionaries({
-                "points": st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1),
-                                             st.dictionaries(st.text(max_size=8), st.floats(-1e9, 1e9) | st.integers(0, 9),
-                                                             max_size=3)).map(list), max_size=3),
-                "figures": st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3)}),
+            "dict[str, Any]": st.fixed_dictionaries({}, optional={"output": st.text(max_size=12), "reduced": _REDUCED}),
             }[annotation]
 
 
@@ -807,17 +810,20 @@ _acks = st.fixed_dictionaries({f.name: _ack_field(str(f.type)) for f in dataclas
 
 def _ack_well_typed(ack: Ack) -> bool:
     counts = ack.counts
-    return (type(ack.applied) is int and type(ack.pid) is int and (ack.durable is None or type(ack.durable) is int)
-            and _str_map(ack.sources, lambda n: type(n) is int)
+    reduced = ack.answers.get("reduced")
+    return (type(ack.handed) is int and type(ack.pid) is int and (ack.stored is None or type(ack.stored) is int)
+            and _str_map(ack.handed_by_source, lambda n: type(n) is int)
+            and _str_map(ack.stored_by_source, lambda n: type(n) is int)
+            and set(ack.answers) <= {"output", "reduced"} and type(ack.answers.get("output", "")) is str
             and all(type(getattr(ack, f.name)) is bool for f in dataclasses.fields(Ack) if f.type == "bool")
             and (ack.error is None or type(ack.error) is str) and type(ack.where) is str and type(ack.node_id) is str
             and (ack.last_error is None or type(ack.last_error) is str) and type(ack.last_error_at) is float
             and type(counts.failed_records) is int and type(counts.artifacts_missing) is int
             and _str_map(counts.unsupported, lambda n: type(n) is int) and _str_map(counts.cuts, lambda n: type(n) is int)
             and type(ack.work.busy_s) is float and type(ack.work.cpu_s) is float and type(ack.work.records) is int
-            and (ack.reduced == {} or (set(ack.reduced) == {"points", "figures"} and type(ack.reduced["figures"]) is dict
-                                       and all(type(p) is list and type(p[0]) is int and _str_map(p[1], _is_number)
-                                               for p in ack.reduced["points"]))))
+            and (reduced is None or (set(reduced) == {"points", "figures"} and type(reduced["figures"]) is dict
+                                     and all(type(p) is list and type(p[0]) is int and _str_map(p[1], _is_number)
+                                             for p in reduced["points"]))))
 
 
 def _unpack_or_refuse(blob: bytes) -> None:

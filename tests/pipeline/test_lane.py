@@ -58,7 +58,7 @@ class FakeSink:
         self._failed_per_batch = failed_per_batch
 
     def _ack(self, gap: bool = False) -> bytes:
-        return pack_ack(Ack(applied=self.applied, gap=gap, pid=os.getpid(), node_id="fake-node",
+        return pack_ack(Ack(handed=self.applied, gap=gap, pid=os.getpid(), node_id="fake-node",
                    counts=SinkCounts(failed_records=self._failed_per_batch * len(self.order))))
 
     def ready(self) -> bytes:
@@ -70,7 +70,7 @@ class FakeSink:
         time.sleep(self._apply_sleep)
         if self._down_for:
             self._down_for -= 1
-            return pack_ack(Ack(applied=self.applied, held=True, error="ConnectionError: refused", pid=os.getpid(),
+            return pack_ack(Ack(handed=self.applied, held=True, error="ConnectionError: refused", pid=os.getpid(),
                                 last_error="ConnectionError: refused", last_error_at=time.time()))
         if seq <= self.applied:
             return self._ack()
@@ -134,7 +134,7 @@ def test_submits_in_order_within_max_inflight_and_settles():
         entries = [_entry(seq, records=seq) for seq in range(1, 7)]
         for entry in entries:
             lane.offer(entry)
-        assert not lane.settled(1) and lane.unacked_bytes == 60
+        assert not lane.settled(1) and lane.window.nbytes == 60
         inflight: list[int] = []
         settled_prefixes: list[list[bool]] = []
 
@@ -151,8 +151,8 @@ def test_submits_in_order_within_max_inflight_and_settles():
         for flags in settled_prefixes:  # settled(k) implies settled(j) for every j < k
             assert flags == sorted(flags, reverse=True), flags
         report = lane.snapshot()
-        assert (report.acked_seq, report.unacked_batches, report.unacked_records) == (6, 0, 0)
-        assert lane.unacked_bytes == 0 and lane.waitables() == [] and report.dropped_records == 0
+        assert (report.stored_seq, report.unstored_batches, report.unstored_records) == (6, 0, 0)
+        assert lane.window.nbytes == 0 and lane.waitables() == [] and report.dropped_records == 0
     finally:
         _kill(actor)
 
@@ -172,7 +172,7 @@ def test_gap_resends_from_last_acknowledged_seq():
         assert calls.count((2, 1)) == 2, calls  # lost once, re-sent once
         resent_at = len(calls) - 1 - calls[::-1].index((2, 1))
         assert calls[resent_at:] == [(2, 1), (3, 2), (4, 3), (5, 4)], calls  # one recovery, in order
-        assert lane.snapshot().acked_seq == 5
+        assert lane.snapshot().stored_seq == 5
     finally:
         _kill(actor)
 
@@ -198,7 +198,7 @@ def test_gap_answer_of_a_forgotten_call_does_not_restart_again():
         assert log["gaps"] == [2, 3]
         assert log["calls"] == [(1, 0), (2, 1), (3, 2), (1, 0), (2, 1), (3, 2)]  # exactly one re-send
         assert log["order"] == [1, 2, 3]
-        assert lane.snapshot().acked_seq == 3 and not lane.dead
+        assert lane.snapshot().stored_seq == 3 and not lane.dead
     finally:
         _kill(actor, signal)
 
@@ -213,20 +213,20 @@ def test_full_lane_drops_oldest_unsent_only():
         assert len(lane.waitables()) == 1
         lane.offer(_entry(2, records=2, nbytes=30))
         lane.offer(_entry(3, records=4, nbytes=30))
-        assert lane.unacked_bytes == 90
+        assert lane.window.nbytes == 90
         assert lane.has_room(10) and not lane.has_room(11)
         lane.offer(_entry(4, records=8, nbytes=30))  # evicts 2, the oldest not submitted
-        assert lane.report.dropped_records == 2 and lane.unacked_bytes == 90
+        assert lane.report.dropped_records == 2 and lane.window.nbytes == 90
         lane.offer(_entry(5, records=16, nbytes=60))  # evicts 3 and 4
-        assert lane.report.dropped_records == 2 + 4 + 8 and lane.unacked_bytes == 90
+        assert lane.report.dropped_records == 2 + 4 + 8 and lane.window.nbytes == 90
         lane.pump()
         report = lane.snapshot()
-        assert (report.unacked_batches, report.unacked_records) == (2, 1 + 16)  # batches 1 (in flight) and 5
+        assert (report.unstored_batches, report.unstored_records) == (2, 1 + 16)  # batches 1 (in flight) and 5
         assert not lane.settled(1) and not lane.dead
         lane.offer(_entry(6, records=32, nbytes=71))  # 30 in flight + 71 > 100 even with 5 evicted
-        assert lane.unacked_bytes <= 100
+        assert lane.window.nbytes <= 100
         assert not lane.settled(1)  # the submitted batch is never dropped
-        assert lane.snapshot().dropped_records + lane.snapshot().unacked_records == 63  # every record accounted for
+        assert lane.snapshot().dropped_records + lane.snapshot().unstored_records == 63  # every record accounted for
     finally:
         _kill(actor)
 
@@ -243,7 +243,7 @@ def test_probe_deadline_kills_the_lane_and_counts_its_window():
         assert time.monotonic() - started >= 0.5  # not before its deadline
         report = lane.snapshot()
         assert "did not answer before its deadline" in report.error
-        assert report.dropped_records == 7 and report.unacked_records == 0 and lane.unacked_bytes == 0
+        assert report.dropped_records == 7 and report.unstored_records == 0 and lane.window.nbytes == 0
         assert lane.settled(2) and lane.settled(10**9) and lane.waitables() == []
         lane.offer(_entry(3, records=5))  # a dead lane takes nothing more: counted at once
         assert lane.snapshot().dropped_records == 12 and lane.has_room(10**12)
@@ -263,23 +263,23 @@ def test_accept_replaces_counts_and_info_names_the_actor():
         assert lane.report.failed_records == 6  # 2, 4, 6 cumulative: the last one, not 12
         info = lane.info()
         assert info.pid == ray.get(actor.pid.remote()) and info.pid != os.getpid()
-        assert info.node_id == "fake-node" and info.name == "fake" and info.unacked_bytes == 0
+        assert info.node_id == "fake-node" and info.name == "fake" and info.unstored_bytes == 0
 
-        lane.accept(Ack(applied=0, error="tracker said no", pid=4242, node_id="n2",
+        lane.accept(Ack(handed=0, error="tracker said no", pid=4242, node_id="n2",
                         counts=SinkCounts(failed_records=9, unsupported={"artifact": 2},
                                           cuts={"params_truncated": 1}, artifacts_missing=1)))
         report = lane.snapshot()
         assert (report.failed_records, report.unsupported, report.cuts, report.artifacts_missing) == \
             (9, {"artifact": 2}, {"params_truncated": 1}, 1)
-        assert report.error == "tracker said no" and report.acked_seq == 3  # an older applied never un-acks
+        assert report.error == "tracker said no" and report.stored_seq == 3  # an older applied never un-acks
         assert (lane.info().pid, lane.info().node_id) == (4242, "n2")
 
-        lane.accept(Ack(applied=3, counts=SinkCounts(failed_records=10, unsupported={"table": 1})))
+        lane.accept(Ack(handed=3, counts=SinkCounts(failed_records=10, unsupported={"table": 1})))
         report = lane.snapshot()
         assert (report.failed_records, report.unsupported, report.cuts, report.artifacts_missing) == \
             (10, {"table": 1}, {}, 0)
         assert report.error is None and report.last_error == "tracker said no"  # it went through: nothing wrong now
-        lane.accept(Ack(applied=3, error="and again"))
+        lane.accept(Ack(handed=3, error="and again"))
         assert lane.snapshot().error == "and again" and lane.snapshot().failed_records == 0
     finally:
         _kill(actor)
@@ -316,7 +316,7 @@ class RaisingReady:
         raise ValueError("tracker init exploded")
 
     def apply(self, seq, prev, blob):
-        return pack_ack(Ack(applied=seq))
+        return pack_ack(Ack(handed=seq))
 
 
 def test_probe_that_raises_is_retried_then_the_lane_dies():
@@ -342,7 +342,7 @@ def test_batch_that_cannot_fit_leaves_waiting_batches_alone():
         lane.offer(_entry(2, records=5, nbytes=60))  # 90 held: fits
         lane.offer(_entry(3, records=7, nbytes=80))  # 30 in flight + 80 > 100 whatever is evicted
         report = lane.snapshot()
-        assert (report.dropped_records, report.unacked_records) == (7, 6), report
+        assert (report.dropped_records, report.unstored_records) == (7, 6), report
     finally:
         _kill(actor)
 
@@ -369,7 +369,7 @@ class LaggingStore:
             handle.write(word + "\n")
 
     def _ack(self, gap: bool = False) -> bytes:
-        return pack_ack(Ack(applied=self.handed, durable=self.durable, gap=gap, pid=os.getpid()))
+        return pack_ack(Ack(handed=self.handed, stored=self.durable, gap=gap, pid=os.getpid()))
 
     def ready(self) -> bytes:
         return self._ack()
@@ -416,8 +416,8 @@ def test_batches_not_durable_yet_are_sent_again_from_the_spool_after_a_crash(tmp
         assert _applied_order(state) == [1, 2, 3, 4, 5, 4, 5, 6, 7, 8]
         assert reloaded == [4, 5]
         report = lane.snapshot()
-        assert lane.acked == 6 and report.acked_seq == 6 and report.restarts == 1
-        assert (report.unacked_batches, report.unacked_records, report.dropped_records) == (2, 7 + 8, 0)
+        assert lane.window.stored == 6 and report.stored_seq == 6 and report.restarts == 1
+        assert (report.unstored_batches, report.unstored_records, report.dropped_records) == (2, 7 + 8, 0)
     finally:
         _kill(actor)
 

@@ -41,13 +41,13 @@ def _steps(actor: LaneActor, tmp_path) -> list[int]:
 def test_applies_in_order_and_skips_resends(tmp_path):
     """A re-sent batch is acknowledged without being written twice; a batch after a gap is refused."""
     actor = _actor(tmp_path)
-    assert _apply(actor, 1, 0, _blob(1, range(0, 3))).applied == 1
+    assert _apply(actor, 1, 0, _blob(1, range(0, 3))).handed == 1
     resent = _apply(actor, 1, 0, _blob(1, range(0, 3)))
-    assert resent.applied == 1 and not resent.gap
+    assert resent.handed == 1 and not resent.gap
     gap = _apply(actor, 3, 2, _blob(3, range(6, 9)))
-    assert gap.gap is True and gap.applied == 1
-    assert _apply(actor, 2, 1, _blob(2, range(3, 6))).applied == 2
-    assert _apply(actor, 3, 2, _blob(3, range(6, 9))).applied == 3
+    assert gap.gap is True and gap.handed == 1
+    assert _apply(actor, 2, 1, _blob(2, range(3, 6))).handed == 2
+    assert _apply(actor, 3, 2, _blob(3, range(6, 9))).handed == 3
     assert _steps(actor, tmp_path) == list(range(9))
 
 
@@ -56,9 +56,9 @@ def test_restart_resumes_from_saved_state(tmp_path):
     first = _actor(tmp_path)
     first.apply(1, 0, _blob(1, range(0, 2)))
     second = _actor(tmp_path)
-    assert unpack_ack(second.ready()).applied == 1
-    assert _apply(second, 1, 0, _blob(1, range(0, 2))).applied == 1  # skipped, not written again
-    assert _apply(second, 2, 1, _blob(2, range(2, 4))).applied == 2
+    assert unpack_ack(second.ready()).handed == 1
+    assert _apply(second, 1, 0, _blob(1, range(0, 2))).handed == 1  # skipped, not written again
+    assert _apply(second, 2, 1, _blob(2, range(2, 4))).handed == 2
     assert _steps(second, tmp_path) == [0, 1, 2, 3]  # one sink file across both actors, no duplicate
 
 
@@ -66,8 +66,8 @@ def test_corrupt_batch_is_counted_and_skipped(tmp_path):
     """A corrupt batch is acknowledged as failed (so the lane moves on) and reported."""
     actor = _actor(tmp_path)
     result = _apply(actor, 1, 0, b"\x28\xb5\x2f\xfd garbage")
-    assert result.applied == 1 and "corrupt batch 1" in result.error
-    assert _apply(actor, 2, 1, _blob(2, range(2))).applied == 2
+    assert result.handed == 1 and "corrupt batch 1" in result.error
+    assert _apply(actor, 2, 1, _blob(2, range(2))).handed == 2
     assert _steps(actor, tmp_path) == [0, 1]
 
 
@@ -75,7 +75,7 @@ def test_failing_tracker_is_retried_then_counted(tmp_path):
     """A tracker that fails every write is retried, then its records are counted as failed, not lost silently."""
     actor = _actor(tmp_path, fail_writes=True)
     result = _apply(actor, 1, 0, _blob(1, range(5)))
-    assert result.applied == 1 and result.counts.failed_records == 5
+    assert result.handed == 1 and result.counts.failed_records == 5
     assert "told to fail" in result.error
 
 
@@ -104,7 +104,7 @@ def test_lane_gives_up_after_repeated_actor_errors(ray_session):
     @ray.remote(num_cpus=0)
     class Broken:
         def ready(self):
-            return pack_ack(Ack(applied=0))
+            return pack_ack(Ack(handed=0))
 
         def apply(self, seq, prev, blob):
             raise OSError("disk full")
@@ -134,14 +134,14 @@ def test_a_lagging_store_gives_two_watermarks_and_a_successor_starts_from_the_du
     keeps the durable one, a successor re-takes the batches after it, and a clean close makes everything durable."""
     actor = _actor(tmp_path, store_lag=2)
     acks = [_apply(actor, seq, seq - 1, _blob(seq, range(seq, seq + 1))) for seq in range(1, 5)]
-    assert [(a.applied, a.durable_seq) for a in acks] == [(1, 0), (2, 0), (3, 1), (4, 2)]
-    assert _apply(actor, 4, 3, _blob(4, range(4, 5))).applied == 4  # a re-send of what it was handed: skipped
+    assert [(a.handed, a.stored_seq) for a in acks] == [(1, 0), (2, 0), (3, 1), (4, 2)]
+    assert _apply(actor, 4, 3, _blob(4, range(4, 5))).handed == 4  # a re-send of what it was handed: skipped
 
     successor = _actor(tmp_path, store_lag=2)
-    assert unpack_ack(successor.ready()).applied == 2  # what the store held; batches 3 and 4 come again
+    assert unpack_ack(successor.ready()).handed == 2  # what the store held; batches 3 and 4 come again
     assert _apply(successor, 4, 3, _blob(4, range(4, 5))).gap
-    assert (_apply(successor, 3, 2, _blob(3, range(3, 4))).applied, _apply(successor, 4, 3, _blob(4, range(4, 5))).applied) \
+    assert (_apply(successor, 3, 2, _blob(3, range(3, 4))).handed, _apply(successor, 4, 3, _blob(4, range(4, 5))).handed) \
         == (3, 4)
     closed = unpack_ack(successor.close(0))
-    assert (closed.applied, closed.durable_seq) == (4, 4)
-    assert unpack_ack(_actor(tmp_path, store_lag=2).ready()).applied == 4
+    assert (closed.handed, closed.stored_seq) == (4, 4)
+    assert unpack_ack(_actor(tmp_path, store_lag=2).ready()).handed == 4

@@ -41,7 +41,7 @@ class FakeTracker:
         self._where = where
 
     def _ack(self, gap: bool = False, **extra) -> bytes:
-        return pack_ack(Ack(applied=self.applied, gap=gap, pid=os.getpid(), **extra))
+        return pack_ack(Ack(handed=self.applied, gap=gap, pid=os.getpid(), **extra))
 
     def ready(self, source: str = "") -> bytes:  # the lane's bulk stream asks too: it never sends anything here
         return self._ack()
@@ -169,7 +169,7 @@ def test_close_calls_trackers_at_the_drain_deadline_and_times_out():
         assert 4.0 - 0.05 <= elapsed <= 4.0 + 3.0, elapsed  # answered at the deadline (+ a loaded machine's slack)
         assert report.timed_out and not report.complete
         lane = report.lanes["stuck"]
-        assert lane.unacked_records == 5 and lane.acked_seq == 0 and lane.dropped_records == 0
+        assert lane.unstored_records == 5 and lane.stored_seq == 0 and lane.dropped_records == 0
         assert lane.error == "did not answer before the deadline"
         assert report.buffered_records == 0
     finally:
@@ -198,8 +198,8 @@ def test_nothing_is_submitted_after_close_begins():
             kinds = [event[0] for event in log["events"]]
             assert kinds[-1] == "close" and kinds.count("close") == 1, kinds
             lane = report.lanes[name]
-            assert lane.acked_seq == log["applied"] and 0 < log["applied"] < 40  # the close answer acknowledged
-            assert lane.unacked_records == 40 - log["applied"] and log["steps"] == list(range(log["applied"]))
+            assert lane.stored_seq == log["applied"] and 0 < log["applied"] < 40  # the close answer acknowledged
+            assert lane.unstored_records == 40 - log["applied"] and log["steps"] == list(range(log["applied"]))
         assert report.timed_out  # batches were left unsent: the barrier cannot claim completeness
     finally:
         _stop(shipper, *actors.values())
@@ -217,7 +217,7 @@ def test_flush_times_out_while_a_lane_holds_unacknowledged_batches():
         elapsed = time.monotonic() - started
         assert 1.5 - 0.05 <= elapsed <= 1.5 + 3.0, elapsed
         assert report.timed_out and not report.complete
-        assert report.lanes["stuck"].unacked_records == 3 and report.lanes["stuck"].acked_seq == 0
+        assert report.lanes["stuck"].unstored_records == 3 and report.lanes["stuck"].stored_seq == 0
         assert report.buffered_records == 0
     finally:
         _stop(shipper, actor)
@@ -235,7 +235,7 @@ def test_flush_ships_everything_put_before_it():
             assert not report.timed_out and report.complete, report.summary()
             assert report.buffered_records == 0
             lane = report.lanes["t"]
-            assert lane.acked_seq == round_ + 1 and lane.unacked_records == 0  # one batch per flush
+            assert lane.stored_seq == round_ + 1 and lane.unstored_records == 0  # one batch per flush
         log = ray.get(actor.log.remote())
         assert log["steps"] == list(range(30))
         flushes = [i for i, event in enumerate(log["events"]) if event == ("flush",)]
@@ -257,7 +257,7 @@ def test_close_report_merges_the_trackers_final_answer():
         lane = report.lanes["t"]
         assert lane.failed_records == 3 and lane.where == "fake: somewhere"
         assert lane.error == "closed with exit code 7"
-        assert lane.unacked_records == 0 and lane.acked_seq >= 1 and lane.dropped_records == 0
+        assert lane.unstored_records == 0 and lane.stored_seq >= 1 and lane.dropped_records == 0
         assert not lane.complete and not report.complete  # failed records make it incomplete
         shipper._thread.join(10)
         assert not shipper._thread.is_alive()
@@ -280,19 +280,19 @@ class SlowTracker:
         self.applied = 0
 
     def ready(self, source=""):
-        return pack_ack(Ack(applied=0))
+        return pack_ack(Ack(handed=0))
 
     def apply(self, seq, prev, blob):
         time.sleep(1.0)
         self.applied = seq
-        return pack_ack(Ack(applied=seq))
+        return pack_ack(Ack(handed=seq))
 
     def flush(self):
         time.sleep(0.5)
-        return pack_ack(Ack(applied=self.applied))
+        return pack_ack(Ack(handed=self.applied))
 
     def close(self, exit_code):
-        return pack_ack(Ack(applied=self.applied))
+        return pack_ack(Ack(handed=self.applied))
 
 
 @pytest.mark.slow

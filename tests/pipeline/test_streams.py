@@ -29,8 +29,8 @@ class TwoStreamSink:
         self._bulk_s = bulk_s
 
     def _ack(self, source: str, gap: bool = False) -> bytes:
-        return pack_ack(Ack(applied=self.applied.get(source, 0), gap=gap, pid=os.getpid(),
-                            sources={k: v for k, v in self.applied.items() if k}, stored=dict(self.applied)))
+        return pack_ack(Ack(handed=self.applied.get(source, 0), gap=gap, pid=os.getpid(),
+                            handed_by_source={k: v for k, v in self.applied.items() if k}, stored_by_source=dict(self.applied)))
 
     def ready(self, source: str = "") -> bytes:
         return self._ack(source)
@@ -80,9 +80,9 @@ def test_a_small_batch_overtakes_the_bulk_batches_not_yet_sent():
         lane.offer(_entry(seq, bulk=True))
     lane.pump()
     lane.offer(_entry(6))
-    _pump_until(lane, lambda: lane.small.acked == 6)
-    assert lane.acked < 6 and lane.bulk.acked < 5  # the bulk is still on its way: nothing settled past it
-    _pump_until(lane, lambda: lane.acked == 6)
+    _pump_until(lane, lambda: lane.small.window.stored == 6)
+    assert lane.stored < 6 and lane.bulk.window.stored < 5  # the bulk is still on its way: nothing settled past it
+    _pump_until(lane, lambda: lane.stored == 6)
     order = ray.get(actor.log.remote())["order"]
     assert sorted(order) == [1, 2, 3, 4, 5, 6] and order.index(6) <= 2, order
     assert lane.snapshot().bulk_lag_p99_s > lane.snapshot().lag_p99_s
@@ -97,7 +97,7 @@ def test_a_batch_a_tracker_has_nothing_in_is_never_sent_to_it():
     lane.offer(_entry(2, bulk=True, audience=frozenset({"wandb"})))
     lane.offer(_entry(3, bulk=True, audience=frozenset({"file", "wandb"})))
     lane.offer(_entry(4, audience=frozenset({"mlflow"})))
-    _pump_until(lane, lambda: lane.acked == 4)
+    _pump_until(lane, lambda: lane.stored == 4)
     assert ray.get(actor.log.remote())["order"] == [1, 3]
     ray.kill(actor)
 
@@ -110,7 +110,7 @@ def test_the_reduce_lane_has_no_bulk_stream():
     assert lane.bulk is None
     lane.offer(_entry(1, bulk=True))
     lane.offer(_entry(2))
-    _pump_until(lane, lambda: lane.acked == 2)
+    _pump_until(lane, lambda: lane.stored == 2)
     assert ray.get(actor.log.remote())["order"] == [2]
     ray.kill(actor)
 
@@ -122,8 +122,8 @@ def test_preloaded_batches_go_back_to_their_streams_and_skip_what_each_stored():
     lane = _pair(actor)
     lane.preload([SpoolEntry(seq=seq, records=1, oldest_log_time=time.time(), nbytes=10, segment=1, offset=0, bulk=bulk)
                   for seq, bulk in ((1, False), (2, True), (3, False), (4, True), (5, False))])
-    lane.small._reload = lane.bulk._reload = lambda seq: ray.put(b"x")  # the spool's reader, for this test
-    _pump_until(lane, lambda: lane.acked == 5)
+    lane.small.window._reload = lane.bulk.window._reload = lambda seq: ray.put(b"x")  # the spool's reader, for this test
+    _pump_until(lane, lambda: lane.stored == 5)
     log = ray.get(actor.log.remote())
     assert sorted(log["order"]) == [4, 5] and log["applied"] == {"": 5, "~bulk": 4}
     ray.kill(actor)

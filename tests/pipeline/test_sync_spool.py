@@ -138,6 +138,6 @@ def test_replay_continues_the_run_once_and_a_second_replay_changes_nothing(mlflo
     points, status = _mlflow_points(mlflow_server_uri, project)  # one run: the replay re-attached to it
     assert points == _expected() and status == "FINISHED"
     again = _replay(command)
-    assert "0 unacknowledged, 0 dropped, 0 failed" in again.stderr
+    assert "0 not stored, 0 dropped, 0 failed" in again.stderr
     assert _mlflow_points(mlflow_server_uri, project) == (points, status)
     assert file_log.read_bytes() == before and _file_steps(file_log) == list(range(STEPS))

@@ -107,8 +107,8 @@ def test_counts_of_an_earlier_actor_are_continued():
     sink = Flaky(fail_writes=100)
     host = SinkHost("flaky", sink, 0, 0.0, counts=SinkCounts(failed_records=7, unsupported={"image": 2}))
     host.write(_records(1))
-    ack = unpack_ack(pack_ack(host.ack(applied=4)))
-    assert ack.applied == 4 and ack.counts.failed_records == 8 and ack.counts.unsupported == {"image": 2}
+    ack = unpack_ack(pack_ack(host.ack(handed=4)))
+    assert ack.handed == 4 and ack.counts.failed_records == 8 and ack.counts.unsupported == {"image": 2}
     assert ack.where == "flaky" and ack.pid > 0
 
 

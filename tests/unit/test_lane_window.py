@@ -1,0 +1,103 @@
+"""The lane's window without Ray: the memory bound, the spool's read-back, and the two watermarks (handed, stored)."""
+
+from __future__ import annotations
+
+from pipeline.core.report import LaneReport
+from pipeline.shipping.lane_window import Entry, LaneWindow
+from pipeline.spool.segments import SpoolEntry
+
+
+def _entry(seq: int, nbytes: int = 10, *, ref: object = "bytes", spooled: bool = True) -> Entry:
+    return Entry(seq=seq, ref=ref, nbytes=nbytes, records=seq, oldest_log_time=0.0, spooled=spooled)
+
+
+def _window(max_bytes: int = 100, spool: dict[int, object] | None = None) -> tuple[LaneWindow, LaneReport]:
+    report = LaneReport(name="t")
+    reload = None if spool is None else spool.get
+    return LaneWindow(max_bytes, report, reload), report
+
+
+def _send_all(window: LaneWindow) -> list[int]:
+    sent = []
+    for entry in window.to_send():
+        sent.append(entry.seq)
+        window.sent_through(entry.seq)
+    return sent
+
+
+def test_batches_over_the_bound_wait_on_disk_and_are_read_back_in_their_turn():
+    """With a spool, what does not fit holds no memory and is read back, in order, when it is sent."""
+    window, report = _window(max_bytes=25, spool={3: "from disk"})
+    for seq in (1, 2, 3):
+        window.offer(_entry(seq))
+    assert window.in_memory() == [1, 2] and window.nbytes == 20
+    assert _send_all(window) == [1, 2, 3] and window.entry(3).ref == "from disk" and window.nbytes == 30
+    assert report.dropped_records == 0
+
+
+def test_a_batch_the_spool_lost_is_dropped_and_counted_when_its_turn_comes():
+    """A batch that waited on disk and is gone from the spool is counted (its records) and named in the report."""
+    window, report = _window(max_bytes=10, spool={})
+    window.offer(_entry(1))
+    window.offer(_entry(2))  # over the bound: disk only, and the spool has nothing
+    assert _send_all(window) == [1]
+    assert report.dropped_records == 2 and "batch 2 is no longer in the spool" in (report.error or "")
+
+
+def test_without_a_spool_the_oldest_unsent_batch_is_dropped_to_make_room():
+    """No spool: the bound drops the oldest batch not sent yet, never one already sent, and counts it."""
+    window, report = _window(max_bytes=30, spool=None)
+    for seq in (1, 2, 3):
+        window.offer(_entry(seq, spooled=False))
+    assert _send_all(window)[:1] == [1]
+    window.send_again()
+    window.sent_through(1)  # only batch 1 is out
+    window.offer(_entry(4, spooled=False))
+    assert window.in_memory() == [1, 3, 4] and report.dropped_records == 2  # batch 2 (2 records) went
+
+
+def test_handed_moves_the_window_and_stored_frees_what_a_restart_would_resend():
+    """handed trims the window; a batch handed but not stored is sent again after a restart, until it is stored."""
+    window, _ = _window(spool={1: "a", 2: "b", 3: "c"})
+    for seq in (1, 2, 3):
+        window.offer(_entry(seq))
+    _send_all(window)
+    window.take(handed=3, stored=1)
+    assert (window.handed, window.stored, window.first_pending(stored=False), window.first_pending()) == (3, 1, None, 2)
+    window.actor_restarted()
+    assert window.handed == 1 and _send_all(window) == [2, 3]
+    window.take(handed=3, stored=3)
+    assert window.first_pending() is None and window.batches() == 0 and window.settled(3)
+
+
+def test_handed_never_moves_back_and_stored_never_passes_it():
+    """An older answer arriving late moves neither watermark back."""
+    window, _ = _window()
+    window.take(handed=5, stored=4)
+    window.take(handed=2, stored=1)
+    assert (window.handed, window.stored, window.sent) == (5, 4, 5)
+
+
+def test_eviction_loses_only_what_is_on_disk_alone():
+    """The spool deleting batches loses those the window holds only there; one in memory stays, not to be spilled."""
+    window, report = _window(max_bytes=10, spool={})
+    window.offer(_entry(1))
+    window.offer(_entry(2))  # disk only
+    assert window.evicted({1, 2}) == 2 and report.dropped_records == 2
+    assert window.in_memory() == [1] and not window.entry(1).spooled
+
+
+def test_preloaded_batches_from_an_earlier_process_wait_on_disk_in_order():
+    """Recovery puts spooled batches in sequence order, holding no memory, and raises ``offered``."""
+    window, _ = _window(spool={})
+    window.preload([SpoolEntry(seq=seq, records=1, oldest_log_time=0.0, nbytes=10, segment=1, offset=0) for seq in (4, 2)])
+    assert window.offered == 4 and window.nbytes == 0 and window.first_pending() == 2
+
+
+def test_giving_up_counts_every_waiting_record_as_dropped():
+    """drop_all counts what was not handed and what was handed but not stored."""
+    window, report = _window(spool={})
+    for seq in (1, 2, 3):
+        window.offer(_entry(seq))
+    window.take(handed=1, stored=0)
+    assert window.drop_all() == 6 and report.dropped_records == 6 and window.nbytes == 0
