@@ -29,8 +29,8 @@ from typing import Any
 
 from pipeline.backend_view import BackendView
 from pipeline.capture.captured import REDUCE_NOTICE
-from pipeline.capture.rich import record_limits
-from pipeline.config.async_log import async_log_config, trainer_section
+from pipeline.capture.rich import RecordLimits, record_limits
+from pipeline.config.async_log import AsyncLogConfig, async_log_config, trainer_section
 from pipeline.config.console import console_config
 from pipeline.config.prometheus import prometheus_config
 from pipeline.core.errors import ConfigError
@@ -61,24 +61,11 @@ class Tracking(LogCalls):
         checkpoint). ``resume=True`` with that id continues the earlier run: wandb and SwanLab resume the
         id, MLflow reopens the run tagged with it, the file logger appends."""
         trainer = trainer_section(config)
-        self.log_async = bool(trainer.get("log_async", False))
-        self._cfg = async_log_config(trainer.get("async_log"), os.environ)  # checked even when unused
-        limits = record_limits(trainer.get("record_limits"))
-        prometheus_config(trainer.get("prometheus"), os.environ)  # checked even when the backend is not chosen
-        if resume and not run_id:
-            raise ConfigError("Tracking(resume=True) needs the run_id of the run to continue")
-        self.run = RunSpec(project=project_name, experiment=experiment_name, params=plain_config(config),
-                           run_id=_checked_run_id(run_id) if run_id else secrets.token_hex(6), resume=resume)
+        self.log_async, self._cfg, limits = _settings(trainer)
+        self.run = _run_spec(project_name, experiment_name, config, run_id, resume)
         if self._cfg.spool and not self._cfg.spool_dir:
             self._cfg = dataclasses.replace(self._cfg, spool_dir=default_spool_dir(self.run, trainer, os.environ))
-        names, self._skipped_backends = skip_platform(backend_names(default_backend))
-        if self._cfg.reductions:
-            names = [name for name in names if name != REDUCE_LANE] + [REDUCE_LANE]
-        for name, why in self._skipped_backends.items():
-            log.warning("tracklane: backend %s %s", name, why)
-        backends = resolve_backends(names, self.run, os.environ, trainer)
-        if REDUCE_LANE in backends:
-            backends[REDUCE_LANE][1]["timeout_s"] = self._cfg.reduce_timeout_s
+        backends = self._resolve_backends(default_backend, trainer)
         self.backends = list(backends)
         self._pipe = open_pipe(self.log_async, self._cfg, limits, self.run, backends, os.environ)
         # Bound once: log() is the hot path. It is fed plain tuples in Captured's field order (captured.py
@@ -89,11 +76,29 @@ class Tracking(LogCalls):
         self._report: PipelineReport | None = None
         self._warned_late = False
         self._rejected = 0  # log*() calls whose data could not even be copied
-        self._post = None  # verl's workers find this run's producer by name (shipping/run_post.py)
-        if self.log_async and run_post.wants_post(self.run.params, os.environ):
-            self._post = run_post.post(Producer(run_post.PRODUCER, self._pipe.producer_spec(), key_prefix=""),
-                                       project_name, experiment_name)
+        self._post = self._post_for_workers()  # verl's workers find this run's producer by name (shipping/run_post.py)
         _finish_at_exit(self)
+
+    def _resolve_backends(self, default_backend: str | list[str],
+                          trainer: dict[str, Any]) -> dict[str, tuple[type, dict[str, Any]]]:
+        """name -> (sink class, settings) for the backends this platform runs, the reduce lane last; the others
+        are warned about and kept in ``_skipped_backends`` for the report."""
+        names, self._skipped_backends = skip_platform(backend_names(default_backend))
+        if self._cfg.reductions:
+            names = [name for name in names if name != REDUCE_LANE] + [REDUCE_LANE]
+        for name, why in self._skipped_backends.items():
+            log.warning("tracklane: backend %s %s", name, why)
+        backends = resolve_backends(names, self.run, os.environ, trainer)
+        if REDUCE_LANE in backends:
+            backends[REDUCE_LANE][1]["timeout_s"] = self._cfg.reduce_timeout_s
+        return backends
+
+    def _post_for_workers(self) -> Any:
+        """This run's producer, posted where verl's workers look for it by name (None where they will not trace)."""
+        if not (self.log_async and run_post.wants_post(self.run.params, os.environ)):
+            return None
+        producer = Producer(run_post.PRODUCER, self._pipe.producer_spec(), key_prefix="")
+        return run_post.post(producer, self.run.project, self.run.experiment)
 
     @property
     def run_id(self) -> str:
@@ -243,6 +248,22 @@ def check_settings(config: Any = None, default_backend: str | list[str] = "conso
     for name in names:
         if name not in BACKENDS:
             raise ConfigError(f"trainer.logger: unknown backend {name!r}; valid backends are: {', '.join(BACKENDS)}")
+
+
+def _settings(trainer: dict[str, Any]) -> tuple[bool, AsyncLogConfig, RecordLimits]:
+    """``trainer``'s ``log_async``, ``async_log`` and ``record_limits``, each checked; ``prometheus`` is checked too."""
+    log_async = bool(trainer.get("log_async", False))
+    cfg = async_log_config(trainer.get("async_log"), os.environ)  # checked even when unused
+    limits = record_limits(trainer.get("record_limits"))
+    prometheus_config(trainer.get("prometheus"), os.environ)  # checked even when the backend is not chosen
+    return log_async, cfg, limits
+
+
+def _run_spec(project_name: str, experiment_name: str, config: Any, run_id: str | None, resume: bool) -> RunSpec:
+    if resume and not run_id:
+        raise ConfigError("Tracking(resume=True) needs the run_id of the run to continue")
+    return RunSpec(project=project_name, experiment=experiment_name, params=plain_config(config),
+                   run_id=_checked_run_id(run_id) if run_id else secrets.token_hex(6), resume=resume)
 
 
 def _checked_run_id(run_id: str) -> str:

@@ -74,6 +74,12 @@ class Reducer:
         """Producer name -> when its DECLARE came (this actor's clock: a new actor waits ``timeout_s`` again)."""
         self.ended: dict[str, int] = {}
         """source -> its last batch, as rank 0 said when it ended."""
+        self.left_out: dict[str, int] = {}
+        """Ended source -> the first complete step it had no part in."""
+        self._no_steps_yet()
+
+    def _no_steps_yet(self) -> None:
+        """The steps' side of the state, empty: none open, none complete, nothing emitted or refused."""
         self._finishing = False  # a FINISH arrived: the next complete() takes every open step
         self.open: dict[int, dict[str, list]] = {}
         """step -> key -> [op, n, total, lo, hi]."""
@@ -87,8 +93,6 @@ class Reducer:
         """Values that came for a step already complete (or after the finish): not applied."""
         self.conflicts = 0
         """Values whose op differed from the op the key's first value at that step named: not applied."""
-        self.left_out: dict[str, int] = {}
-        """Ended source -> the first complete step it had no part in."""
 
     # -- what arrives -------------------------------------------------------------------------------------
     def begin(self, source: str, seq: int) -> bool:

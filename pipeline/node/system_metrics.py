@@ -129,6 +129,14 @@ class SystemSampler:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._process = psutil.Process()
+        self._take_reference_points()
+        self._readers: list[tuple[str, Callable[[], dict[str, float]]]] = [
+            ("cpu/percent", self._cpu), ("cpu/load_1m", self._load), ("memory", self._memory),
+            ("disk/percent", self._disk_usage), ("disk", self._disk_io), ("network", self._net_io),
+            ("process/rss_gb", self._rss), *_gpu_readers()]
+
+    def _take_reference_points(self) -> None:
+        """What the first sample's rates are measured from (CPU times, disk and network counters)."""
         # Our own reference point: psutil.cpu_percent(interval=None) keeps one per thread and returned 0.0 for the
         # sampler thread's first call (its priming in the constructor's thread did not count).
         self._cpu_before = psutil.cpu_times()
@@ -138,10 +146,6 @@ class SystemSampler:
                 self._remember(group, read)
             except Exception:
                 self._warn_once(group)
-        self._readers: list[tuple[str, Callable[[], dict[str, float]]]] = [
-            ("cpu/percent", self._cpu), ("cpu/load_1m", self._load), ("memory", self._memory),
-            ("disk/percent", self._disk_usage), ("disk", self._disk_io), ("network", self._net_io),
-            ("process/rss_gb", self._rss), *_gpu_readers()]
 
     def sample(self) -> dict[str, float]:
         """One reading, keyed without the ``system/<node>/`` prefix. Not for use beside a running thread.

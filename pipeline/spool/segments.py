@@ -98,6 +98,10 @@ class _Segment:
     last: int = 0  # seq of its last frame (0 while empty)
     entries: list[SpoolEntry] = field(default_factory=list)
 
+    def add(self, entry: SpoolEntry) -> None:
+        self.entries.append(entry)
+        self.last = entry.seq
+
 
 def frame_header(seq: int, records: int, oldest_log_time: float, payload: bytes, bulk: bool = False,
                  audience: frozenset[str] | None = None) -> bytes:
@@ -144,78 +148,12 @@ class Spool:
         self._lock_fd = fd  # the lock goes with the process, SIGKILL included
 
     def _scan(self) -> None:
-        names = sorted(n for n in os.listdir(self.directory) if _SEGMENT.fullmatch(n)) \
-            if os.path.isdir(self.directory) else []
-        for i, name in enumerate(names):
-            path = os.path.join(self.directory, name)
-            segment = _Segment(first=int(name[4:20]), path=path)
-            try:
-                with open(path, "rb") as handle:
-                    data = handle.read()
-            except OSError as exc:
-                self._quarantine(path, exc)
-                continue
-            good_end = self._parse(segment, data)
-            tail = len(data) - good_end
-            if tail and i == len(names) - 1:  # the writer died inside its last write
-                self.stats.torn_bytes += tail
-                if not self._readonly:
-                    os.truncate(path, good_end)
-                data_size = good_end
-            else:
-                data_size = len(data)
-                if tail:
-                    self.stats.corrupt_frames += 1
-            segment.size = data_size
-            if not segment.entries and not self._readonly:  # nothing usable: its name must not block a new one
-                os.remove(path)
-                continue
-            self._segments.append(segment)
-            self._bytes += segment.size
-        seqs = sorted(self._index)
-        if seqs:
-            self.stats.missing_batches = seqs[-1] - seqs[0] + 1 - len(seqs)
-        if self.stats.damaged or self.stats.torn_bytes:
-            log.warning("tracklane: spool %s was damaged: %d corrupt frame(s), %d unreadable segment(s), "
-                        "%d batch(es) missing, %d torn byte(s) cut; the rest is intact",
-                        self.directory, self.stats.corrupt_frames, self.stats.quarantined_segments,
-                        self.stats.missing_batches, self.stats.torn_bytes)
-
-    def _parse(self, segment: _Segment, data: bytes) -> int:
-        """Index every good frame of ``data``; returns the end of the last good frame."""
-        pos, good_end, bad_run = 0, 0, False
-        while pos + _HEADER_V1.size <= len(data):
-            entry = _frame_at(data, pos, segment.first)
-            if entry is None:
-                bad_run = True
-                found = min((at for at in (data.find(MAGIC, pos + 1), data.find(MAGIC_V1, pos + 1)) if at >= 0),
-                            default=-1)
-                if found < 0:
-                    break
-                pos = found
-                continue
-            if bad_run:  # a damaged stretch before a good frame counts once; one at the end is the caller's tail
-                self.stats.corrupt_frames += 1
-                bad_run = False
-            if entry.seq in self._index or entry.seq <= segment.last:  # a duplicate or out-of-order frame
-                self.stats.corrupt_frames += 1
-            else:
-                self._add(segment, entry)
-            pos = good_end = _frame_end(data, entry)
-        return good_end
-
-    def _quarantine(self, path: str, exc: OSError) -> None:
-        self.stats.quarantined_segments += 1
-        log.warning("tracklane: spool segment %s cannot be read (%s); set aside", path, exc)
-        if not self._readonly:
-            try:
-                os.replace(path, path + ".bad")
-            except OSError:
-                pass
+        self._segments = _scan_folder(self.directory, self._readonly, self.stats, self._index)
+        self._bytes = sum(segment.size for segment in self._segments)
+        self._last_seq = max(self._index, default=0)
 
     def _add(self, segment: _Segment, entry: SpoolEntry) -> None:
-        segment.entries.append(entry)
-        segment.last = entry.seq
+        segment.add(entry)
         self._index[entry.seq] = entry
         self._last_seq = max(self._last_seq, entry.seq)
 
@@ -399,6 +337,85 @@ class Spool:
 
     def _path(self, first: int) -> str:
         return os.path.join(self.directory, f"seg-{first:016d}.tls")
+
+
+# -- opening: reading the folder back, repairing what a crash or a failing disk left --------------------------
+def _scan_folder(directory: str, readonly: bool, stats: SpoolStats, index: dict[int, SpoolEntry]) -> list[_Segment]:
+    """Index every good frame of the segments in ``directory`` into ``index``; returns the segments kept. A torn
+    last frame is cut off (unless ``readonly``), corrupt frames are skipped and unreadable segments set aside,
+    all counted in ``stats``."""
+    names = sorted(n for n in os.listdir(directory) if _SEGMENT.fullmatch(n)) \
+        if os.path.isdir(directory) else []
+    segments: list[_Segment] = []
+    for i, name in enumerate(names):
+        path = os.path.join(directory, name)
+        segment = _Segment(first=int(name[4:20]), path=path)
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError as exc:
+            _quarantine(path, exc, readonly, stats)
+            continue
+        good_end = _parse(segment, data, index, stats)
+        tail = len(data) - good_end
+        if tail and i == len(names) - 1:  # the writer died inside its last write
+            stats.torn_bytes += tail
+            if not readonly:
+                os.truncate(path, good_end)
+            data_size = good_end
+        else:
+            data_size = len(data)
+            if tail:
+                stats.corrupt_frames += 1
+        segment.size = data_size
+        if not segment.entries and not readonly:  # nothing usable: its name must not block a new one
+            os.remove(path)
+            continue
+        segments.append(segment)
+    seqs = sorted(index)
+    if seqs:
+        stats.missing_batches = seqs[-1] - seqs[0] + 1 - len(seqs)
+    if stats.damaged or stats.torn_bytes:
+        log.warning("tracklane: spool %s was damaged: %d corrupt frame(s), %d unreadable segment(s), "
+                    "%d batch(es) missing, %d torn byte(s) cut; the rest is intact",
+                    directory, stats.corrupt_frames, stats.quarantined_segments, stats.missing_batches,
+                    stats.torn_bytes)
+    return segments
+
+
+def _parse(segment: _Segment, data: bytes, index: dict[int, SpoolEntry], stats: SpoolStats) -> int:
+    """Index every good frame of ``data``; returns the end of the last good frame."""
+    pos, good_end, bad_run = 0, 0, False
+    while pos + _HEADER_V1.size <= len(data):
+        entry = _frame_at(data, pos, segment.first)
+        if entry is None:
+            bad_run = True
+            found = min((at for at in (data.find(MAGIC, pos + 1), data.find(MAGIC_V1, pos + 1)) if at >= 0),
+                        default=-1)
+            if found < 0:
+                break
+            pos = found
+            continue
+        if bad_run:  # a damaged stretch before a good frame counts once; one at the end is the caller's tail
+            stats.corrupt_frames += 1
+            bad_run = False
+        if entry.seq in index or entry.seq <= segment.last:  # a duplicate or out-of-order frame
+            stats.corrupt_frames += 1
+        else:
+            segment.add(entry)
+            index[entry.seq] = entry
+        pos = good_end = _frame_end(data, entry)
+    return good_end
+
+
+def _quarantine(path: str, exc: OSError, readonly: bool, stats: SpoolStats) -> None:
+    stats.quarantined_segments += 1
+    log.warning("tracklane: spool segment %s cannot be read (%s); set aside", path, exc)
+    if not readonly:
+        try:
+            os.replace(path, path + ".bad")
+        except OSError:
+            pass
 
 
 def _frame_at(data: bytes, pos: int, segment: int) -> SpoolEntry | None:

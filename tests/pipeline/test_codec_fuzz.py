@@ -801,7 +801,8 @@ def _ack_field(annotation: str) -> st.SearchStrategy:
                                     unsupported=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3),
                                     cuts=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3)),
             "Work": st.builds(Work, busy_s=st.floats(0, 1e9), cpu_s=st.floats(0, 1e9), records=st.integers(0, 2**63)),
-            "dict[str, Any]": st.fixed_dictionaries({}, optional={"output": st.text(max_size=12), "reduced": _REDUCED}),
+            "dict[str, Any]": st.fixed_dictionaries({}, optional={"output": st.text(max_size=12),
+                                                                   "reduced": _REDUCED}),
             }[annotation]
 
 

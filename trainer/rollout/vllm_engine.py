@@ -141,6 +141,11 @@ class VllmRollout:
         self._dir = tempfile.mkdtemp(prefix="tracklane-vllm-")
         self._remove_dir = weakref.finalize(self, _remove_folder, self._dir)  # at close(), collection or exit
         self._shapes = {name: tuple(t.shape) for name, t in hf_gpt2_weights(model).items()}
+        self._start(gpu_memory_utilization, kv_cache_memory_bytes, separate_process, seed)
+
+    def _start(self, gpu_memory_utilization: float, kv_cache_memory_bytes: int | None, separate_process: bool,
+               seed: int) -> None:
+        """Export the policy and start vLLM's engine on it (the constructor's arguments); closes again if that fails."""
         started = time.perf_counter()
         try:
             self._export()
@@ -150,7 +155,7 @@ class VllmRollout:
                 import vllm
 
                 self.llm = vllm.LLM(model=self._dir, skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-                                    max_model_len=model.block_size, seed=seed, logprobs_mode="processed_logprobs",
+                                    max_model_len=self.model.block_size, seed=seed, logprobs_mode="processed_logprobs",
                                     gpu_memory_utilization=gpu_memory_utilization,
                                     kv_cache_memory_bytes=kv_cache_memory_bytes, distributed_executor_backend="uni",
                                     worker_extension_cls=f"{__name__}.WeightSync", use_tqdm_on_load=False)
