@@ -155,9 +155,10 @@ class ClearmlSink(Sink):
     # -- open ----------------------------------------------------------------------------
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         clearml = import_sdk(type(self))
-        self._prepare(clearml.Task)
-        task_id = (resume or {}).get("task_id") or (self._tagged_task_id(clearml.Task) if self.run.resume else "")
-        task = self._init(clearml.Task, task_id)
+        offline = bool(self.settings.get("offline"))
+        _prepare_process(clearml.Task, self.settings)
+        task_id = (resume or {}).get("task_id") or (_tagged_task_id(clearml.Task, self.run, offline) if self.run.resume else "")
+        task = _init_task(clearml.Task, self.run, task_id, offline)
         try:
             self._attach(task)
         except Exception as exc:  # close it, or the next open() would find it still running
@@ -175,59 +176,6 @@ class ClearmlSink(Sink):
         if self.settings.get("offline"):
             self._folder = Path(task.get_offline_mode_folder())
             _continue_sample_numbers(self._folder / "metrics.jsonl")
-
-    def _prepare(self, task_cls: Any) -> None:
-        """ClearML's process-wide switches, set before anything asks it for the current task."""
-        _forget_master_marker(own=False)
-        if self.settings.get("cache_dir"):
-            os.environ["CLEARML_CACHE_DIR"] = self.settings["cache_dir"]  # read by ClearML on each use
-        if self.settings.get("config_file"):  # read when ClearML first loads its config in this process
-            os.environ["CLEARML_CONFIG_FILE"] = self.settings["config_file"]
-        if task_cls.current_task() is not None:
-            raise SinkError(f"a ClearML task ({task_cls.current_task().id}) is already running in this process; "
-                            "ClearML allows one main task per process")
-        task_cls.set_offline(bool(self.settings.get("offline")))
-        task_cls._report_subprocess_enabled = False  # threads, not a forked reporter (module docstring)
-
-    def _init(self, task_cls: Any, task_id: str) -> Any:
-        """``Task.init``: a new task, or (``task_id``) the same one again, its iterations unshifted."""
-        if task_id and self.settings.get("offline"):
-            self._check_session(task_id)
-        tags = [RUN_TAG + self.run.run_id] if self.run.run_id and not task_id else None
-        try:
-            task = _atomic_task_json(task_cls).init(
-                project_name=self.run.project, task_name=self.run.experiment, tags=tags,
-                reuse_last_task_id=task_id or False, continue_last_task=0 if task_id else False,
-                output_uri=False, auto_connect_frameworks=NO_FRAMEWORKS, auto_connect_arg_parser=False,
-                auto_resource_monitoring=False, auto_connect_streams=False)
-        except Exception as exc:  # translated at the boundary; the cause is kept
-            raise SinkError(f"clearml Task.init failed: {exc}") from exc
-        if not isinstance(task, task_cls):
-            raise SinkError(f"clearml Task.init returned {type(task).__name__}, not a task (another process's "
-                            "CLEARML_PROC_MASTER_ID?)")
-        if task_id and task.id != task_id:  # ClearML falls back to a new task when it cannot load the old one
-            task.close()
-            raise SinkError(f"clearml could not re-attach to task {task_id} (it made {task.id})")
-        return task
-
-    def _check_session(self, task_id: str) -> None:
-        from clearml.config import get_offline_dir
-
-        folder = Path(get_offline_dir(task_id=task_id))
-        if not (folder / "task.json").is_file():  # ClearML would start an empty task under the same id
-            raise SinkError(f"clearml: cannot re-attach to offline task {task_id}: {folder}/task.json is not on "
-                            "this node (the offline session lives in the lane's CLEARML_CACHE_DIR)")
-
-    def _tagged_task_id(self, task_cls: Any) -> str:
-        """The newest task of this project tagged with our run id ("" when there is none)."""
-        if not self.run.run_id:
-            return ""
-        tag = RUN_TAG + self.run.run_id
-        if self.settings.get("offline"):
-            return _tagged_offline_task(self.run.project, tag)
-        found = task_cls.get_tasks(project_name=self.run.project, tags=[tag],  # online: not run in tests here
-                                   task_filter={"order_by": ["-last_update"]})
-        return found[0].id if found else ""
 
     def _describe(self, task: Any) -> str:
         if self._folder is not None:
@@ -398,6 +346,63 @@ class ClearmlSink(Sink):
 
     def where(self) -> str:
         return self._where
+
+
+def _prepare_process(task_cls: Any, settings: Mapping[str, Any]) -> None:
+    """ClearML's process-wide switches, set before anything asks it for the current task."""
+    _forget_master_marker(own=False)
+    if settings.get("cache_dir"):
+        os.environ["CLEARML_CACHE_DIR"] = settings["cache_dir"]  # read by ClearML on each use
+    if settings.get("config_file"):  # read when ClearML first loads its config in this process
+        os.environ["CLEARML_CONFIG_FILE"] = settings["config_file"]
+    if task_cls.current_task() is not None:
+        raise SinkError(f"a ClearML task ({task_cls.current_task().id}) is already running in this process; "
+                        "ClearML allows one main task per process")
+    task_cls.set_offline(bool(settings.get("offline")))
+    task_cls._report_subprocess_enabled = False  # threads, not a forked reporter (module docstring)
+
+
+def _init_task(task_cls: Any, run: RunSpec, task_id: str, offline: bool) -> Any:
+    """``Task.init``: a new task, or (``task_id``) the same one again, its iterations unshifted."""
+    if task_id and offline:
+        _check_session(task_id)
+    tags = [RUN_TAG + run.run_id] if run.run_id and not task_id else None
+    try:
+        task = _atomic_task_json(task_cls).init(
+            project_name=run.project, task_name=run.experiment, tags=tags,
+            reuse_last_task_id=task_id or False, continue_last_task=0 if task_id else False,
+            output_uri=False, auto_connect_frameworks=NO_FRAMEWORKS, auto_connect_arg_parser=False,
+            auto_resource_monitoring=False, auto_connect_streams=False)
+    except Exception as exc:  # translated at the boundary; the cause is kept
+        raise SinkError(f"clearml Task.init failed: {exc}") from exc
+    if not isinstance(task, task_cls):
+        raise SinkError(f"clearml Task.init returned {type(task).__name__}, not a task (another process's "
+                        "CLEARML_PROC_MASTER_ID?)")
+    if task_id and task.id != task_id:  # ClearML falls back to a new task when it cannot load the old one
+        task.close()
+        raise SinkError(f"clearml could not re-attach to task {task_id} (it made {task.id})")
+    return task
+
+
+def _check_session(task_id: str) -> None:
+    from clearml.config import get_offline_dir
+
+    folder = Path(get_offline_dir(task_id=task_id))
+    if not (folder / "task.json").is_file():  # ClearML would start an empty task under the same id
+        raise SinkError(f"clearml: cannot re-attach to offline task {task_id}: {folder}/task.json is not on "
+                        "this node (the offline session lives in the lane's CLEARML_CACHE_DIR)")
+
+
+def _tagged_task_id(task_cls: Any, run: RunSpec, offline: bool) -> str:
+    """The newest task of this project tagged with our run id ("" when there is none)."""
+    if not run.run_id:
+        return ""
+    tag = RUN_TAG + run.run_id
+    if offline:
+        return _tagged_offline_task(run.project, tag)
+    found = task_cls.get_tasks(project_name=run.project, tags=[tag],  # online: not run in tests here
+                               task_filter={"order_by": ["-last_update"]})
+    return found[0].id if found else ""
 
 
 def _offline(env: Mapping[str, str]) -> bool:

@@ -33,11 +33,7 @@ artifact location beside the database, ``<db folder>/mlartifacts/<experiment>`` 
 an experiment that exists keeps the location it has.
 A second record of one name at one step replaces the first file (images are kept, each has a uuid).
 
-Traces are stored exactly once per run: a trace whose ``tracklane.trace_id`` the run holds is skipped (a lane hands a
-batch again after an actor restart), and the MLflow trace id is derived from the run and that id, so a write cut off
-halfway is completed, not doubled, by the next one. They are built as entities and stored with ``TracingClient``
-(``log_spans``, then ``start_trace``) rather than ``MlflowClient.start_trace``: that one exports through the process's
-global tracer to the global tracking URI, in the background, and only logs a warning when the store refuses the trace.
+Traces are stored exactly once per run, written by ``workers/sinks/mlflow_traces.py`` (its docstring says how).
 
 A new sqlite database is never migrated where it will live. MLflow's first open of a missing file creates
 it there and runs its ~100 schema migrations on it (about 1 s here), one DDL statement at a time: a kill in
@@ -51,11 +47,8 @@ and a run whose folder is missing lists no artifacts.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import io
-import json
 import logging
 import os
 import posixpath
@@ -87,6 +80,9 @@ from pipeline.core.records import (
 )
 from pipeline.host.sink import Sink, exception_chain, import_sdk
 from workers.sinks.media import safe_name
+from workers.sinks.mlflow_traces import TRACE_ID_TAG as TRACE_ID_TAG  # re-exported: tests read traces by it
+from workers.sinks.mlflow_traces import MlflowTraces
+from workers.sinks.mlflow_traces import trace_record_id as trace_record_id  # re-exported, as TRACE_ID_TAG
 
 log = logging.getLogger("tracklane")
 
@@ -95,11 +91,6 @@ MAX_PARAMS_PER_REQUEST = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATC
 MAX_METRICS_PER_REQUEST = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
 MAX_PARAM_VALUE_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (mlflow 3.x)
 MAX_KEY_LENGTH = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
-TRACES_PER_PAGE = 500  # the most one search_traces page may ask a server for (mlflow/server/handlers.py)
-TRACE_ID_TAG = "tracklane.trace_id"
-"""Trace tag: ``trace_record_id`` of the record the trace was made from."""
-TRACE_KEY_TAG = "tracklane.key"
-"""Trace tag: the record's key, ``rollout_trace/<op>``."""
 
 # verl's rules (verl/utils/tracking.py, _MlflowLoggingAdapter): MLflow accepts only slashes,
 # alphanumerics, underscores, periods, dashes, colons and spaces, and treats "//" as a path.
@@ -231,12 +222,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def trace_record_id(record: Trace) -> str:
-    """A trace record's own id, the same each time it is sent: sha256 hex of its name, start, end, worker and key."""
-    fields = [record.name, record.start_ns, record.end_ns, str(record.attributes.get("worker", "")), record.key]
-    return hashlib.sha256(orjson.dumps(fields)).hexdigest()
-
-
 _BUSY_STATUSES = (429, 502, 503, 504)
 
 
@@ -278,9 +263,7 @@ class MlflowSink(Sink):
         self._closed = False
         self._pending: list[Any] | None = None  # metrics held until the end of write()
         self._stamps: dict[tuple[str, int], int] = {}  # (name, step) -> its last timestamp in this write
-        self._tracing: Any = None  # mlflow.tracing.client.TracingClient of tracking_uri
-        self._experiment = ""  # the run's experiment id, where its traces go
-        self._trace_ids: set[str] = set()  # trace_record_id of every trace the run holds
+        self._traces: MlflowTraces | None = None  # the run's traces, from the first written
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         import_sdk(type(self))
@@ -292,7 +275,8 @@ class MlflowSink(Sink):
                 create_sqlite_store(database)
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
             # MLFLOW_RUN_ID (verl's way to attach), else for a resumed run the run tagged with its id
-            attach = self.settings.get("run_id") or (self._tagged_run() if self.run.resume else "")
+            attach = self.settings.get("run_id") or (
+                _tagged_run(self._client, self.run.project, self.run.run_id) if self.run.resume else "")
             if resume:
                 self.run_id = resume["run_id"]
                 self._client.update_run(self.run_id, status="RUNNING")
@@ -301,53 +285,12 @@ class MlflowSink(Sink):
                 self._client.update_run(self.run_id, status="RUNNING")
                 self._log_params(existing=self._client.get_run(self.run_id).data.params)
             else:
-                experiment_id = self._experiment_id(self.run.project)
+                experiment_id = _experiment_for(self._client, self.run.project, self.settings.get("artifact_root") or "")
                 tags = {"tracklane.run_id": self.run.run_id} if self.run.run_id else None
                 created = self._client.create_run(experiment_id, run_name=self.run.experiment, tags=tags)
                 self.run_id = created.info.run_id
                 self._log_params(existing={})
         return {"run_id": self.run_id}
-
-    def _load_trace_ids(self) -> None:
-        """Which traces the run holds already (from an earlier actor): their ids, a page of 500 a request, without
-        spans; a run with none costs one search. At the first traces written, not at open(): a run that logs no
-        traces costs no request."""
-        from mlflow.tracing.client import TracingClient
-
-        self._experiment = self._client.get_run(self.run_id).info.experiment_id
-        token = None
-        while True:
-            page = self._client.search_traces(locations=[self._experiment], run_id=self.run_id, include_spans=False,
-                                              max_results=TRACES_PER_PAGE, page_token=token)
-            self._trace_ids.update(trace.info.tags[TRACE_ID_TAG] for trace in page if TRACE_ID_TAG in trace.info.tags)
-            token = page.token
-            if not token:
-                break
-        self._tracing = TracingClient(self.tracking_uri)  # last: a read cut off is done again at the next write
-
-    def _tagged_run(self) -> str:
-        """The run of this project tagged with our run id ("" when there is none): what a resumed run continues."""
-        experiment = self._client.get_experiment_by_name(self.run.project)
-        if experiment is None:
-            return ""
-        found = self._client.search_runs([experiment.experiment_id], max_results=1,
-                                         filter_string=f"tags.`tracklane.run_id` = '{self.run.run_id}'")
-        return found[0].info.run_id if found else ""
-
-    def _experiment_id(self, name: str) -> str:
-        from mlflow.exceptions import MlflowException
-
-        experiment = self._client.get_experiment_by_name(name)
-        if experiment is not None:
-            return experiment.experiment_id
-        root = self.settings.get("artifact_root") or ""
-        try:
-            return self._client.create_experiment(name, artifact_location=f"{root}/{safe_name(name)}" if root else None)
-        except MlflowException:  # created by another process meanwhile
-            experiment = self._client.get_experiment_by_name(name)
-            if experiment is None:
-                raise
-            return experiment.experiment_id
 
     def _log_params(self, existing: Mapping[str, str]) -> None:
         from mlflow.entities import Param
@@ -469,77 +412,15 @@ class MlflowSink(Sink):
                     self._client.log_artifact(self.run_id, record.path, artifact_path=folder)
 
     def write_traces(self, records: Sequence[Trace]) -> None:
-        if self._tracing is None:
+        if self._traces is None or not self._traces.loaded:  # read at the first traces written (MlflowTraces.load)
+            self._traces = MlflowTraces(self._client, self.tracking_uri, self.run_id)
             with _translate(f"read the traces of MLflow run {self.run_id}"):
-                self._load_trace_ids()
-        new = self._new_traces(records)
+                self._traces.load()
+        new = self._traces.new(records)
         if not new:
             return
         with _translate(f"log traces to MLflow run {self.run_id}"):
-            spans = {record_id: _root_span(record, self._mlflow_trace_ids(record_id)) for record_id, record in new.items()}
-            self._log_spans(list(spans.values()))
-            for record_id, record in new.items():
-                self._start_trace(record, record_id, spans[record_id])
-                self._trace_ids.add(record_id)
-
-    def _new_traces(self, records: Sequence[Trace]) -> dict[str, Trace]:
-        """The records whose trace the run does not hold yet, by id (a batch handed again after an actor restart
-        repeats traces; skipping them loses nothing, so they are counted nowhere)."""
-        new: dict[str, Trace] = {}
-        for record in records:
-            record_id = trace_record_id(record)
-            if record_id in self._trace_ids or record_id in new:
-                log.debug("mlflow: run %s holds trace %s (%s) already; skipped", self.run_id, record_id, record.name)
-                continue
-            new[record_id] = record
-        return new
-
-    def _mlflow_trace_ids(self, record_id: str) -> tuple[int, int]:
-        """(OTel trace id, span id) of a record's trace in this run: derived, not random, so that a trace written
-        again after a write cut off halfway lands on the same trace and span (the store merges them)."""
-        digest = hashlib.sha256(f"{self.run_id}/{record_id}".encode()).digest()
-        return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
-
-    def _log_spans(self, spans: list[Any]) -> None:
-        """The batch's spans in one request, into the tracking store (sqlite; a server >= 3.4 on a database)."""
-        if not self._try_log_spans(spans):
-            _forget_server_version()  # MLflow's "no" may be the one it kept from a server it could not reach: ask again
-            self._try_log_spans(spans)  # still "no" (a file store, an older server): _start_trace uploads them instead
-
-    def _try_log_spans(self, spans: list[Any]) -> bool:
-        """Whether the tracking store took the spans (False: it keeps none, they go to the trace's artifact)."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            self._tracing.log_spans(self._experiment, spans)
-        except NotImplementedError:  # a file store; a server < 3.4, or one whose version MLflow could not ask
-            return False
-        except MlflowException as exc:
-            if exc.get_http_status_code() == 501:  # a server on a file store
-                return False
-            raise
-        return True
-
-    def _start_trace(self, record: Trace, record_id: str, span: Any) -> None:
-        """The trace's info (state, tags, the run it belongs to); after its spans, as MLflow's exporter does: only
-        this write tags the trace with its id, so a trace cut off before it is written again."""
-        from mlflow.tracing.constant import SpansLocation, TraceTagKey
-
-        info = self._tracing.start_trace(_trace_info(record, record_id, span, self._experiment, self.run_id))
-        if info.tags.get(TraceTagKey.SPANS_LOCATION) != SpansLocation.TRACKING_STORE.value:
-            self._upload_spans(info, span)
-
-    def _upload_spans(self, info: Any, span: Any) -> None:
-        """The spans as the trace's artifact, where a store keeps them (what ``TracingClient._upload_trace_data``
-        writes, but with this sink's tracking URI: MLflow's own call resolves ``mlflow-artifacts:`` with the global one)."""
-        from mlflow.entities import TraceData
-        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-        from mlflow.tracing.utils import TraceJSONEncoder
-        from mlflow.tracing.utils.artifact_utils import get_artifact_uri_for_trace
-
-        repository = get_artifact_repository(get_artifact_uri_for_trace(info), tracking_uri=self.tracking_uri)
-        repository.upload_trace_data(json.dumps(TraceData(spans=[span]).to_dict(), cls=TraceJSONEncoder,
-                                                ensure_ascii=False))
+            self._traces.write(new)
 
     def _log_json(self, content: Any, kind: str, name: str, step: int) -> None:
         # strict JSON (NaN and +-Inf as null), encoded by orjson: a step's rollout rows are megabytes
@@ -569,6 +450,32 @@ class MlflowSink(Sink):
                 f"(view: mlflow ui --backend-store-uri {self.tracking_uri})")
 
 
+def _tagged_run(client: Any, project: str, run_id: str) -> str:
+    """The run of ``project`` tagged with our ``run_id`` ("" when there is none): what a resumed run continues."""
+    experiment = client.get_experiment_by_name(project)
+    if experiment is None:
+        return ""
+    found = client.search_runs([experiment.experiment_id], max_results=1,
+                               filter_string=f"tags.`tracklane.run_id` = '{run_id}'")
+    return found[0].info.run_id if found else ""
+
+
+def _experiment_for(client: Any, name: str, root: str) -> str:
+    """The id of experiment ``name``, created if missing (artifacts under ``root``/<name> when ``root`` is set)."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=f"{root}/{safe_name(name)}" if root else None)
+    except MlflowException:  # created by another process meanwhile
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
 def _path_part(name: str) -> str:
     """A name as one artifact folder: sanitised like a metric name, "/" -> "~"."""
     return mlflow_key(name).replace("/", "~")
@@ -590,64 +497,6 @@ def _summary(figures: HistogramFigures) -> dict[str, float]:
         return {"count": 0.0}
     return {"mean": figures.mean, "std": figures.std, "min": figures.min, "max": figures.max,
             "count": float(figures.count)}
-
-
-def _forget_server_version() -> None:
-    """Let MLflow's REST store ask the server its version again. It asks once per process and keeps the answer,
-    None too: asked while the server was down, it would refuse ``log_spans`` (NotImplementedError) from then on."""
-    from mlflow.store.tracking.rest_store import RestStore
-
-    cache_clear = getattr(RestStore._get_server_version, "cache_clear", None)  # functools.lru_cache (mlflow 3.17)
-    if cache_clear is not None:
-        cache_clear()
-
-
-def _root_span(record: Trace, ids: tuple[int, int]) -> Any:
-    """The record as the one span of its trace, built with ``Span.from_dict`` (MLflow's trace-file format: ids in
-    base64, every attribute value JSON text) rather than MLflow's global tracer."""
-    from mlflow.entities import Span, SpanStatusCode
-    from mlflow.tracing.constant import TRACE_REQUEST_ID_PREFIX, SpanAttributeKey
-    from mlflow.tracing.utils import dump_span_attribute_value
-
-    trace_id, span_id = ids
-    metadata = record.metadata_object()
-    attributes: dict[str, Any] = {SpanAttributeKey.REQUEST_ID: f"{TRACE_REQUEST_ID_PREFIX}{trace_id:032x}",
-                                  SpanAttributeKey.SPAN_TYPE: "UNKNOWN", "mlflow.chat.messages": record.messages}
-    if "inputs" in metadata:
-        attributes[SpanAttributeKey.INPUTS] = metadata["inputs"]
-    if "output" in metadata:
-        attributes[SpanAttributeKey.OUTPUTS] = metadata["output"]
-    if "exception_type" in metadata:
-        attributes["exception_type"] = metadata["exception_type"]
-    status = SpanStatusCode.ERROR if record.status == "error" else SpanStatusCode.OK
-    return Span.from_dict({
-        "trace_id": base64.b64encode(trace_id.to_bytes(16, "big")).decode(),
-        "span_id": base64.b64encode(span_id.to_bytes(8, "big")).decode(),
-        "parent_span_id": None, "name": record.name,
-        "start_time_unix_nano": record.start_ns, "end_time_unix_nano": record.end_ns,
-        "status": {"code": status.to_otel_proto_status_code_name(), "message": str(metadata.get("exception_type", ""))},
-        "attributes": {key: dump_span_attribute_value(value) for key, value in attributes.items()},
-    })
-
-
-def _trace_info(record: Trace, record_id: str, span: Any, experiment_id: str, run_id: str) -> Any:
-    """The trace's info: linked to the run (metadata ``mlflow.sourceRun``, as MLflow links a trace made in an active
-    run), tagged as verl tags it, previews of the span's inputs and outputs for the trace list."""
-    from mlflow.entities import TraceData, TraceInfo, TraceLocation, TraceState
-    from mlflow.tracing.constant import TRACE_SCHEMA_VERSION, TRACE_SCHEMA_VERSION_KEY, TraceMetadataKey, TraceTagKey
-    from mlflow.tracing.utils.truncation import set_request_response_preview
-
-    tags = {str(key): str(value) for key, value in record.attributes.items()}  # verl: set_trace_tag(str(k), str(v))
-    tags.update({TraceTagKey.TRACE_NAME: record.name, TRACE_KEY_TAG: record.key, TRACE_ID_TAG: record_id})
-    info = TraceInfo(
-        trace_id=span.trace_id, trace_location=TraceLocation.from_experiment_id(experiment_id),
-        request_time=record.start_ns // 1_000_000, execution_duration=(record.end_ns - record.start_ns) // 1_000_000,
-        state=TraceState.ERROR if record.status == "error" else TraceState.OK,
-        trace_metadata={TRACE_SCHEMA_VERSION_KEY: str(TRACE_SCHEMA_VERSION), TraceMetadataKey.SOURCE_RUN: run_id},
-        tags=tags,
-    )
-    set_request_response_preview(info, TraceData(spans=[span]))
-    return info
 
 
 @contextlib.contextmanager

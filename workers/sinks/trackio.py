@@ -151,9 +151,7 @@ class TrackioSink(Sink):
         self._rows: list[_Row] = []  # collected by the hooks of one write(), committed at its end
         self._system: list[_Row] = []
         self._last_step: int | None = None
-        self._source, self._seq = "", 0  # the lane batch being written (begin_batch)
-        self._batch: Sequence[Record] = ()  # kept alive so that the ids in _positions stay theirs
-        self._positions: dict[int, int] = {}
+        self._ids = _RowIds()  # each row's log_id, from the lane batch being written (begin_batch)
         self._renamed: set[str] = set()
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -179,8 +177,7 @@ class TrackioSink(Sink):
 
     # -- writing: the hooks collect rows, write() commits them in one transaction -------------
     def begin_batch(self, source: str, seq: int, records: Sequence[Record]) -> None:
-        self._source, self._seq, self._batch = source, seq, records
-        self._positions = {id(record): position for position, record in enumerate(records)}
+        self._ids.begin_batch(source, seq, records)
 
     def write(self, records: Sequence[Record]) -> None:
         if not self._open:
@@ -205,48 +202,21 @@ class TrackioSink(Sink):
             if self._rows:
                 self._storage.bulk_log(project, run, [r.values for r in self._rows],
                                        steps=[r.step for r in self._rows], timestamps=[_iso(r.time) for r in self._rows],
-                                       config=self._config() if self._config_pending else None,
+                                       config=_trackio_config(self.run.params) if self._config_pending else None,
                                        log_ids=[r.log_id for r in self._rows], run_id=self.run_id)
                 self._config_pending = False
                 self._last_step = max([r.step for r in self._rows] + [self._last_step or 0])
 
-    def _config(self) -> dict[str, Any]:
-        """The params as trackio's ``Run`` stores its config: top-level "_" keys are trackio's, so a param's get
-        "cfg" in front (warned)."""
-        config: dict[str, Any] = {}
-        for key, value in self.run.params.items():
-            name = key
-            while name.startswith("_") or name in config:
-                name = "cfg" + name
-            if name != key:
-                log.warning("tracklane: trackio reserves config keys starting with '_': param %r stored as %r", key, name)
-            config[name] = value
-        config.update(_Username=None, _Created=datetime.now(timezone.utc).isoformat(), _Group=None)
-        return config
-
-    def _log_id(self, group: Sequence[Record]) -> str:
-        """The row's identity: where its records sit in their lane batch (the same when the batch is sent
-        again), and the last one's time (a resumed run numbers its batches from 1 again); outside a lane's
-        batch (the synchronous path) a random one."""
-        first, last = self._position(group[0]), self._position(group[-1])
-        if first is None or last is None:
-            return uuid.uuid4().hex
-        return f"{self.run_id}:{self._source}:{self._seq}:{first}-{last}:{group[-1].time!r}"
-
-    def _position(self, record: Record) -> int | None:
-        position = self._positions.get(id(record))
-        return position if position is not None and self._batch[position] is record else None
-
     def _add(self, step: int, values: dict[str, Any], group: Sequence[Record]) -> None:
         if values:
-            self._rows.append(_Row(step, values, group[-1].time, self._log_id(group)))
+            self._rows.append(_Row(step, values, group[-1].time, self._ids.log_id(self.run_id, group)))
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         for step, group in records_by_step(records):
             axis = group[0].axis
             if axis == SYSTEM_AXIS:  # one row per sample: its identity stays that record's alone
-                self._system += [_Row(step, {**self._keys(r.values), SYSTEM_AXIS: step}, r.time, self._log_id([r]))
-                                 for r in group]
+                self._system += [_Row(step, {**self._keys(r.values), SYSTEM_AXIS: step}, r.time,
+                                      self._ids.log_id(self.run_id, [r])) for r in group]
                 continue
             for part in _apart(group):
                 values = self._keys(merged_values(part))
@@ -377,6 +347,47 @@ class TrackioSink(Sink):
         store = self.dir / name
         return (f"trackio: run {self.run.experiment!r} (id {self.run_id or 'not opened'}) in {store}; view with "
                 f"`TRACKIO_DIR={shlex.quote(str(self.dir))} trackio show --project {shlex.quote(self.run.project)}`")
+
+
+class _RowIds:
+    """Each row's ``log_id``, made from where its records sit in the lane batch being written."""
+
+    def __init__(self) -> None:
+        self._source, self._seq = "", 0  # the lane batch being written (begin_batch)
+        self._batch: Sequence[Record] = ()  # kept alive so that the ids in _positions stay theirs
+        self._positions: dict[int, int] = {}
+
+    def begin_batch(self, source: str, seq: int, records: Sequence[Record]) -> None:
+        self._source, self._seq, self._batch = source, seq, records
+        self._positions = {id(record): position for position, record in enumerate(records)}
+
+    def log_id(self, run_id: str, group: Sequence[Record]) -> str:
+        """The row's identity: where its records sit in their lane batch (the same when the batch is sent
+        again), and the last one's time (a resumed run numbers its batches from 1 again); outside a lane's
+        batch (the synchronous path) a random one."""
+        first, last = self._position(group[0]), self._position(group[-1])
+        if first is None or last is None:
+            return uuid.uuid4().hex
+        return f"{run_id}:{self._source}:{self._seq}:{first}-{last}:{group[-1].time!r}"
+
+    def _position(self, record: Record) -> int | None:
+        position = self._positions.get(id(record))
+        return position if position is not None and self._batch[position] is record else None
+
+
+def _trackio_config(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The params as trackio's ``Run`` stores its config: top-level "_" keys are trackio's, so a param's get
+    "cfg" in front (warned)."""
+    config: dict[str, Any] = {}
+    for key, value in params.items():
+        name = key
+        while name.startswith("_") or name in config:
+            name = "cfg" + name
+        if name != key:
+            log.warning("tracklane: trackio reserves config keys starting with '_': param %r stored as %r", key, name)
+        config[name] = value
+    config.update(_Username=None, _Created=datetime.now(timezone.utc).isoformat(), _Group=None)
+    return config
 
 
 def _apart(group: Sequence[Metrics]) -> list[list[Metrics]]:

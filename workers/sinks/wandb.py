@@ -23,7 +23,7 @@ step is logged, so a batch is durable once the file holds a row of the step that
 ended (``written``/``durable``, read from the file itself: ``workers/sinks/wandb_store.py``). Each row carries a
 hidden tag (``ROW_TAG``: source, batch, position of its last record). A sink that takes over a run (actor
 restart, resumed run) reads the run's earlier files and skips the re-sent records their newest tag per
-source covers (and artifacts already logged), so nothing lands twice.
+source covers (and artifacts already logged), so nothing lands twice (``workers/sinks/wandb_resent.py``).
 
 Records of one key at one step in one batch become one log call; a step with no samples logs nothing.
 Logged table rows are released (set to None) so the lane's memory stays flat over a long run. A log
@@ -36,8 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pipeline.core.errors import SinkError
@@ -45,16 +44,13 @@ from pipeline.core.records import Artifact, Generations, Histogram, Image, Metri
 from pipeline.host.sink import Sink, import_sdk
 from workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
 from workers.sinks.steps import R, merged_values, records_by_step
-from workers.sinks.wandb_store import ROW_TAG, LogTail, Stored, run_files, stored_so_far
+from workers.sinks.wandb_resent import ResentRows
+from workers.sinks.wandb_store import ROW_TAG, LogTail
 
 log = logging.getLogger("tracklane")
 
 TEXT_COLUMNS = ["step", "text"]
 WANDB_MAX_BINS = 512  # wandb.Histogram refuses more (wandb 0.31: "The maximum length of a histogram is 512")
-QUIET_S = 3.0
-"""A run's earlier file is read once it has been still this long: the wandb-core of a killed actor lives on
-for a second or two (measured: under 2 s); it writes nothing more, but wait to be sure."""
-QUIET_WAIT_MAX_S = 15.0
 STEP_AXIS = "tracklane/step"
 """The step metric of what is logged at the trainer's step (a hidden key of every row)."""
 
@@ -81,16 +77,12 @@ class WandbSink(Sink):
         super().__init__(run, settings)
         self._run: Any = None  # the wandb Run; kept, since wandb.run is only the latest one
         self._run_dir: str | None = None
-        self._tables: dict[str, Any] = {}  # key -> the run's INCREMENTAL wandb.Table
-        self._released: dict[str, int] = {}  # key -> rows of that table already logged and released
+        self._tables = IncrementalTables()  # key -> the run's INCREMENTAL wandb.Table
         self._tail: LogTail | None = None  # follows this run file on disk
         self._row: int | None = None  # ``_step`` of the newest row handed (-1: only artifacts; None: nothing yet)
         self._open: tuple[str, str, int] | None = None  # (source, axis, step) of that row: wandb keeps it open
         self._defined: set[str] = set()  # keys (and axes) given their step metric
-        self._source, self._seq = "", 0  # the batch being written (begin_batch)
-        self._positions: dict[int, int] = {}  # id(record) -> its position in that batch
-        self._earlier = Stored()  # what the run's earlier files hold (a run taken over)
-        self._skipped = 0
+        self._resent = ResentRows()  # what the run's earlier files hold; the batch's positions (begin_batch)
         self._tail_warned = False
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -106,12 +98,11 @@ class WandbSink(Sink):
             "reinit": "create_new",  # several runs may live in one process, one after another
         }
         if resume:  # an actor restart: the same run; its hyper-parameters are logged unless they never hit the disk
-            self._earlier = self._stored(resume["id"])
             kwargs.update(id=resume["id"], resume="allow")
-            if not self._earlier.config:
+            if not self._resent.read_earlier(self.settings.get("dir") or ".", resume["id"]).config:
                 kwargs.update(config=self.run.params, allow_val_change=True)
         elif self.run.resume:  # training resumed from a checkpoint: continue the run with this id
-            self._earlier = self._stored(self.run.run_id)
+            self._resent.read_earlier(self.settings.get("dir") or ".", self.run.run_id)
             kwargs.update(id=self.run.run_id, resume="allow", config=self.run.params, allow_val_change=True)
         else:
             kwargs.update(id=self.run.run_id or None, config=self.run.params)
@@ -121,21 +112,9 @@ class WandbSink(Sink):
             raise SinkError(f"wandb.init failed: {exc}") from exc
         self._run_dir = os.path.dirname(self._run.dir)  # run.dir is the run's files/ folder
         self._tail = LogTail(self._run.settings.sync_file)
-        if self._earlier.step >= 0:  # number the rows on from the earlier files'
-            self._row = self._earlier.step
+        if self._resent.earlier.step >= 0:  # number the rows on from the earlier files'
+            self._row = self._resent.earlier.step
         return {"id": str(self._run.id)}
-
-    def _stored(self, run_id: str) -> Stored:
-        """What the run's earlier files hold, once they are still (their wandb-core is gone)."""
-        wandb_dir = self.settings.get("dir") or "."
-        deadline = time.monotonic() + QUIET_WAIT_MAX_S
-        while time.monotonic() < deadline:
-            files = run_files(wandb_dir, run_id)
-            newest = max((f.stat().st_mtime for f in files), default=0.0)
-            if time.time() - newest >= QUIET_S:
-                break
-            time.sleep(0.2)
-        return stored_so_far(run_files(wandb_dir, run_id))
 
     # -- durability -----------------------------------------------------------------------
     def written(self) -> int | None:
@@ -154,48 +133,32 @@ class WandbSink(Sink):
         return stored >= max(point, 0)
 
     def begin_batch(self, source: str, seq: int, records: Sequence[Any]) -> None:
-        self._source, self._seq = source, seq
-        self._positions = {id(record): position for position, record in enumerate(records)}
+        self._resent.begin_batch(source, seq, records)
 
     def write(self, records: Sequence[Any]) -> None:
-        if self._earlier.artifacts:
-            records = [r for r in records if not self._stored_artifact(r)]
+        if self._resent.earlier.artifacts:
+            records = [r for r in records if not self._resent.stored_artifact(r)]
         super().write(records)
-
-    def _stored_artifact(self, record: Any) -> bool:
-        return isinstance(record, Artifact) and \
-            (safe_name(record.name, "-"), safe_name(record.type, "-"), record.step) in self._earlier.artifacts
 
     def _fresh(self, group: Sequence[Any]) -> bool:
         """False if the run's earlier files hold this row already (a batch sent again after a takeover)."""
-        position = self._position(group)
-        if position < 0 or (self._seq, position) > self._earlier.rows.get(self._source, (0, -1)):
-            return True
-        if not self._skipped:
-            log.warning("tracklane: wandb: run %s already holds records sent again (an earlier actor or process "
-                        "of this run stored them); skipping them", self._run.id)
-        self._skipped += len(group)
-        return False
-
-    def _position(self, group: Sequence[Any]) -> int:
-        """The batch position of the row's last record; -1 outside a lane's batch (the synchronous path)."""
-        return self._positions.get(id(group[-1]), -1)
+        return self._resent.fresh(group, self._run)
 
     def _log(self, values: dict[str, Any], step: int, group: Sequence[Any]) -> None:
         """One history row: ``values`` at ``step`` of the group's axis, tagged with its last record's position."""
         axis = getattr(group[0], "axis", None) or STEP_AXIS
         if not self._defined.issuperset(values) or axis not in self._defined:
             self._define(values, axis)
-        opened = (self._source, axis, step)
+        opened = (self._resent.source, axis, step)
         if self._open != opened or self._row is None or self._row < 0:  # a new row; else wandb merges into it
             after = -1 if self._row is None else self._row
             self._row = max(after + 1, step if axis == STEP_AXIS else 0)
             self._open = opened
         row = dict(values)
         row[axis] = step
-        position = self._position(group)
-        if position >= 0:
-            row[ROW_TAG] = f"{self._source}|{self._seq}|{position}"
+        tag = self._resent.tag(group)
+        if tag is not None:
+            row[ROW_TAG] = tag
         self._run.log(row, step=self._row)
 
     def _define(self, values: dict[str, Any], axis: str) -> None:
@@ -284,44 +247,20 @@ class WandbSink(Sink):
                 continue
             values = {}
             for record in group:
-                key = key_of(record)
-                rows = rows_of(record)
+                key, rows = key_of(record), rows_of(record)
                 if rows:
-                    table = self._table(key, columns)
-                    for row in rows:
-                        table.add_data(*row)
-                    values[key] = table
+                    values[key] = self._tables.add(key, columns, rows)
             if values:
                 try:
                     self._log(values, step, group)
                 except Exception:
                     # The lane retries the whole batch: a fresh table then gets these rows once, not twice.
-                    for key in values:
-                        self._tables.pop(key, None)
+                    self._tables.drop(values)
                     raise
-                for key in values:
-                    self._release(key)
-
-    def _table(self, key: str, columns: list[str]) -> Any:
-        table = self._tables.get(key)
-        if table is None:
-            wandb = import_sdk(type(self))
-            # Mixed types: a meta value may be an int in one row and None or a str in the next.
-            table = self._tables[key] = wandb.Table(columns=columns, log_mode="INCREMENTAL",
-                                                    allow_mixed_types=columns is TRAJECTORY_COLUMNS)
-            self._released[key] = 0
-        return table
-
-    def _release(self, key: str) -> None:
-        """Forget the content of rows already written: wandb only reads the rows after the last logged one."""
-        data = self._tables[key].data
-        for index in range(self._released[key], len(data)):
-            data[index] = None
-        self._released[key] = len(data)
+                self._tables.release(values)
 
     def close(self, exit_code: int) -> None:
         self._tables.clear()
-        self._released.clear()
         run, self._run = self._run, None
         if run is not None:
             run.finish(exit_code=exit_code)
@@ -341,6 +280,46 @@ class WandbSink(Sink):
     def where(self) -> str:
         folder = self._run_dir or os.path.join(self.settings.get("dir") or ".", "wandb")
         return f"wandb: run files in {folder} (upload offline runs with `wandb sync {folder}`)"
+
+
+class IncrementalTables:
+    """The run's INCREMENTAL ``wandb.Table`` per key; rows already logged are released (set to None)."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, Any] = {}  # key -> the run's INCREMENTAL wandb.Table
+        self._released: dict[str, int] = {}  # key -> rows of that table already logged and released
+
+    def __getitem__(self, key: str) -> Any:
+        return self._tables[key]
+
+    def add(self, key: str, columns: list[str], rows: list[list[Any]]) -> Any:
+        """The key's table (made at its first rows) with ``rows`` added."""
+        table = self._tables.get(key)
+        if table is None:
+            wandb = import_sdk(WandbSink)
+            # Mixed types: a meta value may be an int in one row and None or a str in the next.
+            table = self._tables[key] = wandb.Table(columns=columns, log_mode="INCREMENTAL",
+                                                    allow_mixed_types=columns is TRAJECTORY_COLUMNS)
+            self._released[key] = 0
+        for row in rows:
+            table.add_data(*row)
+        return table
+
+    def release(self, keys: Iterable[str]) -> None:
+        """Forget the content of rows already written: wandb only reads the rows after the last logged one."""
+        for key in keys:
+            data = self._tables[key].data
+            for index in range(self._released[key], len(data)):
+                data[index] = None
+            self._released[key] = len(data)
+
+    def drop(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._tables.pop(key, None)
+
+    def clear(self) -> None:
+        self._tables.clear()
+        self._released.clear()
 
 
 def _png_file(folder: str, index: int, png: bytes) -> str:
