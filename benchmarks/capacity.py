@@ -253,8 +253,10 @@ def lane(place: RunPlace, tracker: str, work: list, is_traj: bool,
          extra: dict[str, Any] | None = None) -> tuple[float, dict[str, Any]]:
     from pipeline import Tracking
 
-    # "block": a loop faster than the lane waits for room instead of dropping, so the rate is what it sustains
-    config = {"trainer": {"log_async": True, "async_log": {"health_metrics": False, "spool": False,
+    # "block": a loop faster than the lane waits for room instead of dropping, so the rate is what it sustains;
+    # the spool, like every run's, in the run's own folder
+    config = {"trainer": {"log_async": True, "async_log": {"health_metrics": False,
+                                                           "spool_dir": str(place.root / "spool"),
                                                            "system_metrics_s": 0, "overflow": "block",
                                                            "block_timeout_s": 600},
                           "record_limits": {"max_trajectories": 1_000_000, "max_chars": 1_000_000}, **(extra or {})}}

@@ -5,7 +5,7 @@ wanted. Each tracker sits behind its own ``SinkHost`` (pipeline/host/sink_host.p
 lane actor: a failure is retried with backoff, then counted, and never stops the others or the
 training loop. The price of being synchronous: a failing tracker holds up the ``log()`` call
 for at most its retries' backoff (``retry_backoff_s * (2 ** sink_retries - 1)``). What a tracker did not take
-after them goes to the run's spool (sync_spool.py, with ``spool`` on) for ``tracklane replay``.
+after them goes to the run's spool (sync_spool.py) for ``tracklane replay``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class SyncPipeline:
         self._late_drops = 0
         self._last_step: Any = None
         self._spool = SyncSpool(cfg, run, {name: settings for name, (_, settings) in backends.items()}) \
-            if cfg.spool and cfg.spool_dir else None
+            if cfg.spool_dir else None
         for host in self._hosts.values():
             host.open()
         # trainer.async_log.reductions: rank 0's log(..., reduce=) through the same reducer, in-process

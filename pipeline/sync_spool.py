@@ -9,7 +9,7 @@ One folder, one command, each record once: every spooled record is addressed (``
 that lacked it, so a replay's lanes each apply their own records and skip the rest. The manifest names only the
 trackers that lack something (a replay opens no other), and each one's lane state says how to re-attach to its
 tracker run (``resume``: MLflow's run id, ...), so the replay continues the same run. The replay's lanes then
-record what they applied, and a second replay delivers nothing. Limits: a write that failed half-way is spooled
+record what they were handed, and a second replay delivers nothing. Limits: a write that failed half-way is spooled
 whole (as the asynchronous path re-sends a held batch whole), and ``--to`` a tracker that did not fail delivers
 nothing from this spool (its records are addressed to the trackers that lacked them).
 """
@@ -90,7 +90,7 @@ class SyncSpool:
                       fsync_s=self._cfg.spool_fsync_s)
         os.makedirs(lanes_dir(directory), mode=0o700, exist_ok=True)
         # A resumed run's folder may hold what its earlier process left: keep its trackers, number after every
-        # batch any lane applied (a lane skips what it thinks it holds).
+        # batch any lane was handed (a lane skips what it thinks it holds).
         states = glob.glob(os.path.join(lanes_dir(directory), "*.state"))
         self._seq = max([spool.last_seq, *(LaneState.load(path).stored_of("") for path in states)])
         self._manifest = RunManifest(run=self._run, backends=_earlier_backends(directory))

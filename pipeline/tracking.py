@@ -63,7 +63,7 @@ class Tracking(LogCalls):
         trainer = trainer_section(config)
         self.log_async, self._cfg, limits = _settings(trainer)
         self.run = _run_spec(project_name, experiment_name, config, run_id, resume)
-        if self._cfg.spool and not self._cfg.spool_dir:
+        if not self._cfg.spool_dir:
             self._cfg = dataclasses.replace(self._cfg, spool_dir=default_spool_dir(self.run, trainer, os.environ))
         backends = self._resolve_backends(default_backend, trainer)
         self.backends = list(backends)
@@ -164,7 +164,11 @@ class Tracking(LogCalls):
         return self._with_own_figures(self._pipe.flush(timeout))
 
     def finish(self, exit_code: int = 0, timeout: float | None = None) -> PipelineReport:
-        """Drain with a deadline, close every tracker (exit code / run status) and report. Idempotent."""
+        """Drain with a deadline, close every tracker (exit code / run status) and report. Idempotent.
+
+        The one way a run ends: ``__exit__``, ``__del__``, the interpreter-exit hook (after ``sys.excepthook``
+        logged the crash record) and verl's actor-method wrapper (``finish_left_by``) all call it. It returns
+        within ``timeout`` (default ``finish_timeout_s``) plus the report's 0.5 s (barrier.py ``ANSWER_S``)."""
         if self._report is not None:
             return self._report
         deadline = self._cfg.finish_timeout_s if timeout is None else timeout

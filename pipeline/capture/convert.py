@@ -142,7 +142,6 @@ class Converter:
         limit_name = _SAMPLED[kind]
         groups = self._groups(only, limit_name)
         kept = {limit: thin_indices(len(samples), limit) for limit in groups}
-        self.rich.last_count = len(samples)
         widest = getattr(self.rich.limits, limit_name)  # the most generous backend's: what no tracker gets
         self.rich.sampled_out += len(samples) - len(thin_indices(len(samples), widest))
         for limit, names in groups.items():

@@ -129,8 +129,6 @@ class RichConverter:
         """Strings cut to max_chars."""
         self.sampled_out = 0
         """Samples or trajectories left out by max_generations / max_trajectories."""
-        self.last_count = 0
-        """How many samples or trajectories the latest call was given (before thinning)."""
         self._warned: set[str] = set()
         self._builders: dict[str, Callable[[int, tuple, float, list[str] | None], Record]] = {
             Histogram.kind: self.histogram, Text.kind: self.text, Image.kind: self.image, Artifact.kind: self.artifact,

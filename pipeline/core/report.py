@@ -283,7 +283,7 @@ class SpoolReport:
     directory: str
     nbytes: int = 0
     batches: int = 0
-    """Batches on disk (not yet acknowledged by every lane, or kept for retention)."""
+    """Batches on disk (not yet stored by every lane's tracker, or kept for retention)."""
     evicted_records: int = 0
     """Records the disk bound (spool_max_bytes) deleted before every lane had them (also in the lanes' drops)."""
     damaged: int = 0
@@ -338,4 +338,4 @@ class LaneInfo:
     node_id: str
     """Ray node id of that process ("" outside Ray)."""
     unstored_bytes: int
-    """Encoded bytes shipped to the lane and not acknowledged yet (0 on the synchronous path)."""
+    """Encoded bytes shipped to the lane and not stored by its tracker yet (0 on the synchronous path)."""

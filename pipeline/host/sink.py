@@ -22,7 +22,7 @@ A sink with more to offer implements one of the ``typing.Protocol``s below as we
 checkpoint storage does the same); the host asks ``isinstance`` once and uses it when it is there:
 
     BatchPositions   begin_batch(source, seq, records)   rows keyed by their place in a lane's batch
-    LaggingStore     written() / durable(point)          a store that lands in the background (wandb-core)
+    LaggingStore     written() / stored(point)           a store that lands in the background (wandb-core)
     Undoable         mark(records) / rollback(mark)      a partial write undone by the next actor
     CapturedOutput   capture_output() / take_output()    printed lines sent to the trainer's terminal
     Reducing         take_reduced()                      points reduced across producers, sent to the trainer
@@ -153,7 +153,7 @@ class Sink:
         return kept
 
     def flush(self) -> None:
-        """Make everything written so far durable in the tracker (its own buffers handed on): the lane
+        """Make everything written so far stored in the tracker (its own buffers handed on): the lane
         acknowledges a batch only after this returned."""
 
     def close(self, exit_code: int) -> None:
@@ -181,20 +181,20 @@ class BatchPositions(Protocol):
 
 @runtime_checkable
 class LaggingStore(Protocol):
-    """A tracker whose store lands in the background: ``flush()`` returning does not make a write durable."""
+    """A tracker whose store lands in the background: ``flush()`` returning does not make a write stored."""
 
     def written(self) -> Any:
-        """A point standing for everything handed to the tracker so far, to ask ``durable`` about later
-        (None: already durable)."""
+        """A point standing for everything handed to the tracker so far, to ask ``stored`` about later
+        (None: already stored)."""
 
-    def durable(self, point: Any) -> bool:
+    def stored(self, point: Any) -> bool:
         """Whether the tracker's own store now holds everything handed to it up to ``point`` (a value
         ``written()`` returned). After a clean ``close()`` everything is."""
 
 
 @runtime_checkable
 class Undoable(Protocol):
-    """A tracker whose partial write can be undone, so a batch an actor died in is applied exactly once."""
+    """A tracker whose partial write can be undone, so a batch an actor died in is handed exactly once."""
 
     def mark(self, records: Sequence[Record]) -> dict[str, Any] | None:
         """Where the tracker stands before ``records`` are written (plain values), or None if this write

@@ -3,7 +3,7 @@
 The lane actor wraps a host in sequence bookkeeping (``log_async: true``); the synchronous
 path is a loop over hosts (``log_async: false``). A host never raises: a tracker that fails is
 retried with doubling backoff. Then, if it cannot be reached and the caller can wait (a lane
-with the spool behind it), the batch is held: nothing applied, nothing counted, sent again
+with the spool behind it), the batch is held: nothing handed, nothing counted, sent again
 later. Otherwise the records it refused are counted as failed and the caller goes on.
 On the synchronous path that bounds one ``log()`` per failing tracker to
 ``retry_backoff_s * (2 ** sink_retries - 1)`` seconds of waiting (3.5 s with the defaults),
@@ -90,11 +90,11 @@ class SinkHost:
             self.resume = dict(resume or {})
         return True
 
-    def write(self, records: Sequence[Record], hold: bool = False, durable: bool = False,
+    def write(self, records: Sequence[Record], hold: bool = False, flush: bool = False,
               batch: tuple[str, int] | None = None) -> bool:
-        """Write the records addressed to this lane, retrying with backoff; with ``durable`` also flushed,
+        """Write the records addressed to this lane, retrying with backoff; with ``flush`` also flushed,
         in the tracker's hands before it returns (what a lane's acknowledgement needs). Returns False,
-        having applied and counted nothing, if ``hold`` and the tracker is unreachable: the caller sends
+        having handed and counted nothing, if ``hold`` and the tracker is unreachable: the caller sends
         them again later. Otherwise a batch the tracker refuses is written record by record, and only
         the records it refuses are counted failed. ``batch``: (source, seq) of a lane's batch."""
         mine = [r for r in records if r.only is None or self.lane in r.only]
@@ -103,7 +103,7 @@ class SinkHost:
             return True
         if batch is not None and self._positions is not None:
             self._positions.begin_batch(batch[0], batch[1], records)
-        exc = self._attempt(mine, durable=durable)
+        exc = self._attempt(mine, flush=flush)
         if exc is None:
             return True
         if self.sink.is_outage(exc):
@@ -115,7 +115,7 @@ class SinkHost:
                 return False
             failed = mine
         else:  # the tracker answered and refused: find the records it refuses
-            failed = [r for r in mine if self._attempt([r], retries=0, durable=durable) is not None] \
+            failed = [r for r in mine if self._attempt([r], retries=0, flush=flush) is not None] \
                 if len(mine) > 1 else mine
         self.counts.failed_records += len(failed)
         self.last_failed = failed
@@ -125,7 +125,7 @@ class SinkHost:
                         "from now on", self.lane, len(failed), len(mine), self._retries, self.error)
         return True
 
-    def _attempt(self, records: Sequence[Record], retries: int | None = None, durable: bool = False) -> BaseException | None:
+    def _attempt(self, records: Sequence[Record], retries: int | None = None, flush: bool = False) -> BaseException | None:
         """Open if needed, write (and flush), with doubling backoff; None on success, else the last error."""
         delay = self._backoff_s
         retries = self._retries if retries is None else retries
@@ -134,7 +134,7 @@ class SinkHost:
             if self.open():
                 try:
                     self.sink.write(records)
-                    if durable:
+                    if flush:
                         self.sink.flush()
                     self.error = None  # it took records again: nothing is wrong now (last_error keeps what was)
                     if self._failing:
@@ -177,18 +177,18 @@ class SinkHost:
             return None
         try:
             return self._lagging.written()
-        except Exception as exc:  # no point: the batch counts as durable once flushed, as in most trackers
+        except Exception as exc:  # no point: the batch counts as stored once flushed, as in most trackers
             self._failed(f"written: {type(exc).__name__}: {exc}")
             return None
 
-    def durable(self, point: Any) -> bool:
+    def stored(self, point: Any) -> bool:
         """Whether the sink's store holds what was handed to it up to ``point``; False if it cannot tell."""
         if self._lagging is None:
             return True
         try:
-            return self._lagging.durable(point)
+            return self._lagging.stored(point)
         except Exception as exc:  # cannot tell: the batch waits (in the spool) until close
-            self._failed(f"durable: {type(exc).__name__}: {exc}")
+            self._failed(f"stored: {type(exc).__name__}: {exc}")
             return False
 
     def _guard(self, what: str, call: Callable[..., None], *args: Any) -> bool:

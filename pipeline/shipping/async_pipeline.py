@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -27,14 +26,31 @@ from pipeline.shipping.orphans import Orphans
 from pipeline.shipping.reduced import ReducedPoints, confirmed_in
 from pipeline.shipping.shipper import Shipper
 from pipeline.shipping.spool_stage import SpoolReloader, SpoolStage
+from pipeline.shipping.stages import OrphansStage, ProducersStage, ReductionsStage, Stage, StoredCopiesStage
 from pipeline.shipping.streams import TrackerLane
 from pipeline.shipping.tracker_calls import TrackerCalls
 from pipeline.spool.lane_state import StoredCopies
 from pipeline.spool.producers import producers_dir
-from pipeline.spool.recovery import open_spooling
+from pipeline.spool.recovery import Spooling, open_spooling
 from pipeline.wire.opening import LaneOpening
 
 _CONSOLE_DRAIN_S = 5.0
+
+
+def _start_ray(cfg: AsyncLogConfig, lanes: int) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    # RAY_ADDRESS names a running cluster that ray.init() joins: it refuses num_cpus then. Without it, a Ray of this
+    # run's own ("local"): ray.init() with no address joins whichever cluster another process last started on this
+    # machine (/tmp/ray/ray_current_cluster), another job's or a test suite's.
+    joining = os.environ.get("RAY_ADDRESS", "local") not in ("", "local")
+    # Ray starts at most num_cpus worker processes at a time: one per lane (up to the cores) opens them together
+    # (the lane actors reserve no CPU slot, so nothing else changes)
+    start = {} if joining else {"address": "local", "num_cpus": max(1, min(os.cpu_count() or 1, lanes)),
+                                "include_dashboard": False}
+    ray.init(**{**start, "log_to_driver": True, **cfg.ray_init})
 
 
 class AsyncPipeline:
@@ -42,52 +58,19 @@ class AsyncPipeline:
                  backends: dict[str, tuple[type, dict[str, Any]]], env: Mapping[str, str]) -> None:
         import ray
 
-        if not ray.is_initialized():
-            # RAY_ADDRESS names a running cluster that ray.init() joins: it refuses num_cpus then. Without it, a Ray of
-            # this run's own ("local"): ray.init() with no address joins whichever cluster another process last
-            # started on this machine (/tmp/ray/ray_current_cluster), another job's or a test suite's.
-            joining = os.environ.get("RAY_ADDRESS", "local") not in ("", "local")
-            # Ray starts at most num_cpus worker processes at a time: one per lane (up to the cores) opens them together
-            # (the lane actors reserve no CPU slot, so nothing else changes)
-            start = {} if joining else {"address": "local", "num_cpus": max(1, min(os.cpu_count() or 1, len(backends))),
-                                        "include_dashboard": False}
-            ray.init(**{**start, "log_to_driver": True, **cfg.ray_init})
-        spooling = open_spooling(cfg, run, {name: settings for name, (_, settings) in backends.items()}) \
-            if cfg.spool else None
-        state_dir = spooling.state_dir if spooling is not None else _fresh_state_dir(cfg, run)
+        _start_ray(cfg, len(backends))
+        spooling = open_spooling(cfg, run, {name: settings for name, (_, settings) in backends.items()})
         trainer_node = ray.get_runtime_context().get_node_id()
-        options = lane_actor_options(cfg.actor_options, cfg.max_restarts, trainer_node)
-        actor_class = ray.remote(LaneActor)
-        reload = SpoolReloader(spooling.spool) if spooling is not None else None
         self._reduced = _reduced_points(spooling) if REDUCE_LANE in backends else None
-        self._lanes: dict[str, TrackerLane] = {}
-        for name, (sink_class, settings) in backends.items():
-            if name == REDUCE_LANE:  # its reducer's state beside the lanes' own (workers/sinks/reduce.py)
-                settings = {**settings, "state_path": os.path.join(state_dir, "reduce.reducer")}
-            opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
-                                  sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
-                                  trainer_node=trainer_node, priority=_priority(sink_class, cfg.background_priority),
-                                  stored=spooling.stored_copies.get(name, {}) if spooling is not None else {},
-                                  env=lane_env(cfg.actor_options, env))
-            actor = actor_class.options(**options).remote(name, opening.pack())
-            lane = TrackerLane(name, actor, LaneSettings.of(cfg), reload=reload, on_output=TERMINAL.write,
-                               on_reduced=self._reduced.take if self._reduced is not None and name == REDUCE_LANE
-                               else None)
-            if spooling is not None:
-                lane.preload(spooling.pending.get(name, ()))
-            self._lanes[name] = lane
+        self._lanes = {name: self._lane(name, sink_class, settings, cfg, run, spooling, trainer_node, env)
+                       for name, (sink_class, settings) in backends.items()}
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
-        # Rank 0's shipper: the whole run's converter, the spool, and the calls that flush and close the trackers.
-        # Producers that die leave their spools to rank 0 (orphans.py): found under the run's spool.
-        orphans = Orphans(producers_dir(spooling.spool.directory), {n: lane.actor for n, lane in self._lanes.items()},
-                          LaneSettings.of(cfg), on_gone=self._reduced.ended if self._reduced is not None else None) \
-            if spooling is not None else None
+        # Rank 0's shipper: the whole run's converter, the spool, the calls that flush and close the trackers, and
+        # its stages (its producers, the spools of those that died, the reductions, its copy of the lanes' states).
+        self._producers = ProducersStage()
         converter = Converter(limits, backends=list(self._lanes), pieces=takes_pieces(backends))
-        self._shipper = Shipper(cfg, self.buffer, self._lanes, converter,
-                                spool=SpoolStage(spooling, cfg.spool_max_bytes) if spooling is not None else None,
-                                tracker_calls=TrackerCalls(), orphans=orphans,
-                                copies=StoredCopies(spooling.spool.directory) if spooling is not None else None,
-                                reduced=self._reduced)
+        self._shipper = Shipper(cfg, self.buffer, self._lanes, converter, spool=SpoolStage(spooling, cfg.spool_max_bytes),
+                                tracker_calls=TrackerCalls(), stages=self._stages(cfg, spooling))
         self._shipper.start()
         self.put = self.buffer.put  # log()'s one call into the pipeline
         self.put_bulk = self.buffer.put_bulk  # log_trajectories() and the other bulk kinds' (BULK_KINDS)
@@ -97,13 +80,44 @@ class AsyncPipeline:
         self._sampling = start_node_sampling(self.put, run.run_id, cfg.system_metrics_s, self._started, trainer_node,
                                              ready=lambda: self.wait_ready(0.0))
 
+    def _lane(self, name: str, sink_class: type, settings: dict[str, Any], cfg: AsyncLogConfig, run: RunSpec,
+              spooling: Spooling, trainer_node: str, env: Mapping[str, str]) -> TrackerLane:
+        """A tracker's lane actor started (it opens its tracker meanwhile), and its lane, with what the spool holds
+        that its tracker lacks."""
+        import ray
+
+        state_dir = spooling.state_dir
+        if name == REDUCE_LANE:  # its reducer's state beside the lanes' own (workers/sinks/reduce.py)
+            settings = {**settings, "state_path": os.path.join(state_dir, "reduce.reducer")}
+        opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
+                              sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
+                              trainer_node=trainer_node, priority=_priority(sink_class, cfg.background_priority),
+                              stored=spooling.stored_copies.get(name, {}), env=lane_env(cfg.actor_options, env))
+        options = lane_actor_options(cfg.actor_options, cfg.max_restarts, trainer_node)
+        actor = ray.remote(LaneActor).options(**options).remote(name, opening.pack())
+        lane = TrackerLane(name, actor, LaneSettings.of(cfg), reload=SpoolReloader(spooling.spool),
+                           on_output=TERMINAL.write,
+                           on_reduced=self._reduced.take if self._reduced is not None and name == REDUCE_LANE else None)
+        lane.preload(spooling.pending.get(name, ()))
+        return lane
+
+    def _stages(self, cfg: AsyncLogConfig, spooling: Spooling) -> list[Stage]:
+        # producers that die leave their spools to rank 0 (orphans.py), under the run's
+        actors = {name: lane.actor for name, lane in self._lanes.items()}
+        orphans = Orphans(producers_dir(spooling.spool.directory), actors, LaneSettings.of(cfg),
+                          on_gone=self._reduced.ended if self._reduced is not None else None)
+        stages: list[Stage] = [self._producers, OrphansStage(orphans), StoredCopiesStage(StoredCopies(spooling.spool.directory))]
+        if self._reduced is not None:
+            stages.append(ReductionsStage(self._reduced, self._producers))
+        return stages
+
     def producer_spec(self) -> ProducerSpec:
         """What a producer of this run needs (``Tracking.producer`` makes the picklable handle of it)."""
         import ray
 
         if self._hub is None:  # made with the first producer: a run without producers costs no actor
             self._hub = ray.remote(num_cpus=0, max_restarts=0)(ProducerHub).remote()
-            self._shipper.watch_producers(self._hub)
+            self._producers.watch(self._hub)
         actors = {name: lane.actor for name, lane in self._lanes.items()}
         return ProducerSpec(lanes=actors, hub=self._hub, cfg=self._cfg, limits=self._limits,
                             run=(self._run_id, self._started), pieces=self._pieces)
@@ -146,21 +160,10 @@ class AsyncPipeline:
         return report
 
 
-def _reduced_points(spooling: Any) -> ReducedPoints:
+def _reduced_points(spooling: Spooling) -> ReducedPoints:
     """Rank 0's end of the reductions; after a resume it knows the steps it confirmed in batches the reduce lane
-    had not acknowledged yet (still in the spool, sent to it again), so their points are not logged twice."""
-    if spooling is None:
-        return ReducedPoints()
+    had not stored yet (still in the spool, sent to it again), so their points are not logged twice."""
     return ReducedPoints(confirmed_in(spooling.spool, [entry.seq for entry in spooling.pending.get(REDUCE_LANE, ())]))
-
-
-def _fresh_state_dir(cfg: AsyncLogConfig, run: RunSpec) -> str:
-    # Without the spool: one folder per pipeline, not per run id. A resumed run reuses its id and
-    # starts its sequence again at 1, so it must not mistake the acknowledgements of the process it
-    # continues for its own.
-    parent = cfg.state_dir or os.path.join(tempfile.gettempdir(), "tracklane")
-    os.makedirs(parent, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f"{run.run_id}-", dir=parent)
 
 
 def _priority(sink_class: type, background: str | int) -> str | int:

@@ -25,6 +25,10 @@ from typing import Any, Protocol
 from pipeline.core.report import PipelineReport
 from pipeline.shipping.hub import REPORT_EVERY_S, HubWatch, Targets, behind
 
+ANSWER_S = 0.5
+"""How long past its deadline a barrier's answer may take (the report: the producers' last words, the spool's
+close) before the caller gets a timed-out report instead: finish() returns within finish_timeout_s + this."""
+
 
 class Phase(Enum):
     SHIP = "ship"
@@ -112,6 +116,39 @@ class Barrier:
             return False
         self.target = host.seq
         return True
+
+
+class Requests:
+    """The flush() and finish() requests posted to the shipper thread, oldest first."""
+
+    def __init__(self, ready: threading.Condition) -> None:
+        """``ready``: the condition the shipper thread waits on (the buffer's), also guarding the list."""
+        self._ready = ready
+        self._pending: list[Barrier] = []
+
+    def post(self, *, closing: bool, exit_code: int, timeout: float) -> Barrier:
+        """A flush drains until its whole deadline; a close keeps a quarter of it (up to 15 s) for the trackers
+        to close properly."""
+        now = time.monotonic()
+        share = 1.0 - min(0.25, 15.0 / max(timeout, 1e-9)) if closing else 1.0
+        barrier = Barrier(closing=closing, exit_code=exit_code, drain_deadline=now + timeout * share,
+                          deadline=now + timeout)
+        with self._ready:
+            self._pending.append(barrier)
+            self._ready.notify_all()
+        return barrier
+
+    def pending(self) -> list[Barrier]:
+        with self._ready:
+            return list(self._pending)
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def answered(self, barrier: Barrier) -> None:
+        with self._ready:
+            self._pending.remove(barrier)
+        barrier.done.set()
 
 
 def producers_settled(barrier: Barrier, hub: HubWatch | None, lanes: dict[str, Any]) -> bool:

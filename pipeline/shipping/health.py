@@ -6,11 +6,12 @@ from collections.abc import Iterable
 
 from pipeline.capture.convert import Converter
 from pipeline.shipping.buffer import RecordBuffer
+from pipeline.shipping.spool_stage import SpoolStage
 from pipeline.shipping.streams import TrackerLane
 
 
 def health_figures(buffer: RecordBuffer, converter: Converter, lanes: Iterable[TrackerLane], late_drops: int,
-                   spool_bytes: int | None, spool_durable: bool | None = None) -> dict[str, float | int]:
+                   spool: SpoolStage | None) -> dict[str, float | int]:
     """The figures as they stand: the buffer, what was dropped, skipped and rejected, each lane's lag (of small
     records; ``bulk_lag_s`` of rollouts, tables and media) and backlog;
     ``tracklane/spool_durable`` is 0 while a disk fault keeps new batches off the spool."""
@@ -24,10 +25,9 @@ def health_figures(buffer: RecordBuffer, converter: Converter, lanes: Iterable[T
         "tracklane/bulk_lag_s": max((lane.bulk_lag_s() for lane in lanes), default=0.0),
         "tracklane/dropped_bulk_records": buffer.dropped_bulk,
     }
-    if spool_bytes is not None:
-        figures["tracklane/spool_bytes"] = spool_bytes
-    if spool_durable is not None:
-        figures["tracklane/spool_durable"] = int(spool_durable)
+    if spool is not None:
+        figures["tracklane/spool_bytes"] = spool.spool.nbytes
+        figures["tracklane/spool_durable"] = int(spool.durable)
     for lane in lanes:
         figures[f"tracklane/lane/{lane.name}/lag_s"] = lane.lag_s()
         figures[f"tracklane/lane/{lane.name}/bulk_lag_s"] = lane.bulk_lag_s()

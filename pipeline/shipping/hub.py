@@ -137,6 +137,10 @@ class HubWatch:
         self._asked = 0.0  # when the call in flight was made (time.monotonic)
         self._view_asked = 0.0  # when the latest snapshot was asked for
 
+    def waitables(self) -> list[Any]:
+        """The hub's answer in flight, if any (the shipper wakes for it)."""
+        return [self._ref] if self._ref is not None else []
+
     def targets(self) -> Targets | None:
         """What each live producer handed each lane (``targets``); None until the hub has answered."""
         view = self._poll()

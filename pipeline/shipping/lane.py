@@ -110,18 +110,16 @@ class Lane:
         # result ref -> seq. A recovery forgets every call: their batches are sent again in order
         # and the actor skips what it was handed already, so an older answer is never needed.
         self._calls: dict[Any, int] = {}
-        self._dead = False
-        self._frozen = False  # set when the tracker is being closed
+        self._dead, self._frozen = False, False  # frozen: the tracker is being closed
         self._task_errors = 0  # consecutive apply() calls that raised inside the actor
         self._pid, self._node_id = 0, ""  # of the actor, from its latest answer
         self._probe: Any = self._ready()  # the first answer we wait for is the actor opening its tracker
         self._probe_deadline = time.monotonic() + settings.startup_timeout_s
+        # As of the actor's latest answer, the last batch of each source ("": the trainer's) its tracker was handed,
+        # and the last its store holds.
         self.handed_by_source: dict[str, int] = {}
-        """The last batch of each source its tracker was handed, as of the actor's latest answer."""
         self.stored_by_source: dict[str, int] = {}
-        """The last batch of each source ("": the trainer's) its tracker's store holds, as of the latest answer."""
-        self.answered = False
-        """Its actor answered at least once (it is up, its tracker opened or failed to); read by other threads."""
+        self.answered = False  # its actor answered once (it is up, its tracker opened or failed to); other threads read it
 
     # -- feeding -------------------------------------------------------------------------
     def fits(self, nbytes: int) -> bool:
@@ -206,18 +204,9 @@ class Lane:
         self._pid, self._node_id = ack.pid, ack.node_id
         self.handed_by_source = ack.handed_by_source
         self.stored_by_source = ack.stored_by_source or self.stored_by_source
-        self._tell_state_disk(ack.state_unsaved_since)
+        _tell_state_disk(self.name, self.report, ack.state_unsaved_since)
         self.report.take(ack)
         self.answered = True
-
-    def _tell_state_disk(self, unsaved_since: float) -> None:
-        """One warning when the actor's acknowledgement state stops being saved (its disk), one when it is again."""
-        if unsaved_since and not self.report.state_unsaved_since:
-            log.warning("tracklane: lane %s: its actor cannot save its acknowledgement state since %s (its disk); "
-                        "the lane delivers on, but an actor restart meanwhile may apply a batch twice", self.name,
-                        time.strftime("%H:%M:%S", time.localtime(unsaved_since)))
-        elif self.report.state_unsaved_since and not unsaved_since:
-            log.warning("tracklane: lane %s: its acknowledgement state is saved again", self.name)
 
     def _actor_lost(self, exc: Exception) -> None:
         if isinstance(exc, ActorDiedError):  # Ray will not restart it: the lane is dead for good
@@ -275,6 +264,15 @@ class Lane:
     def _send_again(self) -> None:
         self._calls.clear()
         self.window.send_again()
+
+    def wake_at(self) -> float:
+        """When (time.monotonic) this lane next has something to do that no answer will announce: its backoff ends,
+        or its probe's deadline passes (inf: nothing)."""
+        if self._dead:
+            return float("inf")
+        if self._probe is not None:
+            return self._probe_deadline
+        return self._outage.until if self._outage.until > time.monotonic() else float("inf")
 
     @property
     def outage_s(self) -> float:
@@ -339,3 +337,13 @@ class Lane:
         r.outage_total_s = self._outage.before_s + r.outage_s
         r.lag_p50_s, r.lag_p99_s = self.window.lag_percentiles()
         return dataclasses.replace(r)
+
+
+def _tell_state_disk(name: str, report: LaneReport, unsaved_since: float) -> None:
+    """One warning when the actor's acknowledgement state stops being saved (its disk), one when it is again."""
+    if unsaved_since and not report.state_unsaved_since:
+        log.warning("tracklane: lane %s: its actor cannot save its acknowledgement state since %s (its disk); "
+                    "the lane delivers on, but an actor restart meanwhile may apply a batch twice", name,
+                    time.strftime("%H:%M:%S", time.localtime(unsaved_since)))
+    elif report.state_unsaved_since and not unsaved_since:
+        log.warning("tracklane: lane %s: its acknowledgement state is saved again", name)

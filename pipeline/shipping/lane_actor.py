@@ -9,7 +9,7 @@ handed; the lane sends the batch again later). A failing tracker costs only this
 Exactly once: the state moves right after the tracker's flush returned, and a sink that can undo
 a partial write (``Sink.mark``) has its undo point saved before the write, so an actor killed
 between the two is rolled back by its successor and the re-sent batch lands once. A tracker whose
-store lags what it was handed (wandb: ``Sink.written``/``Sink.durable``) has two watermarks: the
+store lags what it was handed (wandb: ``Sink.written``/``Sink.stored``) has two watermarks: the
 last batch handed to it (the lane sends the next one) and the last its store holds (what the
 state saves, what a successor starts from, what the spool may forget); a successor's sink skips
 what its tracker's store turns out to hold already.
@@ -26,6 +26,7 @@ from pipeline.config.placement import forget_process_bound
 from pipeline.core.acks import Work
 from pipeline.core.errors import CodecError
 from pipeline.host.registry import backend_class
+from pipeline.host.sink import Sink
 from pipeline.host.sink_host import SinkHost
 from pipeline.node.identity import ray_node_id
 from pipeline.node.priority import lower_priority
@@ -46,27 +47,11 @@ class LaneActor:
         spec = LaneOpening.unpack(opening)
         os.makedirs(spec.state_dir, mode=0o700, exist_ok=True)  # on another node than the trainer's: made here
         if _in_ray_actor():  # its own process
-            os.environ.update(spec.env)  # the trainer's tracker settings, which Ray's own environment may predate
-            lower_priority(spec.priority)  # before the SDK starts its threads and processes: they inherit it
-            forget_process_bound(os.environ)  # the trainer's tracker sessions are not this lane's (placement.py)
-            # the SDK's own chatter (banners, its warnings) into a file, not the trainer's terminal
-            try:
-                _stdio_to(os.path.join(spec.state_dir, f"{lane}.out"))
-            except OSError:  # a full or read-only disk: the chatter goes where Ray sends it; the lane still works
-                pass
-        self._state = LaneState.load(os.path.join(spec.state_dir, f"{lane}.state"))
-        if self._state.catch_up(spec.stored):  # rank 0's copy is ahead: this node's disk lost or lags the state
-            self._state.pending, self._state.mark = 0, None  # a stale undo point could undo a stored batch
+            self._set_up_process(lane, spec)
+        self._state = self._load_state(lane, spec)
         sink = backend_class(spec.backend)(spec.run, spec.settings)
         self._packed_metrics = sink.reads_packed_metrics
-        node_id = ray_node_id()
-        self._host = SinkHost(lane, sink, spec.sink_retries, spec.retry_backoff_s, resume=self._state.resume,
-                              counts=self._state.counts, node_id=node_id,
-                              node_note=_node_note(node_id) if spec.trainer_node and node_id != spec.trainer_node else "")
-        self._host.capture_output()  # printed by the trainer (Ack.output), not on this actor's stdout
-        if self._state.pending and self._state.mark is not None:  # the previous actor died inside a write
-            self._host.rollback(self._state.mark)
-        self._state.pending, self._state.mark = 0, None
+        self._host = self._open_host(lane, sink, spec)
         # Per source (the trainer "", each producer): the last batch handed to the tracker; the state keeps
         # the stored one.
         self._handed = dict(self._state.stored)
@@ -76,6 +61,38 @@ class LaneActor:
         self._fresh_cpu = False  # the next answer looks at the live children (a flush's, a close's)
         if self._host.open():
             self._save()
+
+    def _set_up_process(self, lane: str, spec: LaneOpening) -> None:
+        """The actor's own process, before the SDK starts its threads and processes (they inherit it all): the
+        trainer's tracker settings, the background priority, and the SDK's chatter in a file of the lane's."""
+        os.environ.update(spec.env)  # the trainer's tracker settings, which Ray's own environment may predate
+        lower_priority(spec.priority)
+        forget_process_bound(os.environ)  # the trainer's tracker sessions are not this lane's (placement.py)
+        # the SDK's own chatter (banners, its warnings) into a file, not the trainer's terminal
+        try:
+            _stdio_to(os.path.join(spec.state_dir, f"{lane}.out"))
+        except OSError:  # a full or read-only disk: the chatter goes where Ray sends it; the lane still works
+            pass
+
+    def _load_state(self, lane: str, spec: LaneOpening) -> LaneState:
+        """The lane's acknowledgement state on this node's disk, caught up with rank 0's copy of it."""
+        state = LaneState.load(os.path.join(spec.state_dir, f"{lane}.state"))
+        if state.catch_up(spec.stored):  # rank 0's copy is ahead: this node's disk lost or lags the state
+            state.pending, state.mark = 0, None  # a stale undo point could undo a stored batch
+        return state
+
+    def _open_host(self, lane: str, sink: Sink, spec: LaneOpening) -> SinkHost:
+        """The sink's host, its output captured, and the tracker rolled back if the previous actor died inside a
+        write (the state's undo point, cleared then)."""
+        node_id = ray_node_id()
+        host = SinkHost(lane, sink, spec.sink_retries, spec.retry_backoff_s, resume=self._state.resume,
+                        counts=self._state.counts, node_id=node_id,
+                        node_note=_node_note(node_id) if spec.trainer_node and node_id != spec.trainer_node else "")
+        host.capture_output()  # printed by the trainer (Ack.output), not on this actor's stdout
+        if self._state.pending and self._state.mark is not None:  # the previous actor died inside a write
+            host.rollback(self._state.mark)
+        self._state.pending, self._state.mark = 0, None
+        return host
 
     def ready(self, source: str = "") -> bytes:
         """Whether the tracker opened, and what it was handed before (non-zero after a restart)."""
@@ -107,7 +124,7 @@ class LaneActor:
             if mark is not None:
                 self._state.pending, self._state.mark = seq, mark
                 self._save()
-            if not self._host.write(batch.records, hold=not final, durable=True, batch=(source, seq)):
+            if not self._host.write(batch.records, hold=not final, flush=True, batch=(source, seq)):
                 return self._answer(source, held=True)  # the mark stays: rolling back to it undoes nothing
             self._work.records += len(batch.records)
         self._handed[source] = seq
@@ -121,7 +138,7 @@ class LaneActor:
         """Move the stored watermarks over every batch the tracker's store now holds, in order."""
         while self._unstored:
             source, seq, point = self._unstored[0]
-            if point is not None and not self._host.durable(point):
+            if point is not None and not self._host.stored(point):
                 return
             self._unstored.popleft()
             self._state.stored[source] = seq

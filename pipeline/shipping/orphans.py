@@ -187,7 +187,7 @@ class Orphans:
         lanes = {lane: TrackerLane(lane, actor, self._settings, reload=SpoolReloader(spool), source=mark["source"])
                  for lane, actor in self._actors.items()}
         self._adopted[name] = _Adoption(folder, spool, figures, lanes)
-        if self._on_gone is not None:  # its last batch for the reduce lane (the spool forgot those it acknowledged)
+        if self._on_gone is not None:  # its last batch for the reduce lane (the spool forgot those it stored)
             self._on_gone(mark["source"], max((e.seq for e in entries if not e.bulk and (
                 e.audience is None or REDUCE_LANE in e.audience)), default=0))
         if figures.batches or figures.unshipped or tally.unspooled:

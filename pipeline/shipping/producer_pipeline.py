@@ -27,6 +27,7 @@ from pipeline.shipping.hub import REPORT_EVERY_S, ProducerFigures, ProducerSpec
 from pipeline.shipping.lane import LaneSettings
 from pipeline.shipping.shipper import Shipper
 from pipeline.shipping.spool_stage import SpoolReloader, SpoolStage
+from pipeline.shipping.stages import ProgressStage
 from pipeline.shipping.streams import TrackerLane
 from pipeline.spool.producers import Tally, producers_dir, write_mark
 from pipeline.spool.recovery import Spooling
@@ -39,32 +40,36 @@ class ProducerPipeline:
     """One producer's buffer, lanes and shipper thread in one process."""
 
     def __init__(self, name: str, key_prefix: str, axis: str | None, spec: ProducerSpec) -> None:
-        actors, hub, cfg, limits, run = spec.lanes, spec.hub, spec.cfg, spec.limits, spec.run
         self.source = f"{name}#{uuid.uuid4().hex[:10]}"
-        spooled = cfg.spool and cfg.spool_dir
-        cfg = dataclasses.replace(cfg, health_metrics=False)  # rank 0 reports the pipeline's figures
-        self._folder = os.path.join(producers_dir(cfg.spool_dir), self.source) if spooled and cfg.spool_dir else ""
+        cfg = dataclasses.replace(spec.cfg, health_metrics=False)  # rank 0 reports the pipeline's figures
+        self._folder = os.path.join(producers_dir(cfg.spool_dir), self.source) if cfg.spool_dir else ""
         spool = self._open_spool(cfg, name) if self._folder else None
         self._tally = self._open_tally() if spool is not None else None
-        settings = LaneSettings.of(cfg)
-        reload = SpoolReloader(spool) if spool is not None else None
-        lanes = {lane: TrackerLane(lane, actor, settings, reload=reload, source=self.source) for lane, actor in actors.items()}
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
         self._figures = ProducerFigures(name=name)
-        self._hub = hub
+        self._hub = spec.hub
         self._last_report = 0.0
-        # A producer's shipper: its own converter (its name before every key, its axis), its own spool, no tracker
-        # calls (its lanes settling is enough), and its figures told to the hub after each round.
-        converter = Converter(limits, key_prefix, axis, backends=list(lanes), pieces=spec.pieces)
-        stage = SpoolStage(Spooling(spool=spool, manifest=None), cfg.spool_max_bytes) if spool is not None else None
-        self._shipper = Shipper(cfg, self.buffer, lanes, converter, progress=self._progress, spool=stage,
-                                tally=self._tally)
+        self._shipper = self._shipper_for(cfg, spool, Converter(spec.limits, key_prefix, axis, backends=list(spec.lanes),
+                                                                pieces=spec.pieces), spec.lanes)
         self.put = self._counted_put if self._tally is not None else self.buffer.put
         self.put_bulk = self._counted_put_bulk if self._tally is not None else self.buffer.put_bulk
         self._shipper.start()
-        self._sampling = start_node_sampling(self.put, run[0], cfg.system_metrics_s, run[1], ray_node_id() or None) \
-            if run[0] else None
+        run_id, started = spec.run
+        self._sampling = start_node_sampling(self.put, run_id, cfg.system_metrics_s, started, ray_node_id() or None) \
+            if run_id else None
         atexit.register(self._close_at_exit)
+
+    def _shipper_for(self, cfg: AsyncLogConfig, spool: Spool | None, converter: Converter,
+                     actors: dict[str, Any]) -> Shipper:
+        """A producer's shipper: its own converter (its name before every key, its axis), its own spool (with its
+        tally) and lanes, no tracker calls (its lanes settling is enough), and its figures told to the hub after
+        each round."""
+        reload = SpoolReloader(spool) if spool is not None else None
+        settings = LaneSettings.of(cfg)
+        lanes = {lane: TrackerLane(lane, actor, settings, reload=reload, source=self.source) for lane, actor in actors.items()}
+        stage = SpoolStage(Spooling(spool=spool, manifest=None), cfg.spool_max_bytes, self._tally) \
+            if spool is not None else None
+        return Shipper(cfg, self.buffer, lanes, converter, spool=stage, stages=[ProgressStage(self._progress)])
 
     def _open_spool(self, cfg: AsyncLogConfig, name: str) -> Spool | None:
         """Its own folder under the run's spool, locked while it lives; None (no spool) if the disk refuses."""

@@ -70,7 +70,7 @@ class ReducedPoints:
 
 
 def confirmed_in(spool: Spool, seqs: Iterable[int]) -> set[int]:
-    """The steps rank 0 confirmed in the spooled batches ``seqs`` (those the reduce lane had not yet acknowledged
+    """The steps rank 0 confirmed in the spooled batches ``seqs`` (those the reduce lane had not yet stored
     before a resume): the points are in those batches, so a reduce actor sending them again is not logged twice."""
     steps: set[int] = set()
     for seq in seqs:

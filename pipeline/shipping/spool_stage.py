@@ -22,6 +22,7 @@ from pipeline.core.report import SpoolReport
 from pipeline.shipping.streams import TrackerLane
 from pipeline.spool.durability import Durability
 from pipeline.spool.manifest import MANIFEST
+from pipeline.spool.producers import Tally
 from pipeline.spool.recovery import Spooling
 from pipeline.spool.segments import Spool, SpoolEntry
 from pipeline.wire.batch import shared
@@ -31,12 +32,14 @@ _CHECK_S = 1.0  # how often to look for a removed folder: writes into one succee
 
 
 class SpoolStage:
-    def __init__(self, spooling: Spooling, max_bytes: int) -> None:
-        """``max_bytes``: the spool's bound (``spool_max_bytes``), named in the eviction warning."""
+    def __init__(self, spooling: Spooling, max_bytes: int, tally: Tally | None = None) -> None:
+        """``max_bytes``: the spool's bound (``spool_max_bytes``), named in the eviction warning. ``tally``: a
+        producer's exact counts on disk, told which calls each batch holds before it is spooled."""
         self.spooling = spooling
+        self._tally = tally
         self._max_bytes = max_bytes
         self.spool = spooling.spool
-        self._released = 0  # every lane acknowledged batches up to here
+        self._released = 0  # every lane's tracker stored the batches up to here
         self._evicted_lost = 0  # records the spool's bound deleted before the slowest lane had them
         self.durability = Durability(what=f"the spool {self.spool.directory}",
                                      while_off="new batches stay in the lanes' memory only (a lane over "
@@ -55,9 +58,19 @@ class SpoolStage:
         return self.durability.on
 
     def append(self, seq: int, records: int, oldest: float, blob: bytes, lanes: Iterable[TrackerLane], bulk: bool = False,
-               audience: frozenset[str] | None = None) -> bool:
+               audience: frozenset[str] | None = None, calls: tuple[int, int, int] = (0, 0, 0)) -> bool:
         """On disk before any lane can see it: True. False when the disk refused it: the batch is then in the
-        lanes' memory only. Batches the spool's bound evicts are lost to lanes that lacked them."""
+        lanes' memory only. Batches the spool's bound evicts are lost to lanes that lacked them. ``calls``: the
+        captured calls it completes (first, end) and the buffer's drops so far, for a producer's tally."""
+        if self._tally is not None:
+            self._tally.spooling(seq, *calls)
+        spooled = self._append(seq, records, oldest, blob, lanes, bulk, audience)
+        if not spooled and self._tally is not None:
+            self._tally.unspooled(seq, records)
+        return spooled
+
+    def _append(self, seq: int, records: int, oldest: float, blob: bytes, lanes: Iterable[TrackerLane], bulk: bool,
+                audience: frozenset[str] | None) -> bool:
         held = list(lanes)
         if not self.durability.due():
             return self._not_spooled(1, records)
@@ -104,12 +117,12 @@ class SpoolStage:
         self._unspooled_records += records
         return False
 
-    def release(self, acked_by_all: int) -> None:
-        """Every lane's tracker holds the batches up to ``acked_by_all``: forget them; sync when due."""
+    def release(self, stored_by_all: int) -> None:
+        """Every lane's tracker stored the batches up to ``stored_by_all``: forget them; sync when due."""
         try:
-            if acked_by_all > self._released:
-                self.spool.release(acked_by_all)
-                self._released = acked_by_all
+            if stored_by_all > self._released:
+                self.spool.release(stored_by_all)
+                self._released = stored_by_all
             if self.durability.on:
                 self.spool.sync_if_due()
                 self._check_folder()
@@ -132,7 +145,7 @@ class SpoolStage:
                            durability_off_s=self.durability.off_s, unspooled_batches=self._unspooled_batches,
                            unspooled_records=self._unspooled_records, disk_error=self.durability.last_error)
 
-    def close(self, exit_code: int, acked_by_all: int) -> None:
+    def close(self, exit_code: int, stored_by_all: int) -> None:
         """The runs are closed: record how, and delete what every tracker has (the last segment too)."""
         manifest = self.spooling.manifest
         try:
@@ -142,7 +155,7 @@ class SpoolStage:
                     manifest.save(self.spool.directory)
             finally:
                 self.spool.close()
-                self.spool.release(acked_by_all)
+                self.spool.release(stored_by_all)
         except OSError as exc:  # a disk fault at the end costs the manifest's exit code, never the report
             self.durability.failed(exc)
 

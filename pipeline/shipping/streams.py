@@ -4,7 +4,7 @@ A rollout dump of hundreds of MB takes a tracker seconds to store; a step's scal
 each tracker's lane has two streams (two ``Lane``s, lane.py), numbered from the one sequence of the spool: the
 small stream (metrics, params, text, histograms, the health keys) under the producer's source id, the bulk
 stream (rollouts, tables, media) under that id plus ``BULK``. The actor keeps a watermark per source, so each
-stream is applied once and in order; Ray runs an actor's calls in the order they were sent, so a small batch
+stream is handed once and in order; Ray runs an actor's calls in the order they were sent, so a small batch
 waits at most for the bulk batches already in flight (``max_inflight_batches``, a chunk each).
 
 A batch the tracker has nothing in (its ``audience`` leaves it out: the file's share of a dump, when the
@@ -17,6 +17,7 @@ The spool may forget a batch once every tracker's store holds it: here, once no 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,6 +25,7 @@ from pipeline.core.acks import Ack
 from pipeline.core.reduction import LANE as REDUCE_LANE
 from pipeline.core.report import LaneInfo, LaneReport
 from pipeline.shipping.lane import Entry, Lane, LaneSettings, Reload
+from pipeline.shipping.wakeup import Wakeup
 from pipeline.spool.lane_state import bulk_source
 from pipeline.spool.segments import SpoolEntry
 
@@ -78,12 +80,22 @@ class TrackerLane:
         stream = self._stream(bulk)
         return stream is None or stream.has_room(nbytes)
 
+    def wait_for_room(self, nbytes: int, bulk: bool, deadline: float, wakeup: Wakeup) -> None:
+        """The block policy: pump until the stream has room for ``nbytes`` or ``deadline`` (time.monotonic) passes."""
+        while not self.has_room(nbytes, bulk) and time.monotonic() < deadline:
+            wakeup.watch(self.waitables())
+            wakeup.wait(min(self.wake_at(), deadline) - time.monotonic())
+            self.pump()
+
     def evicted(self, seqs: set[int]) -> int:
         return sum(stream.window.evicted(seqs) for stream in self.streams)
 
     # -- progress ------------------------------------------------------------------------
     def waitables(self) -> list[Any]:
         return [ref for stream in self.streams for ref in stream.waitables()]
+
+    def wake_at(self) -> float:
+        return min(stream.wake_at() for stream in self.streams)
 
     def pump(self) -> None:
         for stream in self.streams:

@@ -13,9 +13,15 @@ from pipeline.wire.ack import unpack_ack
 
 
 class TrackerCalls:
+    def __init__(self, calls_trackers: bool = True) -> None:
+        """``calls_trackers``: rank 0's; False for a producer's shipper, which only drains its lanes."""
+        self._calls_trackers = calls_trackers
+
     def call(self, lanes: dict[str, TrackerLane], closing: bool, exit_code: int) -> dict[str, Any]:
         """lane -> the ref of its actor's ``close(exit_code)`` or ``flush()``; dead lanes are not asked."""
-        calls = {}
+        calls: dict[str, Any] = {}
+        if not self._calls_trackers:
+            return calls
         for name, lane in lanes.items():
             if not lane.dead:
                 calls[name] = lane.actor.close.remote(exit_code) if closing else lane.actor.flush.remote()
@@ -33,15 +39,28 @@ class TrackerCalls:
                     results[name] = f"{type(exc).__name__} while closing"
         return results
 
+    @classmethod
+    def take_answers(cls, lanes: dict[str, TrackerLane], calls: dict[str, Any], closing: bool) -> None:
+        """Each lane takes its tracker's answer (its watermarks, its figures) or the error that stood in for it; a
+        close that did not answer is an error (a flush that did not is only late: the report says timed out)."""
+        results = cls.collect(calls)
+        for name, result in results.items():
+            if isinstance(result, Ack):
+                lanes[name].accept(result)
+            else:
+                lanes[name].report.note_error(result)
+        for name in calls:
+            if name not in results and closing:
+                lanes[name].report.note_error("did not answer before the deadline")
+
     @staticmethod
     def all_answered(calls: dict[str, Any]) -> bool:
         refs = list(calls.values())
         return not refs or len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) == len(refs)
 
-    @staticmethod
-    def end(lanes: dict[str, TrackerLane]) -> None:
+    def end(self, lanes: dict[str, TrackerLane]) -> None:
         """The trackers are closed: end the lane actors (no restart)."""
-        for lane in lanes.values():
+        for lane in lanes.values() if self._calls_trackers else ():
             try:
                 ray.kill(lane.actor, no_restart=True)
             except Exception:  # already gone

@@ -1,8 +1,8 @@
 """A lane's acknowledgement state: the last batch its tracker stored, how to re-attach, what was not stored.
 
 Written atomically by the lane actor around every batch it hands its tracker, so an actor that Ray restarts (or
-the actor of a resumed run, with the spool on) knows what its tracker already holds, skips re-sent
-batches instead of duplicating them, and continues its counts instead of starting again at zero.
+the actor of a resumed run) knows what its tracker already holds, skips re-sent batches instead of duplicating
+them, and continues its counts instead of starting again at zero.
 Read on the trainer side too, to know what a resumed run still has to deliver.
 
 ``pending``/``mark``: before a batch is written, a sink that can undo a partial write (the file

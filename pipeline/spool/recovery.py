@@ -1,9 +1,9 @@
 """Opening a run's spool: set aside a stale one, read what an earlier process left behind.
 
 On ``resume`` the folder of the run being continued is reopened (and repaired, spool.py): every
-batch it holds that some lane's tracker had not acknowledged is handed back to that lane, and new
-batches are numbered after everything any lane ever applied, so one run has one sequence across
-its processes and a re-sent batch is never applied twice. Without ``resume`` a folder holding an
+batch it holds that some lane's tracker had not stored is offered to that lane again, and new
+batches are numbered after everything any lane was ever handed, so one run has one sequence across
+its processes and a re-sent batch is never handed twice. Without ``resume`` a folder holding an
 earlier spool is renamed aside, never reused or deleted.
 """
 
@@ -34,7 +34,7 @@ class Spooling:
     first_seq: int = 0
     """The last sequence number used by an earlier process of this run (new batches follow it)."""
     pending: dict[str, list[SpoolEntry]] = field(default_factory=dict)
-    """Per lane, the spooled batches its tracker had not acknowledged."""
+    """Per lane, the spooled batches its tracker had not stored."""
     recovered: int = 0
     """Batches some lane still lacked when the spool was opened."""
     stored_copies: dict[str, dict[str, int]] = field(default_factory=dict)

@@ -37,7 +37,7 @@ def finish_and_note(self, exit_code=0, timeout=None):  # what the runs were clos
     return report
 
 Tracking.finish = finish_and_note
-config = {{"trainer": {{"log_async": {log_async}, "async_log": {{"state_dir": sys.argv[1]}}}}}}
+config = {{"trainer": {{"log_async": {log_async}, "async_log": {{"spool_dir": sys.argv[1]}}}}}}
 
 def fit():  # verl's RayPPOTrainer.fit: a local Tracking, no finish()
     tracking = Tracking("crash-proj", "crash-exp", default_backend=["file", "tensorboard"], config=config)
@@ -62,12 +62,11 @@ def test_uncaught_exception_leaves_traceback_in_every_tracker(tmp_path, log_asyn
     also when the Tracking is a local of the function the exception left (verl's fit())."""
     script = tmp_path / "trainer.py"
     script.write_text(textwrap.dedent(SCRIPT.format(log_async=log_async, steps=STEPS, marker=MARKER, local=local)))
-    state_dir, finished = tmp_path / "state", tmp_path / "finished.json"
-    state_dir.mkdir()
+    spool_dir, finished = tmp_path / "spool", tmp_path / "finished.json"
     file_path, tb_dir = tmp_path / "metrics.jsonl", tmp_path / "tensorboard"
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(file_path), "TENSORBOARD_DIR": str(tb_dir),
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    proc = subprocess.run([sys.executable, str(script), str(state_dir), str(finished)], env=env, cwd=tmp_path,
+    proc = subprocess.run([sys.executable, str(script), str(spool_dir), str(finished)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=240)
 
     assert proc.returncode != 0, proc.stderr

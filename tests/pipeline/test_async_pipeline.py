@@ -105,30 +105,6 @@ def test_killed_actors_are_restarted_without_duplicates(offline_trackers):
 
 
 @pytest.mark.slow
-def test_drop_oldest_bounds_a_slow_lane(offline_trackers):
-    """Without the spool, a slow tracker with a small lane drops its oldest batches, counts every one, and never
-    exceeds its bound."""
-    bound = 128 * 1024
-    config = _config(lane_max_bytes=bound, max_batch_bytes=32 * 1024, memory_sink={"delay_s": 0.3}, spool=False)
-    tracking = Tracking("proj", "exp", ["memory", "file"], config=config)
-    tracking.flush(timeout=120)  # both actors up: the file lane must not fill while starting
-    rng = np.random.default_rng(0)
-    for step in range(300):
-        tracking.log({f"k{i}": float(v) for i, v in enumerate(rng.random(100))}, step=step)
-        time.sleep(0.02)  # the file lane keeps up even on a loaded machine; the slow one still overflows
-    report = tracking.finish(timeout=60)
-    memory, file = report.lanes["memory"], report.lanes["file"]
-    assert memory.dropped_records > 0
-    # Exact accounting: each batch carried one health record; every record either arrived or was counted.
-    batches = file.stored_seq
-    assert len(memory_records(tracking.run_id)) + memory.dropped_records == 300 + batches
-    assert file.complete and [line["step"] for line in _file_steps(offline_trackers["file"])] == list(range(300))
-    unacked = [line["data"]["tracklane/lane/memory/unstored_bytes"] for line in file_lines(offline_trackers["file"])
-               if "tracklane/lane/memory/unstored_bytes" in line["data"]]
-    assert unacked and max(unacked) <= bound
-
-
-@pytest.mark.slow
 def test_a_lane_that_gives_up_leaves_its_last_error_in_the_other_trackers(offline_trackers, tmp_path):
     """A lane whose actor dies for good (no restarts left) is reported, and its last error reaches the other
     trackers as the text record error/lane/<name>."""
@@ -187,20 +163,23 @@ def test_with_the_spool_a_slow_lane_waits_on_disk_and_loses_nothing(offline_trac
 
 
 @pytest.mark.slow
-def test_block_policy_waits_no_longer_than_the_deadline(offline_trackers):
-    """Under "block", a full buffer makes log() wait at most block_timeout_s, then drops and counts."""
-    config = _config(overflow="block", block_timeout_s=0.3, queue_max_bytes=8 * 1024, lane_max_bytes=8 * 1024,
-                     max_batch_bytes=4 * 1024, max_inflight_batches=1, memory_sink={"delay_s": 1.0}, spool=False)
+def test_block_policy_does_not_wait_for_a_slow_lane(offline_trackers):
+    """Under "block" a slow tracker makes no log() wait: "block" bounds the trainer-side buffer only, and the shipper
+    spools what the full lane cannot hold, so nothing is dropped. (The wait at the deadline, then the drop, is
+    tests/unit/test_buffer.py::test_block_waits_up_to_the_deadline_then_drops.)"""
+    config = _config(overflow="block", block_timeout_s=1.0, queue_max_bytes=8 * 1024, lane_max_bytes=8 * 1024,
+                     max_batch_bytes=4 * 1024, max_inflight_batches=1, memory_sink={"delay_s": 0.1})
     tracking = Tracking("proj", "exp", ["memory"], config=config)
     waits = []
     for step in range(60):
         started = time.monotonic()
         tracking.log({f"k{i}": float(i) for i in range(60)}, step=step)
         waits.append(time.monotonic() - started)
-    report = tracking.finish(timeout=20)
-    assert max(waits) >= 0.2  # it did block
-    assert max(waits) <= 0.3 + 0.25, max(waits)  # never beyond the deadline (plus scheduling slack)
-    assert report.dropped_records + report.lanes["memory"].dropped_records > 0
+    report = tracking.finish(timeout=60)
+    assert max(waits) < 1.0, max(waits)  # none ran into the deadline
+    assert report.complete and report.dropped_records == report.lanes["memory"].dropped_records == 0, report.summary()
+    steps = [r.step for r in memory_records(tracking.run_id) if "k0" in getattr(r, "values", {})]
+    assert steps == list(range(60))
 
 
 def test_backend_argument_routes_records(offline_trackers):

@@ -113,7 +113,7 @@ def _clearml(cache, run_id: str) -> Stored:
 def test_the_synchronous_path_reduces_rank0s_own_values_and_a_run_without_the_lane_counts_them(offline_trackers):
     """log_async false: the same reducer in-process (two values of rank 0 at a step: their sum, once the step is
     past; the last step at finish). Without ``reductions`` a reduce= call is skipped and counted, never raised."""
-    config = {"trainer": {"log_async": False, "async_log": {"reductions": True, "spool": False}}}
+    config = {"trainer": {"log_async": False, "async_log": {"reductions": True}}}
     tracking = Tracking("reduce", "sync", ["file"], config=config)
     for step in range(3):
         tracking.log({"x": 1.0, "y": float(step)}, step=step, reduce={"x": "sum", "y": "max"})
@@ -126,7 +126,7 @@ def test_the_synchronous_path_reduces_rank0s_own_values_and_a_run_without_the_la
         **{(s, "x"): 3.0 for s in range(3)}, **{(s, "y"): float(max(s, -1)) for s in range(3)}}
     assert not stored.twice
 
-    plain = Tracking("reduce", "off", ["file"], config={"trainer": {"log_async": False, "async_log": {"spool": False}}})
+    plain = Tracking("reduce", "off", ["file"], config={"trainer": {"log_async": False}})
     plain.log({"x": 1.0}, step=0, reduce="sum")
     plain.log({"x": 1.0}, step=1, reduce="median")
     assert plain.finish().rejected_records == 2

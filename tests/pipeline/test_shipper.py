@@ -142,12 +142,12 @@ def test_close_keeps_a_quarter_of_the_deadline_at_most_15_s(timeout, close_share
     before = time.monotonic()
     report = shipper.close(0, timeout)
     assert report.timed_out  # no thread to answer: answered at once, as timed out
-    (barrier,) = shipper._barriers
+    (barrier,) = shipper._requests.pending()
     assert barrier.closing and before <= barrier.started
     assert barrier.deadline - barrier.started == pytest.approx(timeout, abs=0.5)
     assert barrier.deadline - barrier.drain_deadline == pytest.approx(close_share, rel=1e-9)
     shipper.flush(timeout)
-    flush = shipper._barriers[1]
+    flush = shipper._requests.pending()[1]
     assert not flush.closing and flush.drain_deadline == flush.deadline
 
 

@@ -271,7 +271,7 @@ for index in range(int(sys.argv[1])):
     sink.begin_batch("", index + 1, records[index * 7 : index * 7 + 7])
     sink.write(records[index * 7 : index * 7 + 7])
     pending.append((index, sink.written()))
-    while pending and sink.durable(pending[0][1]):
+    while pending and sink.stored(pending[0][1]):
         durable = pending.pop(0)[0]
 print(json.dumps({"durable": durable}), flush=True)
 time.sleep(600)

@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline import ConfigError, Tracking
-from pipeline.config.async_log import AsyncLogConfig, async_log_config, trainer_section
+from pipeline.config.async_log import REMOVED_KEYS, AsyncLogConfig, async_log_config, trainer_section
 from pipeline.config.prometheus import PrometheusConfig, prometheus_config
 from pipeline.core.params import REDACTED, flatten_params, plain_config
 from pipeline.host.registry import check_installed
@@ -64,6 +64,20 @@ def test_missing_extra_names_pip_extra():
 
     with pytest.raises(ImportError, match=r"pip install 'tracklane\[absent\]'"):
         check_installed(Absent)
+
+
+@pytest.mark.parametrize("section", [{"spool": False}, {"spool": True}, {"state_dir": "/tmp/lanes"},
+                                     {"spool": False, "state_dir": "/tmp/lanes"}])
+def test_the_removed_spool_switch_and_state_dir_are_warned_and_ignored(section, caplog):
+    """A config naming spool or state_dir (removed, issue 36: every shipped batch is on local disk) still loads:
+    each key warned once, saying why, and the settings are the defaults."""
+    with caplog.at_level("WARNING", logger="tracklane"):
+        cfg = async_log_config({**section, "flush_interval_s": 2.0})
+    assert cfg == AsyncLogConfig(flush_interval_s=2.0)
+    warned = [r.getMessage() for r in caplog.records if " was removed " in r.getMessage()]
+    assert sorted(warned) == sorted(f"tracklane: trainer.async_log.{key} was removed ({REMOVED_KEYS[key]}); ignored"
+                                    for key in section)
+    assert not hasattr(cfg, "spool") and not hasattr(cfg, "state_dir")
 
 
 def test_bad_async_key_fails_before_anything_starts():

@@ -122,7 +122,7 @@ class ConsoleSink(Sink):
         """The lines captured so far (None: printed straight to stdout, stored already)."""
         return self._said if self._kept is not None else None
 
-    def durable(self, point: Any) -> bool:
+    def stored(self, point: Any) -> bool:
         """Stored once an answer to the trainer carried them (or they were dropped, counted, by the bound)."""
         return point is None or self._taken >= point
 

@@ -99,7 +99,7 @@ class MemorySink(Sink):
     def written(self) -> int | None:
         return self._writes if self.settings["store_lag"] else None
 
-    def durable(self, point: int) -> bool:
+    def stored(self, point: int) -> bool:
         return point <= self._writes - self.settings["store_lag"]
 
     def where(self) -> str:

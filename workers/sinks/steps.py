@@ -36,12 +36,6 @@ def merged_values(group: Sequence[Metrics]) -> dict[str, float | int]:
     return merged
 
 
-def merge_by_step(records: Iterable[Metrics]) -> Iterator[tuple[int, dict[str, float | int]]]:
-    """(step, values) once per run of consecutive metric records sharing a step and axis."""
-    for step, group in records_by_step(records):
-        yield step, merged_values(group)
-
-
 def merge_by_axis_step(records: Iterable[Metrics]) -> Iterator[tuple[str | None, int, dict[str, float | int]]]:
     """(axis, step, values) once per run of consecutive metric records sharing a step and axis."""
     for step, group in records_by_step(records):

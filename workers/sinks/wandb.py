@@ -19,8 +19,8 @@ step metric (``define_metric``): ``STEP_AXIS`` for the trainer's step, a produce
 (``Metrics.axis``) for its own. Every point is kept, in any order, and charts use the true step.
 
 Durability: wandb-core writes its transaction log in 32 KiB blocks and a step's row only once a later
-step is logged, so a batch is durable once the file holds a row of the step that was open when the batch
-ended (``written``/``durable``, read from the file itself: ``workers/sinks/wandb_store.py``). Each row carries a
+step is logged, so a batch is stored once the file holds a row of the step that was open when the batch
+ended (``written``/``stored``, read from the file itself: ``workers/sinks/wandb_store.py``). Each row carries a
 hidden tag (``ROW_TAG``: source, batch, position of its last record). A sink that takes over a run (actor
 restart, resumed run) reads the run's earlier files and skips the re-sent records their newest tag per
 source covers (and artifacts already logged), so nothing lands twice (``workers/sinks/wandb_resent.py``).
@@ -120,7 +120,7 @@ class WandbSink(Sink):
     def written(self) -> int | None:
         return self._row
 
-    def durable(self, point: int) -> bool:
+    def stored(self, point: int) -> bool:
         # The row of the step open when the batch ended (or a later one) is in the file: wandb-core
         # wrote everything handed to it before that step closed. Only artifacts so far (-1): any row.
         if self._tail is None:

@@ -1,0 +1,198 @@
+"""What the ship loop drives besides its lanes: each feature a ``Stage`` with one small protocol.
+
+The shipper (shipper.py) runs the same loop on rank 0 and in a producer; what differs is the stages it is handed
+(async_pipeline.py, producer_pipeline.py). Each round the loop pumps its lanes, then every stage's ``round``; it
+wakes for any Ray answer a stage awaits (``waitables``); a flush or close passes only once every stage is
+``settled``; a closing barrier's answer ``close``s each; every report takes each stage's figures (``report``).
+
+    ProducersStage   rank 0: its producers (hub.py); a close waits for what they handed the lanes
+    OrphansStage     rank 0: the spools of producers that died (orphans.py), delivered to the lanes
+    ReductionsStage  rank 0 with a reduce lane: the points it completes (reduced.py), sent into every tracker
+    StoredCopiesStage  rank 0: its copy of each lane's state in the spool (spool/lane_state.py)
+    ProgressStage    a producer: its figures told to the hub after each round
+    DeadLanesStage   every shipper: a lane that gave up is told to the other trackers
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pipeline.core.records import Record, Text
+from pipeline.core.report import PipelineReport, ReductionReport
+from pipeline.shipping.barrier import ANSWER_S, Barrier, producers_settled
+from pipeline.shipping.hub import HubWatch
+from pipeline.shipping.orphans import Orphans
+from pipeline.shipping.reduced import ReducedPoints
+from pipeline.spool.lane_state import StoredCopies
+
+if TYPE_CHECKING:
+    from pipeline.shipping.streams import TrackerLane
+
+log = logging.getLogger("tracklane")
+
+class Loop(Protocol):
+    """What a stage may ask of the shipper's loop."""
+
+    @property
+    def lanes(self) -> dict[str, TrackerLane]: ...
+
+    @property
+    def closing(self) -> bool:
+        """The trackers are being closed: nothing more is shipped."""
+
+    @property
+    def last_step(self) -> int:
+        """The trainer's latest step, as the records shipped said."""
+
+    def send(self, records: list[Record]) -> None:
+        """One batch of ``records`` to the spool and every lane it is for."""
+
+
+class Stage:
+    """The protocol, each step doing nothing by default: a stage overrides what it takes part in."""
+
+    def waitables(self) -> list[Any]:
+        """Ray answers the loop should wake for."""
+        return []
+
+    def round(self, loop: Loop) -> None:
+        """After the lanes were pumped, every round (on the shipper thread; never blocks)."""
+
+    def settled(self, barrier: Barrier, loop: Loop) -> bool:
+        """Whether ``barrier`` may pass as far as this stage is concerned."""
+        return True
+
+    def close(self, barrier: Barrier) -> None:
+        """A closing barrier is being answered: the trackers are closed."""
+
+    def finish(self, loop: Loop) -> bool:
+        """A closing barrier, all shipped and settled: send this stage's last word (barrier.py's REDUCE phases);
+        True if it sent one, to be settled in its turn."""
+        return False
+
+    def report(self, report: PipelineReport, barrier: Barrier, loop: Loop) -> None:
+        """Add this stage's figures to ``report``."""
+
+    def answered(self, loop: Loop) -> None:
+        """A barrier was answered."""
+
+
+class ProducersStage(Stage):
+    """Rank 0's producers, once it made one (``watch``): a close waits for what they handed the lanes."""
+
+    def __init__(self) -> None:
+        self.hub: HubWatch | None = None
+
+    def watch(self, hub: Any) -> None:
+        self.hub = HubWatch(hub)
+
+    def waitables(self) -> list[Any]:
+        return self.hub.waitables() if self.hub is not None else []
+
+    def settled(self, barrier: Barrier, loop: Loop) -> bool:
+        return producers_settled(barrier, self.hub, loop.lanes)
+
+    def report(self, report: PipelineReport, barrier: Barrier, loop: Loop) -> None:
+        if self.hub is not None:
+            wait = max(0.1, min(2.0, barrier.deadline + ANSWER_S / 2 - time.monotonic()))  # finish's deadline holds
+            report.producers = self.hub.reports(loop.lanes, final=barrier.closing, timeout=wait)
+
+
+class OrphansStage(Stage):
+    """Rank 0: the spools of producers that died, delivered to the lanes; a close waits for them."""
+
+    def __init__(self, orphans: Orphans) -> None:
+        self._orphans = orphans
+
+    def waitables(self) -> list[Any]:
+        return self._orphans.waitables()
+
+    def round(self, loop: Loop) -> None:
+        self._orphans.pump()
+
+    def settled(self, barrier: Barrier, loop: Loop) -> bool:
+        return not barrier.closing or self._orphans.settled()
+
+    def close(self, barrier: Barrier) -> None:
+        self._orphans.close()
+
+    def report(self, report: PipelineReport, barrier: Barrier, loop: Loop) -> None:
+        report.producers = self._orphans.merged(report.producers)
+
+
+class ReductionsStage(Stage):
+    """Rank 0 with a reduce lane: the points it completes go into every tracker; producers that closed are told
+    to it; a close sends its FINISH (barrier.py's REDUCE phases)."""
+
+    def __init__(self, reduced: ReducedPoints, producers: ProducersStage) -> None:
+        self._reduced = reduced
+        self._producers = producers
+        self._next_hub_look = 0.0
+
+    def round(self, loop: Loop) -> None:
+        now = time.monotonic()
+        hub = self._producers.hub
+        if hub is not None and now >= self._next_hub_look:
+            self._next_hub_look = now + 1.0
+            for source, last in hub.closed().items():
+                self._reduced.ended(source, last)
+        if loop.closing:  # the trackers are closing: what comes now stays unconfirmed in the reducer (reported)
+            return
+        records = self._reduced.drain()
+        if records:
+            loop.send(records)
+
+    def finish(self, loop: Loop) -> bool:
+        loop.send([self._reduced.finish()])  # completes every open step
+        return True
+
+    def report(self, report: PipelineReport, barrier: Barrier, loop: Loop) -> None:
+        r = self._reduced
+        report.reductions = ReductionReport.of(r.figures, r.repeats, r.unlogged)
+
+
+class StoredCopiesStage(Stage):
+    """Rank 0's copy of each lane's state in its spool, for lanes whose own is on another node's disk."""
+
+    def __init__(self, copies: StoredCopies) -> None:
+        self._copies = copies
+
+    def round(self, loop: Loop) -> None:
+        for lane in loop.lanes.values():
+            self._copies.update(lane.name, lane.stored_by_source)
+
+
+class DeadLanesStage(Stage):
+    """Every shipper's: a lane that gave up leaves its last error in every other tracker, as text
+    ``error/lane/<name>``."""
+
+    def __init__(self) -> None:
+        self._told: set[str] = set()
+
+    def round(self, loop: Loop) -> None:
+        records: list[Record] = []
+        for lane in loop.lanes.values():
+            if lane.dead and lane.name not in self._told:
+                self._told.add(lane.name)
+                log.warning("tracklane: lane %s gave up: %s", lane.name, lane.report.error)
+                records.append(Text(step=loop.last_step, name=f"error/lane/{lane.name}", time=time.time(),
+                                    text=f"tracklane: the {lane.name} lane gave up: {lane.report.error}"))
+        if records and not loop.closing:
+            loop.send(records)
+
+
+class ProgressStage(Stage):
+    """A producer: ``tell(loop, force)`` after each round (it tells the hub how far it got) and, forced, after a
+    barrier's answer."""
+
+    def __init__(self, tell: Callable[[Any, bool], None]) -> None:
+        self._tell = tell
+
+    def round(self, loop: Loop) -> None:
+        self._tell(loop, False)
+
+    def answered(self, loop: Loop) -> None:
+        self._tell(loop, True)
