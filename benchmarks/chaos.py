@@ -1,7 +1,7 @@
 """A seeded chaos run: rank 0 and 4 producers logging into every default tracker while faults, drawn from a seed,
 hit the pipeline from every side; then every tracker's own store is read back and checked point by point.
 
-    python -m benchmarks.chaos --seed 7 --minutes 5 [--faults lane_kill,mlflow_cut,...] [--out DIR]
+    python -m tracklane.benchmarks.chaos --seed 7 --minutes 5 [--faults lane_kill,mlflow_cut,...] [--out DIR]
 
 The run: a trainer child process (``benchmarks/chaos_child.py``: ``Tracking`` with ``log_async: true``) logs a
 step every ``--pause`` seconds with validation generations, trajectories, a histogram and a text record every
@@ -51,9 +51,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from benchmarks.chaos_child import last_logged_step
-from benchmarks.chaos_schedule import KINDS, Fault, counts_for, draw_schedule
-from benchmarks.faults import _MLFLOW_FAIL_FAST, Child, _environment, _mlflow, tracker_env
+from tracklane.benchmarks.chaos_child import last_logged_step
+from tracklane.benchmarks.chaos_schedule import KINDS, Fault, counts_for, draw_schedule
+from tracklane.benchmarks.faults import _MLFLOW_FAIL_FAST, Child, _environment, _mlflow, tracker_env
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACKERS = ["console", "file", "tensorboard", "mlflow", "wandb", "swanlab"]
@@ -107,7 +107,8 @@ class TrainerProcess(Child):
         self._stderr = open(work / f"trainer-g{gen}.log", "ab")
         with open(self.stdout_path, "wb") as stdout:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.chaos", "child", "--spec", json.dumps({**spec, "proto_fd": write_fd})],
+                [sys.executable, "-m", "tracklane.benchmarks.chaos", "child", "--spec",
+                 json.dumps({**spec, "proto_fd": write_fd})],
                 cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=stdout, stderr=self._stderr, text=True,
                 pass_fds=(write_fd,), start_new_session=True)
         os.close(write_fd)
@@ -354,7 +355,7 @@ class ChaosRun:
     def run(self) -> dict[str, Any]:
         s = self.s
         self.producer_dir.mkdir(parents=True, exist_ok=True)
-        from pipeline.testing.tcp_proxy import TcpProxy
+        from tracklane.testing.tcp_proxy import TcpProxy
 
         with contextlib.ExitStack() as stack:
             uri = stack.enter_context(_mlflow(s.mlflow_uri, self.work))
@@ -419,7 +420,7 @@ class ChaosRun:
 
     # -- the check ---------------------------------------------------------------------------------------
     def expected(self) -> Any:
-        from benchmarks.chaos_check import Expected, Logged, Window
+        from tracklane.benchmarks.chaos_check import Expected, Logged, Window
 
         logged = [Logged("train", t.gen, step, when) for t in self.trainers for step, when in t.logged]
         sources: dict[tuple[str, int], str] = {}
@@ -449,8 +450,8 @@ class ChaosRun:
                         rich_every=self.s.rich_every, sources=sources)
 
     def _check(self, uri: str, mounted: bool, error: str | None) -> dict[str, Any]:
-        from benchmarks.chaos_check import Place, check_tracker
-        from benchmarks.chaos_child import GEN_KEY
+        from tracklane.benchmarks.chaos_check import Place, check_tracker
+        from tracklane.benchmarks.chaos_child import GEN_KEY
 
         expected = self.expected()
         place = Place(self.work, self.run_id, self.experiment, uri,
@@ -496,7 +497,7 @@ def replay_command(s: Settings) -> str:
         extra += f" --producer-keys {s.producer_keys} --producer-pause {s.producer_pause:g}"
     if s.rich_every != 25:
         extra += f" --rich-every {s.rich_every}"
-    return f"python -m benchmarks.chaos --seed {s.seed} --minutes {s.minutes:g}{kinds}{extra}"
+    return f"python -m tracklane.benchmarks.chaos --seed {s.seed} --minutes {s.minutes:g}{kinds}{extra}"
 
 
 def print_schedule(settings: Settings, schedule: list[Fault]) -> None:
@@ -579,10 +580,10 @@ def run_chaos(settings: Settings) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["child"]:
-        from benchmarks.chaos_child import child_main
+        from tracklane.benchmarks.chaos_child import child_main
 
         return child_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="benchmarks.chaos", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tracklane.benchmarks.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--minutes", type=float, default=5.0, help="logging time, faults included (default 5)")
     parser.add_argument("--faults", default=",".join(KINDS), help=f"kinds to draw from (default all: {','.join(KINDS)})")

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.chaos_child import GEN_KEY, POISON_NAME, PRODUCER_KEY, PROJECT, TRAINER_KEY, value_of
+from tracklane.benchmarks.chaos_child import GEN_KEY, POISON_NAME, PRODUCER_KEY, PROJECT, TRAINER_KEY, value_of
 
 ORDERED = {"file", "tensorboard", "wandb", "swanlab", "console"}
 """Trackers whose store keeps the order batches arrived in."""
@@ -116,7 +116,7 @@ def read_points(tracker: str, place: Place) -> list[tuple[int, str, float]]:
     """Every stored (step, key, value) of the run's own keys, in the order the store keeps (MLflow: by step)."""
     points: list[tuple[int, str, float]]
     if tracker == "file":
-        from workers.sinks.file import METRICS_FILE, tracklane_dir
+        from tracklane.workers.sinks.file import METRICS_FILE, tracklane_dir
 
         points = []
         own = Path(tracklane_dir(str(place.file)), METRICS_FILE)  # a producer's own axis is beside verl's lines
@@ -130,15 +130,15 @@ def read_points(tracker: str, place: Place) -> list[tuple[int, str, float]]:
     elif tracker == "tensorboard":
         points = _tensorboard_points(place.work / "tensorboard")
     elif tracker == "wandb":
-        from workers.testing.readers.wandb_reader import read_wandb_run
+        from tracklane.workers.testing.readers.wandb_reader import read_wandb_run
 
         points = read_wandb_run(place.work / "wandb", place.run_id).points
     elif tracker == "swanlab":
-        from workers.testing.readers.swanlab_reader import read_swanlab_run
+        from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_run
 
         points = read_swanlab_run(place.work / "swanlog", run_id=place.run_id).points
     elif tracker == "mlflow":
-        from workers.testing.readers.mlflow_reader import read_mlflow_run
+        from tracklane.workers.testing.readers.mlflow_reader import read_mlflow_run
 
         points = read_mlflow_run(place.mlflow_uri, _mlflow_run(place)).points
     elif tracker == "console":
@@ -152,7 +152,7 @@ def _tensorboard_points(logdir: Path) -> list[tuple[int, str, float]]:
     """Scalar events file by file (oldest first), each tag's events in the order written (not sorted by step)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from workers.testing.readers.tensorboard_reader import KEEP_ALL
+    from tracklane.workers.testing.readers.tensorboard_reader import KEEP_ALL
 
     points: list[tuple[int, str, float]] = []
     for path in sorted(logdir.glob("events.out.tfevents.*")):
@@ -164,7 +164,7 @@ def _tensorboard_points(logdir: Path) -> list[tuple[int, str, float]]:
 
 
 def _mlflow_run(place: Place) -> str:
-    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids
+    from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids
 
     runs = find_mlflow_run_ids(place.mlflow_uri, PROJECT, place.experiment)
     if len(runs) != 1:
@@ -199,14 +199,14 @@ def read_generations(tracker: str, place: Place, keys: list[str]) -> Counter:
         for path in sorted(folder.glob("*.jsonl")):
             inputs += [json.loads(line)["input"] for line in path.read_text(encoding="utf-8").splitlines() if line]
     elif tracker == "tensorboard":
-        from workers.testing.readers.tensorboard_reader import parse_markdown_table, read_tensorboard_rich
+        from tracklane.workers.testing.readers.tensorboard_reader import parse_markdown_table, read_tensorboard_rich
 
         texts = read_tensorboard_rich(place.work / "tensorboard").texts
         for key in keys:
             for markdowns in texts.get(f"{key}/text_summary", {}).values():
                 inputs += [row[1] for md in markdowns for row in parse_markdown_table(md)]
     elif tracker == "wandb":
-        from workers.testing.readers.wandb_reader import read_wandb_media
+        from tracklane.workers.testing.readers.wandb_reader import read_wandb_media
 
         for value in read_wandb_media(place.work / "wandb", place.run_id).values:
             if value.key in keys:
@@ -214,14 +214,14 @@ def read_generations(tracker: str, place: Place, keys: list[str]) -> Counter:
                 column = table["columns"].index("input")
                 inputs += [row[column] for row in table["data"]]
     elif tracker == "swanlab":
-        from workers.testing.readers.swanlab_reader import read_swanlab_media
+        from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_media
 
         for entry in read_swanlab_media(place.work / "swanlog", run_id=place.run_id).entries:
             if entry.key in keys:
                 table = json.loads(entry.path.read_text(encoding="utf-8"))
                 inputs += [row.get("input") for row in table["rowData"]]
     elif tracker == "mlflow":
-        from workers.testing.readers.mlflow_reader import list_mlflow_artifacts, read_mlflow_steps
+        from tracklane.workers.testing.readers.mlflow_reader import list_mlflow_artifacts, read_mlflow_steps
 
         run = _mlflow_run(place)
         folders = {path.split("/")[1] for path in list_mlflow_artifacts(place.mlflow_uri, run, "generations")}
@@ -251,25 +251,25 @@ def _source_of_key(key: str) -> str:
 def read_poison(tracker: str, place: Place) -> int:
     """How many times the tracker stored the poison image."""
     if tracker == "file":
-        from workers.sinks.media import safe_name
+        from tracklane.workers.sinks.media import safe_name
 
         return len(list(Path(f"{place.file.with_suffix('')}_media", "images", safe_name(POISON_NAME)).glob("*.png")))
     if tracker == "tensorboard":
-        from workers.testing.readers.tensorboard_reader import read_tensorboard_rich
+        from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_rich
 
         images = read_tensorboard_rich(place.work / "tensorboard").images.get(POISON_NAME, {})
         return sum(len(events) for events in images.values())
     if tracker == "wandb":
-        from workers.testing.readers.wandb_reader import read_wandb_media
+        from tracklane.workers.testing.readers.wandb_reader import read_wandb_media
 
         return sum(1 for v in read_wandb_media(place.work / "wandb", place.run_id).values if v.key == POISON_NAME)
     if tracker == "swanlab":
-        from workers.testing.readers.swanlab_reader import read_swanlab_media
+        from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_media
 
         media = read_swanlab_media(place.work / "swanlog", run_id=place.run_id)
         return sum(len(entries) for entries in media.of(POISON_NAME).values())
     if tracker == "mlflow":
-        from workers.testing.readers.mlflow_reader import list_mlflow_artifacts
+        from tracklane.workers.testing.readers.mlflow_reader import list_mlflow_artifacts
 
         files = list_mlflow_artifacts(place.mlflow_uri, _mlflow_run(place), "images")
         return sum(1 for path in files if path.startswith("images/poison") and path.endswith(".png"))

@@ -2,7 +2,7 @@
 must happen inside it (a lane actor or a producer SIGKILLed, the poison record), on the orders of
 ``benchmarks/chaos.py`` read from its stdin.
 
-    python -m benchmarks.chaos child --spec JSON
+    python -m tracklane.benchmarks.chaos child --spec JSON
 
 Every point is identifiable: a source (``train`` or a producer ``p<j>``), a key and a step, and its value
 encodes its step (``value_of``), so the end check knows what each tracker must hold. What was logged and when
@@ -136,7 +136,7 @@ class TrainerChild:
     """The child's state: its Tracking, its producers, the faults it was told to stage."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        from pipeline import Tracking
+        from tracklane import Tracking
 
         self.spec = spec
         self.proto = os.fdopen(spec["proto_fd"], "w", buffering=1, encoding="utf-8")
@@ -289,7 +289,7 @@ def _wait_gone(pid: int, timeout: float) -> None:
 
 
 def child_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="benchmarks.chaos child")
+    parser = argparse.ArgumentParser(prog="tracklane.benchmarks.chaos child")
     parser.add_argument("--spec", required=True, help="the child's settings as JSON (benchmarks/chaos.py builds it)")
     args = parser.parse_args(argv)
     return TrainerChild(json.loads(args.spec)).run()

@@ -1,6 +1,6 @@
 """The fault suite's scenarios, with figures: what each fault costs, read back from the trackers' own stores.
 
-    python -m benchmarks.faults [--long] [--only sigkill,reduce,actors,dumps,outage,slow,hung,damage] [--out DIR]
+    python -m tracklane.benchmarks.faults [--long] [--only sigkill,reduce,actors,dumps,outage,slow,hung,damage] [--out DIR]
 
 Each scenario stages one fault for real and counts, per tracker, the points it holds exactly once,
 the ones missing and the ones stored twice (from the tracker's own files or server, never from
@@ -48,10 +48,10 @@ def values(step: int, keys: int) -> dict[str, float]:
 
 
 def child_main(argv: list[str]) -> int:
-    """``python -m benchmarks.faults child ...``: a trainer that logs and reports what and when."""
-    from pipeline import Tracking
+    """``python -m tracklane.benchmarks.faults child ...``: a trainer that logs and reports what and when."""
+    from tracklane import Tracking
 
-    parser = argparse.ArgumentParser(prog="benchmarks.faults child")
+    parser = argparse.ArgumentParser(prog="tracklane.benchmarks.faults child")
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--experiment", required=True)
     parser.add_argument("--backends", required=True)
@@ -163,7 +163,7 @@ class Child:
 
     def __init__(self, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
         self._stderr = open(log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.faults", "child", *args], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tracklane.benchmarks.faults", "child", *args], cwd=ROOT,
                                      env=dict(env), stdout=subprocess.PIPE, stderr=self._stderr, text=True,
                                      start_new_session=True)
         self.logged: dict[int, float] = {}  # step -> time.time() of its log() call
@@ -260,24 +260,24 @@ def stored_values(tracker: str, work: Path, run_id: str, experiment: str, mlflow
         points = [(line["step"], key, value) for line in lines if line["step"] is not None
                   for key, value in line["data"].items()]
     elif tracker == "tensorboard":
-        from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+        from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
         points = read_tensorboard_dir(work / "tensorboard").points
     elif tracker == "wandb":
-        from workers.testing.readers.wandb_reader import read_wandb_run
+        from tracklane.workers.testing.readers.wandb_reader import read_wandb_run
 
         points = read_wandb_run(work / "wandb", run_id).points
     elif tracker == "swanlab":
-        from workers.testing.readers.swanlab_reader import read_swanlab_run
+        from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_run
 
         points = read_swanlab_run(work / "swanlog", run_id=run_id).points
     elif tracker == "mlflow":
-        from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+        from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
         [mlflow_run] = find_mlflow_run_ids(mlflow_uri, PROJECT, experiment)
         points = read_mlflow_run(mlflow_uri, mlflow_run).points
     elif tracker == "memory":
-        from workers.testing.memory import memory_records
+        from tracklane.workers.testing.memory import memory_records
 
         points = [(r.step, key, v) for r in memory_records(run_id) for key, v in getattr(r, "values", {}).items()]
     else:
@@ -391,7 +391,7 @@ def sigkill_reductions(work: Path, mlflow_uri: str, steps: int = 300, workers: i
 # -- actors: every lane actor SIGKILLed several times --------------------------------------------
 def actor_kills(work: Path, mlflow_uri: str, steps: int = 600, keys: int = 20, kills_per_lane: int = 2,
                 trackers: list[str] = TRACKERS, pause: float = 0.01) -> dict[str, Any]:
-    from pipeline import Tracking
+    from tracklane import Tracking
 
     experiment = f"actors-{uuid.uuid4().hex[:6]}"
     with _environment(tracker_env(work, mlflow_uri)):
@@ -419,7 +419,7 @@ def dump_kills(work: Path, mlflow_uri: str, steps: int = 40, rows: int = 2000, k
     """Each step logs ``keys`` scalars and a dump of ``rows`` rows (~2 MB, shipped in 256 KB chunks in the bulk
     stream); every lane actor is SIGKILLed twice mid-run. Every scalar is once in every tracker and every row once
     in the file tracker (the dashboards get a 64-row sample, small: with the scalars)."""
-    from pipeline import Tracking
+    from tracklane import Tracking
 
     experiment = f"dumps-{uuid.uuid4().hex[:6]}"
     with _environment(tracker_env(work, mlflow_uri)):
@@ -531,8 +531,8 @@ _MLFLOW_FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUES
 def _mlflow_behind_proxy(work: Path, mlflow_uri: str, experiment: str) -> Iterator[tuple[Any, Any]]:
     """A cuttable proxy in front of the MLflow server and a started run logging to MLflow (through it) and the
     file; the environment points at the proxy while the block runs."""
-    from pipeline import Tracking
-    from pipeline.testing.tcp_proxy import TcpProxy
+    from tracklane import Tracking
+    from tracklane.testing.tcp_proxy import TcpProxy
 
     server = urlsplit(mlflow_uri)
     with TcpProxy(server.hostname or "127.0.0.1", server.port or 80) as proxy:
@@ -550,7 +550,7 @@ def slow_tracker(work: Path, seconds: float = 20.0, keys: int = 100, pause: floa
     ``finish()`` cannot drain the backlog either: what its deadline leaves is counted, not waited for."""
     import psutil
 
-    from pipeline import Tracking
+    from tracklane import Tracking
 
     lane_max = 32 * 1024
     config = _config(work, lane_max_bytes=lane_max, max_batch_bytes=16 * 1024, spool_max_bytes=spool_max_bytes,
@@ -588,7 +588,7 @@ def slow_tracker(work: Path, seconds: float = 20.0, keys: int = 100, pause: floa
 # -- hung: finish() with a tracker that never answers, then replay ------------------------------
 def hung_finish_then_replay(work: Path, mlflow_uri: str, steps: int = 200, keys: int = 20,
                             finish_timeout_s: float = 20.0) -> dict[str, Any]:
-    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+    from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
     experiment = f"hung-{uuid.uuid4().hex[:6]}"
     with _mlflow_behind_proxy(work, mlflow_uri, experiment) as (proxy, tracking):
@@ -602,7 +602,7 @@ def hung_finish_then_replay(work: Path, mlflow_uri: str, steps: int = 200, keys:
         report = tracking.finish(timeout=finish_timeout_s)
         finish_s = time.monotonic() - started
         proxy.restore()
-        replay = subprocess.run([sys.executable, "-m", "pipeline", "replay", report.spool.directory,
+        replay = subprocess.run([sys.executable, "-m", "tracklane", "replay", report.spool.directory,
                                  "--no-progress", "--timeout", "300"] if report.spool else ["false"],
                                 cwd=ROOT, env={**os.environ}, capture_output=True, text=True, timeout=600)
     must = set(range(1, steps + 1))
@@ -617,9 +617,9 @@ def hung_finish_then_replay(work: Path, mlflow_uri: str, steps: int = 200, keys:
 
 # -- damage: the spool is corrupted, truncated and partly deleted before the recovery ------------
 def damaged_spool(work: Path, steps: int = 300, keys: int = 20) -> dict[str, Any]:
-    from pipeline import Tracking
-    from pipeline.spool import Spool
-    from pipeline.wire import decode_batch
+    from tracklane import Tracking
+    from tracklane.spool import Spool
+    from tracklane.wire import decode_batch
 
     run_id, experiment = uuid.uuid4().hex[:12], f"damage-{uuid.uuid4().hex[:6]}"
     down = work / "memory-down"
@@ -714,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["child"]:
         return child_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="benchmarks.faults", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tracklane.benchmarks.faults", description=__doc__.split("\n\n")[0])
     parser.add_argument("--long", action="store_true", help="the README's sizes (minutes each)")
     parser.add_argument("--only", default=",".join(SCENARIOS))
     parser.add_argument("--out", default="tracklane_runs/faults")
@@ -761,7 +761,7 @@ def _mlflow(uri: str, out: Path) -> Iterator[str]:
     if uri:
         yield uri
         return
-    from pipeline.testing.mlflow_server import start_server, stop_server
+    from tracklane.testing.mlflow_server import start_server, stop_server
 
     proc, started = start_server(out / "mlflow")
     try:

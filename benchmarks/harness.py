@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.readback import RunPlace
+from tracklane.benchmarks.readback import RunPlace
 
 ALL_TRACKERS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -46,7 +46,7 @@ class BenchEnv:
     def __enter__(self) -> BenchEnv:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so __exit__ still stops the server
         if self.mlflow_uri is None:
-            from pipeline.testing.mlflow_server import start_server
+            from tracklane.testing.mlflow_server import start_server
 
             self._server, self.mlflow_uri = start_server(self.root / "mlflow")
         os.environ.update({
@@ -74,7 +74,7 @@ class BenchEnv:
 
         ray.shutdown()
         if self._server is not None:
-            from pipeline.testing.mlflow_server import stop_server
+            from tracklane.testing.mlflow_server import stop_server
 
             stop_server(self._server.pid)
 

@@ -12,8 +12,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from benchmarks.harness import proc_kib
-from benchmarks.workloads import Workload, generations, trajectories, verl_scalars
+from tracklane.benchmarks.harness import proc_kib
+from tracklane.benchmarks.workloads import Workload, generations, trajectories, verl_scalars
 
 
 @dataclass(slots=True)

@@ -1,10 +1,10 @@
 """The README's main job with its six default trackers against the same job logging nowhere, runs alternating.
 
-    python -m benchmarks.main_job [--pairs 3] [--steps 100] [--first 10] [--out DIR]
+    python -m tracklane.benchmarks.main_job [--pairs 3] [--steps 100] [--first 10] [--out DIR]
 
-Each run is a fresh ``python -m trainer`` process (its own Ray, its trackers offline under a fresh folder,
+Each run is a fresh ``python -m tracklane.trainer`` process (its own Ray, its trackers offline under a fresh folder,
 MLflow on sqlite: exactly the README's first command), with ``trainer.logger=[]`` every other run. The child
-(``benchmarks.main_job_child``) runs ``trainer.main.main`` unchanged and only writes the step times ``fit()``
+(``tracklane.benchmarks.main_job_child``) runs ``tracklane.trainer.main.main`` unchanged and only writes the step times ``fit()``
 measured. The figure is the median step time over steps ``--first``..``--steps`` of each run, and the ratio of
 the median over the logging runs to the median over the silent ones; alternating keeps a drift of the machine
 (another job, a warmer cache) out of the ratio. Writes ``main_job.json``.
@@ -21,18 +21,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import Clock, common_args, fmt, machine, table, write_json
+from tracklane.benchmarks.harness import Clock, common_args, fmt, machine, table, write_json
 
 MODES = {"six trackers": [], "logger=[]": ["trainer.logger=[]"]}
 
 
 def run_once(mode: str, steps: int, folder: Path) -> list[float]:
-    """One ``python -m trainer`` run in ``folder``; its step times in seconds, by step."""
+    """One ``python -m tracklane.trainer`` run in ``folder``; its step times in seconds, by step."""
     times = folder / "step_times.json"
     env = {**os.environ, "TRACKLANE_STEP_TIMES": str(times), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     for key in ("WANDB_DIR", "SWANLAB_LOG_DIR", "MLFLOW_TRACKING_URI", "TENSORBOARD_DIR", "VERL_FILE_LOGGER_PATH"):
         env.pop(key, None)  # the job's own offline defaults, under this run's folder
-    command = [sys.executable, "-m", "benchmarks.main_job_child", f"trainer.total_steps={steps}",
+    command = [sys.executable, "-m", "tracklane.benchmarks.main_job_child", f"trainer.total_steps={steps}",
                "trainer.progress=false", f"trainer.default_local_dir={folder / 'ckpt'}", *MODES[mode]]
     done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
@@ -41,7 +41,7 @@ def run_once(mode: str, steps: int, folder: Path) -> list[float]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.main_job", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tracklane.benchmarks.main_job", description=__doc__.splitlines()[0])
     common_args(parser, "main_job")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100)

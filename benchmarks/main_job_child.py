@@ -1,5 +1,5 @@
-"""``python -m trainer`` for ``benchmarks.main_job``: ``trainer.main.main`` unchanged, and the step times ``fit()``
-measured written to ``$TRACKLANE_STEP_TIMES`` (JSON, step -> seconds) when it returns."""
+"""``python -m tracklane.trainer`` for ``tracklane.benchmarks.main_job``: ``tracklane.trainer.main.main`` unchanged,
+and the step times ``fit()`` measured written to ``$TRACKLANE_STEP_TIMES`` (JSON, step -> seconds) when it returns."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-import trainer.main
+import tracklane.trainer.main
 
 
 def _recording_fit(fit: Any) -> Any:
@@ -21,5 +21,5 @@ def _recording_fit(fit: Any) -> Any:
 
 
 if __name__ == "__main__":
-    trainer.main.fit = _recording_fit(trainer.main.fit)  # main() looks fit up in its module when it runs
-    sys.exit(trainer.main.main(sys.argv[1:]))
+    tracklane.trainer.main.fit = _recording_fit(tracklane.trainer.main.fit)  # main() looks fit up in its module when it runs
+    sys.exit(tracklane.trainer.main.main(sys.argv[1:]))

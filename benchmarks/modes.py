@@ -19,7 +19,7 @@ import json
 import logging
 from typing import Any
 
-from benchmarks.readback import RunPlace
+from tracklane.benchmarks.readback import RunPlace
 
 MODES = ["none", "sync", "verl", "thread", "async"]
 
@@ -48,8 +48,8 @@ class TracklaneMode:
 
     def __init__(self, name: str, trackers: list[str], place: RunPlace, async_log: dict | None = None,
                  record_limits: dict | None = None) -> None:
-        from benchmarks.thread_peer import thread_tracking
-        from pipeline import Tracking
+        from tracklane import Tracking
+        from tracklane.benchmarks.thread_peer import thread_tracking
 
         self.name = name
         config = {"trainer": {"log_async": name == "async",

@@ -1,11 +1,11 @@
 """What logging costs the training loop: no logging vs tracklane sync vs verl's Tracking vs tracklane async.
 
-    python -m benchmarks.overhead [--quick] [--out DIR] [--mlflow-uri URI]
+    python -m tracklane.benchmarks.overhead [--quick] [--out DIR] [--mlflow-uri URI]
 
 Every scenario (a step kind x a workload x a set of trackers) runs its modes in interleaved
 rounds, the order rotated each round, so machine noise hits every mode alike; ratios compare
 medians measured in the same run. Each run gets fresh tracker folders and is read back from the
-trackers' own stores afterwards. The trainer step kind runs ``trainer.main.fit`` itself.
+trackers' own stores afterwards. The trainer step kind runs ``tracklane.trainer.main.fit`` itself.
 Writes ``overhead.json`` and PNGs into ``--out`` (default benchmarks/results/overhead).
 """
 
@@ -17,12 +17,22 @@ import sys
 import time
 from dataclasses import dataclass
 
-from benchmarks.harness import ALL_TRACKERS, BenchEnv, Clock, common_args, machine, p50_p99, proc_kib, quiet_stdout, write_json
-from benchmarks.loop import call_costs, gpu_steps
-from benchmarks.modes import MODES, make_mode, verl_unavailable
-from benchmarks.overhead_report import TARGET_SCENARIO, plot_report, print_report
-from benchmarks.readback import read_back
-from benchmarks.workloads import WORKLOADS, verl_scalars
+from tracklane.benchmarks.harness import (
+    ALL_TRACKERS,
+    BenchEnv,
+    Clock,
+    common_args,
+    machine,
+    p50_p99,
+    proc_kib,
+    quiet_stdout,
+    write_json,
+)
+from tracklane.benchmarks.loop import call_costs, gpu_steps
+from tracklane.benchmarks.modes import MODES, make_mode, verl_unavailable
+from tracklane.benchmarks.overhead_report import TARGET_SCENARIO, plot_report, print_report
+from tracklane.benchmarks.readback import read_back
+from tracklane.benchmarks.workloads import WORKLOADS, verl_scalars
 
 MAX_TRAJECTORIES = 64  # tracklane's default record_limits.max_trajectories: what its trackers store per step
 # The same in every tracker, the file too (whose own default is every trajectory, as verl's dumps): each mode
@@ -193,7 +203,7 @@ TRAINER_MODES = ("none", "none_lean", "sync", "thread", "async", "async_lean")
 
 def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4, sft_steps: int | None = None,
                 rounds: int = 1) -> dict:
-    """The real trainer (trainer.main.fit): no logging vs sync vs the thread peer vs async, and async without the
+    """The real trainer (tracklane.trainer.main.fit): no logging vs sync vs the thread peer vs async, and async without the
     extra logging.
 
     Its first steps run torch's one-time set-up (seconds here): the first ``warmup`` are left out of the
@@ -227,10 +237,10 @@ def run_trainer(env: BenchEnv, steps: int, trackers: list[str], warmup: int = 4,
 
 def _trainer_run(env: BenchEnv, name: str, steps: int, trackers: list[str], warmup: int,
                  sft_steps: int | None) -> dict:
-    from benchmarks.thread_peer import thread_tracking
-    from pipeline import Tracking
-    from trainer.config import load_config
-    from trainer.main import fit
+    from tracklane import Tracking
+    from tracklane.benchmarks.thread_peer import thread_tracking
+    from tracklane.trainer.config import load_config
+    from tracklane.trainer.main import fit
 
     place = env.place(f"trainer-{name}")
     logger = "[]" if name.startswith("none") else "[" + ",".join(trackers) + "]"
@@ -312,7 +322,7 @@ def main(argv: list[str]) -> int:
     result["wall_s"] = clock.elapsed()
     path = write_json(args.out, "overhead", result)
     print(f"\nwrote {path} and {len(result['plots'])} plots; wall time {result['wall_s']:.0f} s")
-    print("regenerate: python -m benchmarks.overhead" + (" --quick" if args.quick else ""))
+    print("regenerate: python -m tracklane.benchmarks.overhead" + (" --quick" if args.quick else ""))
     return 0
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks import plots
-from benchmarks.harness import fmt, table
+from tracklane.benchmarks import plots
+from tracklane.benchmarks.harness import fmt, table
 
 KINDS = ("scalars", "trajectories", "generations")
 # What verl itself sends where: trajectories only to its JSON-lines dump; generations to these four.
@@ -110,7 +110,7 @@ def _print_trainer(tr: dict) -> None:
                      fmt(m["step_ms_mean"], 1), fmt(m.get("ratio"), 3), fmt(m.get("ratio_mean"), 3),
                      " / ".join(fmt(v, 1) for v in m.get("round_ms_p50", [])),
                      fmt(m["finish_s"], 2), "-" if m["complete"] is None else str(m["complete"]), stored or "-"])
-    print(f"\n== The real trainer (trainer.main.fit, {tr['steps']} timed steps in {tr.get('rounds', 1)} rounds, every "
+    print(f"\n== The real trainer (tracklane.trainer.main.fit, {tr['steps']} timed steps in {tr.get('rounds', 1)} rounds, every "
           f"other round in reverse order; trackers {', '.join(tr['trackers'])}) ==")
     print(table(["mode", "against", "step ms p50", "step ms mean", "ratio (p50)", "ratio (mean)", "p50 per round",
                  "finish s", "complete", "scalars read back"], rows))

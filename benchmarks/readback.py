@@ -52,7 +52,7 @@ def _user(points) -> int:
 
 
 def _wandb(place: RunPlace) -> dict[str, int]:
-    from workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
+    from tracklane.workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
 
     media = read_wandb_media(place.wandb)
     rows = media.table_rows(TRAJ_KEY) if media.of(TRAJ_KEY) else {}
@@ -61,7 +61,7 @@ def _wandb(place: RunPlace) -> dict[str, int]:
 
 
 def _swanlab(place: RunPlace) -> dict[str, int]:
-    from workers.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
+    from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
 
     media = read_swanlab_media(place.swanlog)
     tables = media.tables(TRAJ_KEY) if media.of(TRAJ_KEY) else {}
@@ -70,7 +70,7 @@ def _swanlab(place: RunPlace) -> dict[str, int]:
 
 
 def _mlflow(place: RunPlace) -> dict[str, int]:
-    from workers.testing.readers.mlflow_reader import (
+    from tracklane.workers.testing.readers.mlflow_reader import (
         find_mlflow_run_ids,
         list_mlflow_artifacts,
         read_mlflow_run,
@@ -90,7 +90,11 @@ def _mlflow(place: RunPlace) -> dict[str, int]:
 
 
 def _tensorboard(place: RunPlace) -> dict[str, int]:
-    from workers.testing.readers.tensorboard_reader import parse_markdown_table, read_tensorboard_dir, read_tensorboard_rich
+    from tracklane.workers.testing.readers.tensorboard_reader import (
+        parse_markdown_table,
+        read_tensorboard_dir,
+        read_tensorboard_rich,
+    )
 
     texts = read_tensorboard_rich(place.tensorboard).texts
     tables = texts.get(f"{TRAJ_KEY}/text_summary", {})

@@ -1,6 +1,6 @@
 """The step of a large job: rollout dumps of 64 and 640 MB, 10,000 keys a step, 1 to 64 producers.
 
-    python -m benchmarks.scale [--quick] [--only dumps,keys,lifecycle,producers] [--out DIR] [--mlflow-uri URI]
+    python -m tracklane.benchmarks.scale [--quick] [--only dumps,keys,lifecycle,producers] [--out DIR] [--mlflow-uri URI]
 
 Every run uses tracklane's defaults (``log_async: true``, nothing else set) and runs in a process of its own
 (scale_child.py), so its peak RSS is its own; each dump run is paired with the same loop logging nothing
@@ -32,9 +32,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import plots
-from benchmarks.harness import BenchEnv, Clock, common_args, fmt, machine, percentile, table, write_json
-from benchmarks.readback import RunPlace, read_back
+from tracklane.benchmarks import plots
+from tracklane.benchmarks.harness import BenchEnv, Clock, common_args, fmt, machine, percentile, table, write_json
+from tracklane.benchmarks.readback import RunPlace, read_back
 
 SLOW_DELAY_S = 0.2
 """How long the slow tracker (MLflow behind a proxy) holds each answer."""
@@ -52,7 +52,7 @@ def dump_cases(quick: bool) -> list[dict[str, Any]]:
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One run in a fresh process; its figures (a failed run's stderr in ``error``)."""
-    done = subprocess.run([sys.executable, "-m", "benchmarks.scale_child", json.dumps(spec)], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tracklane.benchmarks.scale_child", json.dumps(spec)], capture_output=True,
                           text=True, timeout=3600)
     if done.returncode != 0:
         return {"spec": spec, "error": f"rc {done.returncode}: {done.stderr[-3000:]}"}
@@ -199,7 +199,7 @@ def print_tables(results: dict[str, Any]) -> None:
                  p.get("complete", p.get("error"))] for i, p in enumerate(results["lifecycle"])]
         print(table(["six trackers", "Tracking() s", "all open s", "their CPU s", "finish s", "complete"], rows))
     if results.get("producers"):
-        from benchmarks.scale_producers import print_producers
+        from tracklane.benchmarks.scale_producers import print_producers
 
         print_producers(results["producers"])
 
@@ -224,7 +224,7 @@ def figures(out: Path, results: dict[str, Any]) -> list[Path]:
                      "trainer RSS above logger=[] GiB": [p["above_none_mib"] / 1024 for p in dump_points]},
                     "dump MiB a step", "ms / s / GiB", log_x=True))
     if results.get("producers"):
-        from benchmarks.scale_producers import producer_figures
+        from tracklane.benchmarks.scale_producers import producer_figures
 
         made += producer_figures(out, results["producers"])
     return made
@@ -248,7 +248,7 @@ def main() -> None:
                 print(f"{section}:", flush=True)
                 results[section] = run(env, args.quick)
         if "producers" in only:
-            from benchmarks.scale_producers import producers
+            from tracklane.benchmarks.scale_producers import producers
 
             print("producers:", flush=True)
             results["producers"] = producers(env, args.quick)

@@ -1,6 +1,6 @@
-"""One run of benchmarks.scale in a process of its own, so that its peak RSS is its own.
+"""One run of tracklane.benchmarks.scale in a process of its own, so that its peak RSS is its own.
 
-    python -m benchmarks.scale_child '<json spec>'     (prints one JSON line: the run's figures)
+    python -m tracklane.benchmarks.scale_child '<json spec>'     (prints one JSON line: the run's figures)
 
 The spec: ``mode`` ("none": the same objects built, nothing logged; "async": tracklane, defaults), ``trackers``,
 ``root`` (where the trackers write), ``steps``, ``period_s``, ``scalars`` (keys a step), ``rows`` (rollout
@@ -67,7 +67,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["mode"] == "async":
         import ray
 
-        from pipeline import Tracking
+        from tracklane import Tracking
 
         # as Tracking() starts it (async_pipeline.py): a CPU slot per lane, up to the cores; a Ray of its own
         # ("local"), never one named in /tmp/ray/ray_current_cluster (another process's two-node test, say)
@@ -125,7 +125,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _sidecar(spec: dict[str, Any], metrics: Path, root: Path) -> subprocess.Popen:
-    args = [sys.executable, "-m", "benchmarks.scale_sidecar", str(metrics), str(spec["rows"]), str(root / "seen.json")]
+    args = [sys.executable, "-m", "tracklane.benchmarks.scale_sidecar", str(metrics), str(spec["rows"]), str(root / "seen.json")]
     if spec.get("slow_delay_s"):
         args += [spec["mlflow_uri"].split("//", 1)[1].rstrip("/"), str(spec["slow_delay_s"])]
     sidecar = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -144,7 +144,7 @@ def _stop(sidecar: subprocess.Popen, root: Path) -> dict[str, Any]:
 
 
 def _peak_mib(pid: int) -> float:
-    from benchmarks.harness import proc_kib
+    from tracklane.benchmarks.harness import proc_kib
 
     return proc_kib(pid, "VmHWM") / 1024
 

@@ -1,4 +1,4 @@
-"""benchmarks.scale's producers: 1 to 64 Ray actors on a two-node local cluster, metrics reduced across them.
+"""tracklane.benchmarks.scale's producers: 1 to 64 Ray actors on a two-node local cluster, metrics reduced across them.
 
 Each producer (a rollout worker) logs, every step, its samples' metrics reduced across producers
 (``log(..., reduce={...})``: mean reward, max response length, summed sample count) and two metrics of its own
@@ -18,8 +18,8 @@ from typing import Any
 
 import ray
 
-from benchmarks import plots
-from benchmarks.harness import BenchEnv, fmt, table
+from tracklane.benchmarks import plots
+from tracklane.benchmarks.harness import BenchEnv, fmt, table
 
 REDUCE = {"sample/reward_mean": "mean", "sample/response_length_max": "max", "sample/count": "sum"}
 
@@ -54,7 +54,7 @@ def expected(n: int, step: int) -> dict[str, float]:
 
 
 def point(env: BenchEnv, n: int, steps: int, period_s: float, nodes: list[str]) -> dict[str, Any]:
-    from pipeline import Tracking
+    from tracklane import Tracking
 
     name = f"producers{n}"
     root = env.root / name

@@ -1,6 +1,6 @@
-"""The sidecar of one benchmarks.scale run, a process of its own: it watches the file tracker and plays the slow one.
+"""The sidecar of one tracklane.benchmarks.scale run, a process of its own: it watches the file tracker and plays the slow one.
 
-    python -m benchmarks.scale_sidecar <metrics.jsonl> <rollout rows a step> <out.json> [<mlflow host:port> <delay s>]
+    python -m tracklane.benchmarks.scale_sidecar <metrics.jsonl> <rollout rows a step> <out.json> [<mlflow host:port> <delay s>]
 
 Every 20 ms it reads what the file tracker appended and notes, per step, when the step's scalars first appeared
 in ``metrics.jsonl`` and when its rollout file held every row (``time.time()``, the clock the trainer's process
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> None:
     metrics, rows, out = Path(argv[0]), int(argv[1]), Path(argv[2])
     proxy = None
     if len(argv) > 3:
-        from pipeline.testing.tcp_proxy import TcpProxy
+        from tracklane.testing.tcp_proxy import TcpProxy
 
         host, port = argv[3].rsplit(":", 1)
         proxy = TcpProxy(host, int(port)).start()

@@ -1,7 +1,7 @@
 """Scaling of the async path: payload per step, number of trackers, steps per second until saturation,
 producers (Ray actors logging into the run) on one node and on two.
 
-    python -m benchmarks.scaling [--quick] [--out DIR] [--mlflow-uri URI]
+    python -m tracklane.benchmarks.scaling [--quick] [--out DIR] [--mlflow-uri URI]
 
 Each series uses tracklane async with its default ``trainer.async_log`` (drop_oldest). The
 payload and rate series keep one pipeline and drain it (``flush``) between points, counting
@@ -21,11 +21,22 @@ import statistics
 import sys
 import time
 
-from benchmarks import plots
-from benchmarks.harness import BenchEnv, Clock, common_args, fmt, machine, percentile, proc_kib, quiet_stdout, table, write_json
-from benchmarks.modes import TracklaneMode
-from benchmarks.scaling_producers import producer_series, two_nodes
-from benchmarks.workloads import trajectories, verl_scalars
+from tracklane.benchmarks import plots
+from tracklane.benchmarks.harness import (
+    BenchEnv,
+    Clock,
+    common_args,
+    fmt,
+    machine,
+    percentile,
+    proc_kib,
+    quiet_stdout,
+    table,
+    write_json,
+)
+from tracklane.benchmarks.modes import TracklaneMode
+from tracklane.benchmarks.scaling_producers import producer_series, two_nodes
+from tracklane.benchmarks.workloads import trajectories, verl_scalars
 
 KiB, MiB = 2**10, 2**20
 TRACKER_ORDER = ["file", "tensorboard", "console", "swanlab", "wandb", "mlflow"]
@@ -160,7 +171,7 @@ def main(argv: list[str]) -> int:
     result["wall_s"] = clock.elapsed()
     path = write_json(args.out, "scaling", result)
     print(f"\nwrote {path} and {len(result['plots'])} plots; wall time {result['wall_s']:.0f} s")
-    print("regenerate: python -m benchmarks.scaling" + (" --quick" if quick else ""))
+    print("regenerate: python -m tracklane.benchmarks.scaling" + (" --quick" if quick else ""))
     return 0
 
 

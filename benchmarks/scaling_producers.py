@@ -1,4 +1,4 @@
-"""The producers series of ``benchmarks.scaling``: 1..8 Ray actors logging trajectories into one run.
+"""The producers series of ``tracklane.benchmarks.scaling``: 1..8 Ray actors logging trajectories into one run.
 
 Each producer is a Ray actor (a rollout worker) that logs, every ``period_s``, a few scalars and
 ``nbytes`` of trajectories through ``tracking.producer()``, while rank 0 logs verl's scalars at the
@@ -17,9 +17,9 @@ from typing import Any
 
 import ray
 
-from benchmarks.harness import BenchEnv, percentile
-from benchmarks.modes import TracklaneMode
-from benchmarks.workloads import trajectories, verl_scalars
+from tracklane.benchmarks.harness import BenchEnv, percentile
+from tracklane.benchmarks.modes import TracklaneMode
+from tracklane.benchmarks.workloads import trajectories, verl_scalars
 
 
 @ray.remote(num_cpus=0)

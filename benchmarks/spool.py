@@ -1,11 +1,11 @@
 """The spool's own throughput, and the alternative it was chosen over, on this machine's disk.
 
-    python -m benchmarks.spool [--seconds 2] [--out DIR]
+    python -m tracklane.benchmarks.spool [--seconds 2] [--out DIR]
 
 For batches of ~2 KB (a step of scalars), 64 KB and 1 MB (trajectories), each appended the way
 the shipper does it, one batch at a time:
 
-    segments   pipeline.spool.segments.Spool: CRC32C frames in append-only segment files (fsync every 1 s,
+    segments   tracklane.spool.segments.Spool: CRC32C frames in append-only segment files (fsync every 1 s,
                and after every batch)
     sqlite     SQLite in WAL mode, one transaction per batch (synchronous=NORMAL, and FULL)
 
@@ -40,7 +40,7 @@ def _timed(append: Callable[[int, bytes], None], payload: bytes, seconds: float)
 
 
 def segments(folder: Path, payload: bytes, seconds: float, fsync_s: float) -> dict[str, float]:
-    from pipeline.spool import Spool
+    from tracklane.spool import Spool
 
     spool = Spool(str(folder), fsync_s=fsync_s, max_bytes=2**40)
     try:
@@ -71,7 +71,7 @@ def shipper_costs(seconds: float) -> dict[str, float]:
     """What the shipper already pays per batch of one 100-scalar step: encode, and ray.put."""
     import ray
 
-    from pipeline.wire import Batch, Metrics, encode_batch
+    from tracklane.wire import Batch, Metrics, encode_batch
 
     batch = Batch(seq=1, created=time.time(), records=[Metrics(step=1, values={f"k{i}": i * 0.5 for i in range(100)},
                                                                time=time.time())])
@@ -84,7 +84,7 @@ def shipper_costs(seconds: float) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="benchmarks.spool", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tracklane.benchmarks.spool", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="per measurement")
     parser.add_argument("--out", default="tracklane_runs/spool")
     args = parser.parse_args(argv)

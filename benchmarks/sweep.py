@@ -1,6 +1,6 @@
 """Tuning sweep: queue size x flush interval x overflow policy, producer below and above the trackers' pace.
 
-    python -m benchmarks.sweep [--quick] [--out DIR] [--mlflow-uri URI]
+    python -m tracklane.benchmarks.sweep [--quick] [--out DIR] [--mlflow-uri URI]
 
 Trackers: MLflow on a real server (the slowest here: one HTTP upload per artifact) and the file
 logger (fast), so one lane falls behind while the other keeps up. ``--quick`` puts TensorBoard in
@@ -20,10 +20,21 @@ import sys
 import time
 from dataclasses import dataclass
 
-from benchmarks import plots
-from benchmarks.harness import BenchEnv, Clock, common_args, fmt, machine, percentile, proc_kib, quiet_stdout, table, write_json
-from benchmarks.modes import TracklaneMode
-from benchmarks.workloads import trajectories, trajectory_bytes, verl_scalars
+from tracklane.benchmarks import plots
+from tracklane.benchmarks.harness import (
+    BenchEnv,
+    Clock,
+    common_args,
+    fmt,
+    machine,
+    percentile,
+    proc_kib,
+    quiet_stdout,
+    table,
+    write_json,
+)
+from tracklane.benchmarks.modes import TracklaneMode
+from tracklane.benchmarks.workloads import trajectories, trajectory_bytes, verl_scalars
 
 TRACKERS = ("mlflow", "file")
 QUICK_TRACKERS = ("tensorboard", "file")
@@ -157,7 +168,7 @@ def main(argv: list[str]) -> int:
     common_args(parser, "sweep")
     args = parser.parse_args(argv)
     clock, g = Clock(), grid(args.quick)
-    from pipeline import AsyncLogConfig
+    from tracklane import AsyncLogConfig
 
     defaults = {k: getattr(AsyncLogConfig(), k) for k in ("queue_max_bytes", "lane_max_bytes", "flush_interval_s",
                                                           "max_batch_bytes", "overflow")}
@@ -188,7 +199,7 @@ def main(argv: list[str]) -> int:
     result["wall_s"] = clock.elapsed()
     path = write_json(args.out, "sweep", result)
     print(f"\nwrote {path} and {len(result['plots'])} plots; wall time {result['wall_s']:.0f} s")
-    print("regenerate: python -m benchmarks.sweep" + (" --quick" if args.quick else ""))
+    print("regenerate: python -m tracklane.benchmarks.sweep" + (" --quick" if args.quick else ""))
     return 0
 
 

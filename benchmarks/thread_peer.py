@@ -16,7 +16,7 @@ import queue
 import threading
 from typing import Any
 
-from pipeline import PipelineReport, Tracking
+from tracklane import PipelineReport, Tracking
 
 QUEUE_CALLS = 1024
 _STOP = object()

@@ -1,8 +1,8 @@
 """Where a CPU-bound trainer's extra step time goes when it logs: its own thread, the GIL, or its CPU.
 
-    python -m benchmarks.trainer_split [--steps 100] [--modes none,async] [--async-log KEY=VALUE ...] [--out DIR]
+    python -m tracklane.benchmarks.trainer_split [--steps 100] [--modes none,async] [--async-log KEY=VALUE ...] [--out DIR]
 
-Runs the real trainer (``trainer.main.fit``, torch on one thread, the six default trackers) once per mode,
+Runs the real trainer (``tracklane.trainer.main.fit``, torch on one thread, the six default trackers) once per mode,
 back to back, and reads the kernel's own per-thread accounting around the timed steps (the first
 ``--warmup`` are left out):
 
@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.harness import ALL_TRACKERS, BenchEnv, Clock, common_args, fmt, machine, quiet_stdout, table, write_json
+from tracklane.benchmarks.harness import ALL_TRACKERS, BenchEnv, Clock, common_args, fmt, machine, quiet_stdout, table, write_json
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -130,9 +130,9 @@ class Window:
 def run_mode(env: BenchEnv, name: str, steps: int, warmup: int, trackers: list[str], async_log: dict) -> dict:
     import torch
 
-    from pipeline import Tracking
-    from trainer.config import load_config
-    from trainer.main import fit
+    from tracklane import Tracking
+    from tracklane.trainer.config import load_config
+    from tracklane.trainer.main import fit
 
     torch.set_num_threads(1)
     calls = TimedCalls()
@@ -210,7 +210,7 @@ def _shipper_tid() -> int | None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.trainer_split", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tracklane.benchmarks.trainer_split", description=__doc__.splitlines()[0])
     common_args(parser, "trainer_split")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)

@@ -12,17 +12,17 @@ lives in it); their module paths may change between versions:
     config/    typed settings        core/   records, errors, reports: the floor
 """
 
-from pipeline.capture.rich import RecordLimits
-from pipeline.config.async_log import AsyncLogConfig
-from pipeline.core.errors import CodecError, ConfigError, MissingExtraError, SinkError, TracklaneError
-from pipeline.core.params import plain_config
-from pipeline.core.records import Trajectory
-from pipeline.core.report import LaneInfo, LaneReport, PipelineReport, ProducerReport, ReductionReport
-from pipeline.node.terminal import TERMINAL
-from pipeline.producer import Producer
-from pipeline.tracking import Tracking, check_settings
-from pipeline.verl.dapo_reward_logger import DapoFilteredRewardTableLogger
-from pipeline.verl.generations_logger import ValidationGenerationsLogger
+from tracklane.capture.rich import RecordLimits
+from tracklane.config.async_log import AsyncLogConfig
+from tracklane.core.errors import CodecError, ConfigError, MissingExtraError, SinkError, TracklaneError
+from tracklane.core.params import plain_config
+from tracklane.core.records import Trajectory
+from tracklane.core.report import LaneInfo, LaneReport, PipelineReport, ProducerReport, ReductionReport
+from tracklane.node.terminal import TERMINAL
+from tracklane.producer import Producer
+from tracklane.tracking import Tracking, check_settings
+from tracklane.verl.dapo_reward_logger import DapoFilteredRewardTableLogger
+from tracklane.verl.generations_logger import ValidationGenerationsLogger
 
 __all__ = [
     # verl's names

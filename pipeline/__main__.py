@@ -1,7 +1,7 @@
-"""``python -m pipeline inspect|replay SPOOL_DIR``: the same as the ``tracklane`` command (pipeline/cli/main.py)."""
+"""``python -m tracklane inspect|replay SPOOL_DIR``: the same as the ``tracklane`` command (pipeline/cli/main.py)."""
 
 import sys
 
-from pipeline.cli.main import main
+from tracklane.cli.main import main
 
 sys.exit(main())

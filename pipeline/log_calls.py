@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.capture.captured import METRICS, METRICS_ON_AXIS, REDUCE
-from pipeline.core.records import BULK_KINDS
-from pipeline.core.values import BYTES_PER_ENTRY
+from tracklane.capture.captured import METRICS, METRICS_ON_AXIS, REDUCE
+from tracklane.core.records import BULK_KINDS
+from tracklane.core.values import BYTES_PER_ENTRY
 
 log = logging.getLogger("tracklane")
 _now = time.time

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from pipeline.capture.captured import Captured
-from pipeline.capture.rich import RecordLimits
-from pipeline.config.async_log import AsyncLogConfig
-from pipeline.core.records import RunSpec
-from pipeline.core.report import LaneInfo, PipelineReport
+from tracklane.capture.captured import Captured
+from tracklane.capture.rich import RecordLimits
+from tracklane.config.async_log import AsyncLogConfig
+from tracklane.core.records import RunSpec
+from tracklane.core.report import LaneInfo, PipelineReport
 
 
 class Pipe(Protocol):
@@ -53,9 +53,9 @@ class Pipe(Protocol):
 def open_pipe(log_async: bool, cfg: AsyncLogConfig, limits: RecordLimits, run: RunSpec,
               backends: dict[str, tuple[type, dict[str, Any]]], env: Mapping[str, str]) -> Pipe:
     if log_async:
-        from pipeline.shipping.async_pipeline import AsyncPipeline
+        from tracklane.shipping.async_pipeline import AsyncPipeline
 
         return AsyncPipeline(cfg, limits, run, backends, env)
-    from pipeline.sync_pipeline import SyncPipeline
+    from tracklane.sync_pipeline import SyncPipeline
 
     return SyncPipeline(cfg, limits, run, backends)

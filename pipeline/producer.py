@@ -17,8 +17,8 @@ import logging
 import threading
 from typing import Any
 
-from pipeline.log_calls import LogCalls
-from pipeline.shipping.hub import ProducerSpec
+from tracklane.log_calls import LogCalls
+from tracklane.shipping.hub import ProducerSpec
 
 log = logging.getLogger("tracklane")
 
@@ -66,7 +66,7 @@ class Producer(LogCalls):
         self._started().put_bulk(item)
 
     def _started(self) -> Any:
-        from pipeline.shipping.producer_pipeline import ProducerPipeline  # Ray: loaded where a producer logs
+        from tracklane.shipping.producer_pipeline import ProducerPipeline  # Ray: loaded where a producer logs
 
         with self._lock:
             if self._pipeline is None:

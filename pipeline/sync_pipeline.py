@@ -14,19 +14,19 @@ import os
 import time
 from typing import Any
 
-from pipeline.capture.captured import STEP, Captured
-from pipeline.capture.convert import Converter
-from pipeline.capture.rich import RecordLimits
-from pipeline.config.async_log import AsyncLogConfig
-from pipeline.core.acks import Ack
-from pipeline.core.errors import ConfigError
-from pipeline.core.records import Record, RunSpec
-from pipeline.core.reduction import LANE as REDUCE_LANE
-from pipeline.core.report import LaneInfo, LaneReport, PipelineReport, ReductionReport
-from pipeline.host.registry import takes_pieces
-from pipeline.host.sink_host import SinkHost
-from pipeline.shipping.reduced import ReducedPoints
-from pipeline.sync_spool import SyncSpool
+from tracklane.capture.captured import STEP, Captured
+from tracklane.capture.convert import Converter
+from tracklane.capture.rich import RecordLimits
+from tracklane.config.async_log import AsyncLogConfig
+from tracklane.core.acks import Ack
+from tracklane.core.errors import ConfigError
+from tracklane.core.records import Record, RunSpec
+from tracklane.core.reduction import LANE as REDUCE_LANE
+from tracklane.core.report import LaneInfo, LaneReport, PipelineReport, ReductionReport
+from tracklane.host.registry import takes_pieces
+from tracklane.host.sink_host import SinkHost
+from tracklane.shipping.reduced import ReducedPoints
+from tracklane.sync_spool import SyncSpool
 
 
 class SyncPipeline:

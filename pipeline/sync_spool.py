@@ -24,15 +24,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.config.async_log import AsyncLogConfig
-from pipeline.core.errors import ConfigError
-from pipeline.core.records import Record, RunSpec
-from pipeline.core.report import SpoolReport
-from pipeline.spool.lane_state import LaneState
-from pipeline.spool.manifest import RunManifest, lanes_dir, state_path
-from pipeline.spool.recovery import set_aside_stale
-from pipeline.spool.segments import Spool
-from pipeline.wire.batch import encode_what_encodes
+from tracklane.config.async_log import AsyncLogConfig
+from tracklane.core.errors import ConfigError
+from tracklane.core.records import Record, RunSpec
+from tracklane.core.report import SpoolReport
+from tracklane.spool.lane_state import LaneState
+from tracklane.spool.manifest import RunManifest, lanes_dir, state_path
+from tracklane.spool.recovery import set_aside_stale
+from tracklane.spool.segments import Spool
+from tracklane.wire.batch import encode_what_encodes
 
 log = logging.getLogger("tracklane")
 

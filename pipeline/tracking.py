@@ -27,25 +27,25 @@ import weakref
 from types import MappingProxyType
 from typing import Any
 
-from pipeline.backend_view import BackendView
-from pipeline.capture.captured import REDUCE_NOTICE
-from pipeline.capture.rich import RecordLimits, record_limits
-from pipeline.config.async_log import AsyncLogConfig, async_log_config, trainer_section
-from pipeline.config.console import console_config
-from pipeline.config.prometheus import prometheus_config
-from pipeline.core.errors import ConfigError
-from pipeline.core.params import plain_config
-from pipeline.core.records import RunSpec
-from pipeline.core.reduction import DECLARE
-from pipeline.core.reduction import LANE as REDUCE_LANE
-from pipeline.core.report import LaneInfo, PipelineReport
-from pipeline.core.values import as_number
-from pipeline.host.registry import BACKENDS, backend_names, resolve_backends, skip_platform
-from pipeline.log_calls import LogCalls
-from pipeline.pipe import open_pipe
-from pipeline.producer import Producer
-from pipeline.shipping import run_post
-from pipeline.spool.manifest import default_spool_dir
+from tracklane.backend_view import BackendView
+from tracklane.capture.captured import REDUCE_NOTICE
+from tracklane.capture.rich import RecordLimits, record_limits
+from tracklane.config.async_log import AsyncLogConfig, async_log_config, trainer_section
+from tracklane.config.console import console_config
+from tracklane.config.prometheus import prometheus_config
+from tracklane.core.errors import ConfigError
+from tracklane.core.params import plain_config
+from tracklane.core.records import RunSpec
+from tracklane.core.reduction import DECLARE
+from tracklane.core.reduction import LANE as REDUCE_LANE
+from tracklane.core.report import LaneInfo, PipelineReport
+from tracklane.core.values import as_number
+from tracklane.host.registry import BACKENDS, backend_names, resolve_backends, skip_platform
+from tracklane.log_calls import LogCalls
+from tracklane.pipe import open_pipe
+from tracklane.producer import Producer
+from tracklane.shipping import run_post
+from tracklane.spool.manifest import default_spool_dir
 
 log = logging.getLogger("tracklane")
 

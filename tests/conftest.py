@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from pipeline.testing.mlflow_server import URI_ENV, start_server, stop_server
+from tracklane.testing.mlflow_server import URI_ENV, start_server, stop_server
 
 # Every Ray process the tests start (here, in Tracking, in subprocesses) binds 127.0.0.1.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -139,7 +139,7 @@ def same_value(a: float, b: float) -> bool:
 def write_two_artifact_versions(sink, folder, time: float) -> None:
     """A file (``config.yaml``) and a folder (``global_step/actor/model.pt``) written to ``sink`` under one name
     each at steps 50 and 100, with contents that tell the steps apart; then the sink is closed."""
-    from pipeline.core.records import Artifact
+    from tracklane.core.records import Artifact
 
     for step in (50, 100):
         logged = folder / f"logged_{step}"
@@ -169,7 +169,7 @@ def mlflow_proxy(mlflow_server_uri, offline_trackers, monkeypatch):
     make the real server "go down"."""
     from urllib.parse import urlsplit
 
-    from pipeline.testing.tcp_proxy import TcpProxy
+    from tracklane.testing.tcp_proxy import TcpProxy
 
     server = urlsplit(mlflow_server_uri)
     with TcpProxy(server.hostname, server.port) as proxy:

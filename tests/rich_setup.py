@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 from PIL import Image as PILImage
 
-from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
-from pipeline.host.sink import Sink
 from tests.conftest import same_value
-from workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS
+from tracklane.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
+from tracklane.host.sink import Sink
+from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS
 
 LONG = "é🚀x" * 333_334  # ~1 MB of characters, as if the converter had kept it whole
 RUN_ID = "rich1"

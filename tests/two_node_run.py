@@ -22,8 +22,8 @@ def main(out: str, steps: int) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from pipeline import Tracking
     from tests.conftest import verl_metrics
+    from tracklane import Tracking
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:

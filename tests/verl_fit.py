@@ -63,7 +63,7 @@ import ray
 import torch
 from omegaconf import DictConfig
 
-from pipeline.core.params import is_secret_key
+from tracklane.core.params import is_secret_key
 
 # ------------------------------------------------------------------------------------------------ config
 
@@ -741,7 +741,7 @@ class FakeTaskRunner:
         run_fit(config)
 
 
-DROPIN_HOOK = "pipeline.verl.dropin.install"
+DROPIN_HOOK = "tracklane.verl.install"
 """Ray's ``worker_process_setup_hook`` that puts tracklane's classes in place of verl's in a worker."""
 TRACKER_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "SWANLAB_", "TENSORBOARD_", "VERL_FILE_LOGGER_", "TRACKIO_",
                         "CLEARML_", "TRACKLANE_", "HF_HOME")
@@ -804,7 +804,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = compose_verl_config([*driver_overrides(args), *args.overrides])
     if args.in_process:
         if args.dropin:
-            from pipeline.verl.dropin import install
+            from tracklane.verl.dropin import install
 
             install()
         run_fit(config)

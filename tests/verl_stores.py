@@ -3,7 +3,7 @@
 ``RunStores`` names the folders (and the MLflow store) one run writes to, as the environment verl and
 tracklane both read, and reads each tracker back into ``Stored``: (step, key) -> value, plus how the run
 ended. Used by tests/e2e/test_verl_side_by_side.py to compare verl's own ``Tracking`` with tracklane's, run by
-verl's own trainer code; the readers are the ones in ``workers.testing.readers`` (wandb's run file,
+verl's own trainer code; the readers are the ones in ``tracklane.workers.testing.readers`` (wandb's run file,
 TensorBoard's event files, MLflow's client, SwanLab's run store, trackio's Api), plus verl's two text
 formats (the file logger's JSON lines, the console's ``step:N - key:value`` lines).
 """
@@ -78,25 +78,25 @@ def _readback(back: Any) -> Stored:
 
 
 def _tensorboard(folder: Path) -> Any:
-    from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+    from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
     return read_tensorboard_dir(folder)
 
 
 def _wandb(folder: Path) -> Any:
-    from workers.testing.readers.wandb_reader import read_wandb_run
+    from tracklane.workers.testing.readers.wandb_reader import read_wandb_run
 
     return read_wandb_run(folder)
 
 
 def _swanlab(folder: Path, experiment: str) -> Any:
-    from workers.testing.readers.swanlab_reader import read_swanlab_run
+    from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_run
 
     return read_swanlab_run(folder, experiment=experiment)
 
 
 def _trackio(folder: Path, project: str, experiment: str) -> Any:
-    from workers.testing.readers.trackio_reader import read_trackio_run
+    from tracklane.workers.testing.readers.trackio_reader import read_trackio_run
 
     return read_trackio_run(folder, project, name=experiment)
 
@@ -104,7 +104,7 @@ def _trackio(folder: Path, project: str, experiment: str) -> Any:
 def _mlflow(uri: str, project: str, experiment: str) -> Stored:
     from mlflow.tracking import MlflowClient
 
-    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+    from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
     ids = find_mlflow_run_ids(uri, project, experiment)
     assert len(ids) == 1, f"expected one MLflow run {project}/{experiment}, found {ids}"

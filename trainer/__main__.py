@@ -1,4 +1,4 @@
-"""``python -m trainer``: the README's main job (see ``trainer.main``)."""
+"""``python -m tracklane.trainer``: the README's main job (see ``tracklane.trainer.main``)."""
 
 import os
 import sys
@@ -7,6 +7,6 @@ import sys
 # binds the interface's address). Set it to 1 to let other machines join.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from trainer.main import main  # noqa: E402  (after the variable: it imports Ray)
+from tracklane.trainer.main import main  # noqa: E402  (after the variable: it imports Ray)
 
 sys.exit(main(sys.argv[1:]))

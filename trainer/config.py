@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from pipeline import ConfigError, check_settings
+from tracklane import ConfigError, check_settings
 
 ROLLOUT_ENGINES = ("torch", "vllm")
 TASK_NAMES = ("tool_addition", "addition")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from pipeline import PipelineReport
+from tracklane import PipelineReport
 
 OUT = "tracklane_runs"
 

@@ -1,4 +1,4 @@
-"""``python -m trainer``: GRPO (or PPO) on a built-in tool-use task, logged through ``pipeline.Tracking``.
+"""``python -m tracklane.trainer``: GRPO (or PPO) on a built-in tool-use task, logged through ``tracklane.Tracking``.
 
 Reads top to bottom like verl's ``RayPPOTrainer.fit`` on rank 0 (``_fit``: ``_setup``, then each step
 ``_train_step`` and ``_log_step``): config, models (a supervised warm-up, or a checkpoint), then each step multi-turn
@@ -6,8 +6,8 @@ rollout (the policy may call a calculator) -> reward by component -> old and ref
 advantages -> update -> log about 100 verl metric keys, a score histogram and a few rollout trajectories; validation
 every ``trainer.test_freq`` steps.
 
-    python -m trainer [--print-config] [key=value ...]
-    python -m trainer trainer.logger=[console,tensorboard] trainer.total_steps=200 actor_rollout_ref.rollout.n=8
+    python -m tracklane.trainer [--print-config] [key=value ...]
+    python -m tracklane.trainer trainer.logger=[console,tensorboard] trainer.total_steps=200 actor_rollout_ref.rollout.n=8
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from omegaconf import OmegaConf
 from threadpoolctl import threadpool_limits
 
-from pipeline import ConfigError, PipelineReport, Tracking, ValidationGenerationsLogger, plain_config
+from tracklane import ConfigError, PipelineReport, Tracking, ValidationGenerationsLogger, plain_config
 
 from . import algos
 from .agent_loop import run_episodes

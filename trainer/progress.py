@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from pipeline import TERMINAL
+from tracklane import TERMINAL
 
 
 class Progress:

@@ -8,7 +8,7 @@ typed record on the shipper thread.
 this field order rather than calling ``Captured(...)``: NamedTuple's ``__new__`` is a Python-level
 call, and on the cold cache a trainer's step leaves behind (sleep or GPU wait between ``log()``
 calls) it cost log() ~10 us more at p50 in a micro-benchmark and ~4 us at p50 in
-``benchmarks.overhead --only gpu50ms/full/all``. Everything else may pass ``Captured`` items (a
+``tracklane.benchmarks.overhead --only gpu50ms/full/all``. Everything else may pass ``Captured`` items (a
 NamedTuple is a tuple) and reads fields through the names or the indices below.
 """
 

@@ -13,15 +13,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.capture.captured import KIND, METRICS, METRICS_ON_AXIS, REDUCE, REDUCE_NOTICE, SIZE, SYSTEM_METRICS, Captured
-from pipeline.capture.rich import RecordLimits, RichConverter, thin_indices
-from pipeline.capture.verl_line import verl_data
-from pipeline.core.records import SYSTEM_AXIS, Artifact, Generations, Image, Metrics, Record, Reduction, Trajectories
-from pipeline.core.reduction import LANE as REDUCE_LANE
-from pipeline.core.reduction import PART, check_ops
-from pipeline.core.report import PipelineReport
-from pipeline.core.trajectory_lines import TrajectoryLines
-from pipeline.core.values import MetricCleaner, as_number
+from tracklane.capture.captured import KIND, METRICS, METRICS_ON_AXIS, REDUCE, REDUCE_NOTICE, SIZE, SYSTEM_METRICS, Captured
+from tracklane.capture.rich import RecordLimits, RichConverter, thin_indices
+from tracklane.capture.verl_line import verl_data
+from tracklane.core.records import SYSTEM_AXIS, Artifact, Generations, Image, Metrics, Record, Reduction, Trajectories
+from tracklane.core.reduction import LANE as REDUCE_LANE
+from tracklane.core.reduction import PART, check_ops
+from tracklane.core.report import PipelineReport
+from tracklane.core.trajectory_lines import TrajectoryLines
+from tracklane.core.values import MetricCleaner, as_number
 
 log = logging.getLogger("tracklane")
 

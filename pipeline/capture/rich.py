@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.histogram import histogram_figures
-from pipeline.core.png import PNG_SIGNATURE, encode_png
-from pipeline.core.records import Artifact, Histogram, Image, Record, Text, Trace, Trajectory
-from pipeline.core.trajectory_lines import trajectory_line
+from tracklane.core.errors import ConfigError
+from tracklane.core.histogram import histogram_figures
+from tracklane.core.png import PNG_SIGNATURE, encode_png
+from tracklane.core.records import Artifact, Histogram, Image, Record, Text, Trace, Trajectory
+from tracklane.core.trajectory_lines import trajectory_line
 
 log = logging.getLogger("tracklane")
 

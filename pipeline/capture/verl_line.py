@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from pipeline.core.params import REDACTED, is_secret_key
+from tracklane.core.params import REDACTED, is_secret_key
 
 _SAME = frozenset({float, int, np.float64, np.int8, np.int16, np.int32, np.int64,
                    np.uint8, np.uint16, np.uint32, np.uint64})

@@ -7,12 +7,12 @@ import os
 import sys
 from typing import Any
 
-from pipeline.core.errors import CodecError
-from pipeline.core.records import Metrics, Record, Reduction
-from pipeline.spool.lane_state import LaneState
-from pipeline.spool.manifest import lanes_dir, state_path
-from pipeline.spool.segments import Spool
-from pipeline.wire.batch import decode_batch
+from tracklane.core.errors import CodecError
+from tracklane.core.records import Metrics, Record, Reduction
+from tracklane.spool.lane_state import LaneState
+from tracklane.spool.manifest import lanes_dir, state_path
+from tracklane.spool.segments import Spool
+from tracklane.wire.batch import decode_batch
 
 
 def inspect_spool(directory: str, out: Any) -> int:

@@ -1,4 +1,4 @@
-"""``tracklane`` (and ``python -m pipeline``): look into a spool, deliver it without the trainer, migrate runs.
+"""``tracklane`` (and ``python -m tracklane``): look into a spool, deliver it without the trainer, migrate runs.
 
     tracklane inspect SPOOL_DIR                 one JSON line per record: seq, step, kind, keys, which
                                                 lanes acknowledged it (jq-friendly)
@@ -33,12 +33,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.cli.inspect import inspect_spool
-from pipeline.cli.migrate import MigrateArgs, migrate
-from pipeline.cli.replay import replay_spool
-from pipeline.cli.view import DEFAULT_PORT, view_run
-from pipeline.core.errors import ConfigError, TracklaneError
-from pipeline.host.registry import SOURCES
+from tracklane.cli.inspect import inspect_spool
+from tracklane.cli.migrate import MigrateArgs, migrate
+from tracklane.cli.replay import replay_spool
+from tracklane.cli.view import DEFAULT_PORT, view_run
+from tracklane.core.errors import ConfigError, TracklaneError
+from tracklane.host.registry import SOURCES
 
 log = logging.getLogger("tracklane")
 

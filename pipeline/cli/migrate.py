@@ -1,7 +1,7 @@
 """``tracklane migrate``: another tracker's run (or a spool) delivered into any trackers, then checked against it.
 
     1. The source (``--from``, a class in workers/sources/ found through the registry, host/registry.py ``SOURCES``)
-       says who the run is and reads its records: pipeline.core.records types, each with the step and the time the
+       says who the run is and reads its records: tracklane.core.records types, each with the step and the time the
        source kept (MLflow's metric timestamps, TensorBoard's wall times, wandb's ``_timestamp`` ...).
     2. They are written, as they come, into the fresh spool of a new run (new run id; project and experiment
        the source's unless ``--project``/``--experiment``): the same batches, msgpack + zstd in checksummed frames,
@@ -34,17 +34,17 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.cli.migrate_check import Holdings, compare_targets, comparison_table
-from pipeline.cli.replay import deliver_spool, undelivered
-from pipeline.core.errors import ConfigError
-from pipeline.core.params import plain_config
-from pipeline.core.records import Batch, Generations, Metrics, Record, RunSpec, Trajectories
-from pipeline.spool.manifest import RunManifest, default_spool_dir, holds_a_spool, lanes_dir
-from pipeline.spool.segments import Spool
-from pipeline.wire.batch import encode_batch, encode_what_encodes
+from tracklane.cli.migrate_check import Holdings, compare_targets, comparison_table
+from tracklane.cli.replay import deliver_spool, undelivered
+from tracklane.core.errors import ConfigError
+from tracklane.core.params import plain_config
+from tracklane.core.records import Batch, Generations, Metrics, Record, RunSpec, Trajectories
+from tracklane.spool.manifest import RunManifest, default_spool_dir, holds_a_spool, lanes_dir
+from tracklane.spool.segments import Spool
+from tracklane.wire.batch import encode_batch, encode_what_encodes
 
 if TYPE_CHECKING:
-    from pipeline.host.source import Source
+    from tracklane.host.source import Source
 
 log = logging.getLogger("tracklane")
 
@@ -72,7 +72,7 @@ class MigrateArgs:
 
 def migrate(args: MigrateArgs, out: Any = None) -> int:
     """Read, spool, deliver, compare; 0 when every target holds what the source held, 1 otherwise."""
-    from pipeline.host.registry import check_installed, resolve_backends, source_class
+    from tracklane.host.registry import check_installed, resolve_backends, source_class
 
     out = out or sys.stdout
     source_cls = source_class(args.source)

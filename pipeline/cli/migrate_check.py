@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.records import Generations, Metrics, Record, Reduction, RunSpec, Trajectories
-from pipeline.core.report import PipelineReport
+from tracklane.core.records import Generations, Metrics, Record, Reduction, RunSpec, Trajectories
+from tracklane.core.report import PipelineReport
 
 if TYPE_CHECKING:
-    from pipeline.host.source import Source
+    from tracklane.host.source import Source
 
 log = logging.getLogger("tracklane")
 
@@ -71,7 +71,7 @@ class TargetCheck:
 def compare_targets(held: Holdings, run: RunSpec, settings: Mapping[str, Mapping[str, Any]],
                     report: PipelineReport) -> dict[str, TargetCheck]:
     """Each target read back with its source class (where there is one) and compared with ``held``."""
-    from pipeline.host.registry import SOURCES, source_class
+    from tracklane.host.registry import SOURCES, source_class
 
     checks = {}
     for name, target_settings in settings.items():

@@ -7,14 +7,14 @@ import sys
 import time
 from typing import Any
 
-from pipeline.core.records import RunSpec
-from pipeline.core.report import PipelineReport
-from pipeline.spool.manifest import RunManifest
+from tracklane.core.records import RunSpec
+from tracklane.core.report import PipelineReport
+from tracklane.spool.manifest import RunManifest
 
 
 def replay_spool(directory: str, to: list[str] | None, exit_code: int | None, timeout: float,
                  progress: bool) -> int:
-    from pipeline.host.registry import backend_class, resolve_backends
+    from tracklane.host.registry import backend_class, resolve_backends
 
     manifest = RunManifest.load(directory)
     names = to or list(manifest.backends)
@@ -31,9 +31,9 @@ def deliver_spool(directory: str, run: RunSpec, backends: dict[str, tuple[type, 
                   timeout: float, progress: bool, desc: str) -> PipelineReport:
     """Deliver what the spool at ``directory`` holds into ``backends`` through the lanes (replay and migrate),
     with a progress bar; close the tracker runs with ``exit_code`` and print the report."""
-    from pipeline.capture.rich import RecordLimits
-    from pipeline.config.async_log import AsyncLogConfig
-    from pipeline.shipping.async_pipeline import AsyncPipeline
+    from tracklane.capture.rich import RecordLimits
+    from tracklane.config.async_log import AsyncLogConfig
+    from tracklane.shipping.async_pipeline import AsyncPipeline
 
     # No health figures and no system metrics: they would be the delivering machine's, not the run's.
     cfg = AsyncLogConfig(spool_dir=os.path.abspath(directory), health_metrics=False, system_metrics_s=0,

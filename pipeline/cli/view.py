@@ -6,8 +6,8 @@ import logging
 import sys
 from typing import TextIO
 
-from pipeline.view.run_data import RunData
-from pipeline.view.server import make_server
+from tracklane.view.run_data import RunData
+from tracklane.view.server import make_server
 
 log = logging.getLogger("tracklane")
 DEFAULT_PORT = 8765

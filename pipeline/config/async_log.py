@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.errors import ConfigError
+from tracklane.core.errors import ConfigError
 
 log = logging.getLogger("tracklane")
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.errors import ConfigError
+from tracklane.core.errors import ConfigError
 
 FORMATS = ("verl", "compact")
 COMPACT_KEYS = ["critic/score/mean", "critic/rewards/mean", "actor/pg_loss", "actor/entropy", "actor/kl_loss",

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.params import is_secret_key
+from tracklane.core.errors import ConfigError
+from tracklane.core.params import is_secret_key
 
 PLACEMENT_KEYS = ("resources", "label_selector", "node_id", "scheduling_strategy")
 """Options that say where the lane actors go; without any of them they stay on the trainer's node."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.core.errors import ConfigError
+from tracklane.core.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter took; free of Prometheus' own 9090

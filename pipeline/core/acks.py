@@ -12,7 +12,7 @@ import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.errors import CodecError
+from tracklane.core.errors import CodecError
 
 
 @dataclass(slots=True, kw_only=True)

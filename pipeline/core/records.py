@@ -15,8 +15,8 @@ from typing import Any, Union
 
 import numpy as np
 
-from pipeline.core.errors import CodecError
-from pipeline.core.histogram import HistogramFigures, histogram_figures
+from tracklane.core.errors import CodecError
+from tracklane.core.histogram import HistogramFigures, histogram_figures
 
 SYSTEM_AXIS = "system/elapsed_s"
 """The axis of the system metrics: seconds since the run started."""

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.acks import Ack
+from tracklane.core.acks import Ack
 
 
 @dataclass(slots=True, kw_only=True)

@@ -19,8 +19,8 @@ from typing import Any, overload
 import numpy as np
 import orjson
 
-from pipeline.core.errors import CodecError
-from pipeline.core.records import Trajectory
+from tracklane.core.errors import CodecError
+from tracklane.core.records import Trajectory
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _PLAIN = (str, int, float, bool, type(None))

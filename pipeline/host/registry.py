@@ -1,7 +1,7 @@
 """The edge: backend names -> sink classes and their settings, read once from the environment.
 
 This registry is the only way ``pipeline/`` reaches ``workers/``: by name, imported where it is
-used, so ``import pipeline`` loads no sink, no tracker SDK and no Ray actor code.
+used, so ``import tracklane`` loads no sink, no tracker SDK and no Ray actor code.
 """
 
 from __future__ import annotations
@@ -12,37 +12,38 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.errors import ConfigError, MissingExtraError
-from pipeline.core.records import RunSpec
+from tracklane.core.errors import ConfigError, MissingExtraError
+from tracklane.core.records import RunSpec
 
 if TYPE_CHECKING:
-    from pipeline.host.sink import Sink
-    from pipeline.host.source import Source
+    from tracklane.host.sink import Sink
+    from tracklane.host.source import Source
 
 # backend name -> "module:Class"; a module is imported only when its backend is used.
 BACKENDS: dict[str, str] = {
-    "console": "workers.sinks.console:ConsoleSink",
-    "wandb": "workers.sinks.wandb:WandbSink",
-    "mlflow": "workers.sinks.mlflow:MlflowSink",
-    "swanlab": "workers.sinks.swanlab:SwanlabSink",
-    "tensorboard": "workers.sinks.tensorboard:TensorboardSink",
-    "file": "workers.sinks.file:FileSink",
-    "trackio": "workers.sinks.trackio:TrackioSink",
-    "clearml": "workers.sinks.clearml:ClearmlSink",
-    "prometheus": "workers.sinks.prometheus:PrometheusSink",
+    "console": "tracklane.workers.sinks.console:ConsoleSink",
+    "wandb": "tracklane.workers.sinks.wandb:WandbSink",
+    "mlflow": "tracklane.workers.sinks.mlflow:MlflowSink",
+    "swanlab": "tracklane.workers.sinks.swanlab:SwanlabSink",
+    "tensorboard": "tracklane.workers.sinks.tensorboard:TensorboardSink",
+    "file": "tracklane.workers.sinks.file:FileSink",
+    "trackio": "tracklane.workers.sinks.trackio:TrackioSink",
+    "clearml": "tracklane.workers.sinks.clearml:ClearmlSink",
+    "prometheus": "tracklane.workers.sinks.prometheus:PrometheusSink",
 }
 # Not in verl's list, but selectable by name: the test double (workers/sinks/memory.py).
 # The reduce lane's (trainer.async_log.reductions; added by Tracking, not named in trainer.logger).
-EXTRA_SINKS: dict[str, str] = {"memory": "workers.sinks.memory:MemorySink", "reduce": "workers.sinks.reduce:ReduceSink"}
+EXTRA_SINKS: dict[str, str] = {"memory": "tracklane.workers.sinks.memory:MemorySink",
+                                "reduce": "tracklane.workers.sinks.reduce:ReduceSink"}
 # source name -> "module:Class": what ``tracklane migrate --from`` reads, and what reads a migration's
 # targets back to compare them (pipeline/host/source.py); a module is imported only when used.
 SOURCES: dict[str, str] = {
-    "mlflow": "workers.sources.mlflow:MlflowSource",
-    "tensorboard": "workers.sources.tensorboard:TensorboardSource",
-    "wandb": "workers.sources.wandb:WandbSource",
-    "file": "workers.sources.file:FileSource",
-    "trackio": "workers.sources.trackio:TrackioSource",
-    "spool": "workers.sources.spool:SpoolSource",
+    "mlflow": "tracklane.workers.sources.mlflow:MlflowSource",
+    "tensorboard": "tracklane.workers.sources.tensorboard:TensorboardSource",
+    "wandb": "tracklane.workers.sources.wandb:WandbSource",
+    "file": "tracklane.workers.sources.file:FileSource",
+    "trackio": "tracklane.workers.sources.trackio:TrackioSource",
+    "spool": "tracklane.workers.sources.spool:SpoolSource",
 }
 
 _ALIASES = {"tracking": "wandb"}  # verl's deprecated name for wandb

@@ -36,9 +36,9 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from pipeline.core.acks import SinkCounts
-from pipeline.core.errors import MissingExtraError
-from pipeline.core.records import (
+from tracklane.core.acks import SinkCounts
+from tracklane.core.errors import MissingExtraError
+from tracklane.core.records import (
     Artifact,
     Generations,
     Histogram,

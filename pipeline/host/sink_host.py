@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pipeline.core.acks import Ack, SinkCounts, Work
-from pipeline.core.records import Record
-from pipeline.host.sink import BatchPositions, CapturedOutput, LaggingStore, Reducing, Sink, Undoable
+from tracklane.core.acks import Ack, SinkCounts, Work
+from tracklane.core.records import Record
+from tracklane.host.sink import BatchPositions, CapturedOutput, LaggingStore, Reducing, Sink, Undoable
 
 log = logging.getLogger("tracklane")
 

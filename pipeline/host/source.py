@@ -6,7 +6,7 @@ A source is a plain class, one per tracker, one file each, registered by name in
     source = SourceClass.from_options(options, env)   # the command line's --run-id, --logdir, --path ...
     with source:                                 # leaving removes what it downloaded (artifact copies)
         origin = source.run()                    # project, experiment, hyper-parameters, its own run id
-        for record in source.records():          # pipeline.core.records types, each with the step and the
+        for record in source.records():          # tracklane.core.records types, each with the step and the
             ...                                  # time the tracker kept (in step order per key)
 
 The same classes read a migration's targets back: ``SourceClass.of_target(settings, run)`` opens what the
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.records import Record, RunSpec
+from tracklane.core.errors import ConfigError
+from tracklane.core.records import Record, RunSpec
 
 log = logging.getLogger("tracklane")
 

@@ -1,7 +1,7 @@
 """A process's CPU with what it started: a lane's own figure must count its tracker's helper processes too.
 
 wandb's lane runs wandb-core, a process of its own that does most of wandb's work; a lane's CPU per record compared
-with the bare SDK's (benchmarks.capacity) counts it on both sides. Children that ended and were waited for are in
+with the bare SDK's (tracklane.benchmarks.capacity) counts it on both sides. Children that ended and were waited for are in
 ``RUSAGE_CHILDREN``; live ones are asked through psutil, at most every ``LOOK_EVERY_S`` (a look reads /proc).
 """
 

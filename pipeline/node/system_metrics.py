@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from pipeline.core.errors import ConfigError
+from tracklane.core.errors import ConfigError
 
 log = logging.getLogger("tracklane")
 
@@ -326,8 +326,8 @@ def start_node_sampling(put: Callable[[Any], None], run_id: str, interval_s: flo
                         node_id: str | None, ready: Callable[[], bool] | None = None) -> NodeSampling | None:
     """Sample this node into the pipeline's buffer (``put``) every ``interval_s`` (from when ``ready()``) if no
     other process of the run on this node does yet; None when off (0), or when another process has the node."""
-    from pipeline.capture.captured import SYSTEM_METRICS, Captured
-    from pipeline.core.values import BYTES_PER_ENTRY
+    from tracklane.capture.captured import SYSTEM_METRICS, Captured
+    from tracklane.core.values import BYTES_PER_ENTRY
 
     if not interval_s:
         return None

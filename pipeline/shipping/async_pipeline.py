@@ -7,32 +7,32 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.capture.convert import Converter
-from pipeline.capture.rich import RecordLimits
-from pipeline.config.async_log import AsyncLogConfig
-from pipeline.config.placement import lane_actor_options, lane_env
-from pipeline.core.records import RunSpec
-from pipeline.core.reduction import LANE as REDUCE_LANE
-from pipeline.core.report import LaneInfo, PipelineReport
-from pipeline.host.registry import takes_pieces
-from pipeline.host.sink import CapturedOutput
-from pipeline.node.system_metrics import start_node_sampling
-from pipeline.node.terminal import TERMINAL
-from pipeline.shipping.buffer import RecordBuffer
-from pipeline.shipping.hub import ProducerHub, ProducerSpec
-from pipeline.shipping.lane import LaneSettings
-from pipeline.shipping.lane_actor import LaneActor
-from pipeline.shipping.orphans import Orphans
-from pipeline.shipping.reduced import ReducedPoints, confirmed_in
-from pipeline.shipping.shipper import Shipper
-from pipeline.shipping.spool_stage import SpoolReloader, SpoolStage
-from pipeline.shipping.stages import OrphansStage, ProducersStage, ReductionsStage, Stage, StoredCopiesStage
-from pipeline.shipping.streams import TrackerLane
-from pipeline.shipping.tracker_calls import TrackerCalls
-from pipeline.spool.lane_state import StoredCopies
-from pipeline.spool.producers import producers_dir
-from pipeline.spool.recovery import Spooling, open_spooling
-from pipeline.wire.opening import LaneOpening
+from tracklane.capture.convert import Converter
+from tracklane.capture.rich import RecordLimits
+from tracklane.config.async_log import AsyncLogConfig
+from tracklane.config.placement import lane_actor_options, lane_env
+from tracklane.core.records import RunSpec
+from tracklane.core.reduction import LANE as REDUCE_LANE
+from tracklane.core.report import LaneInfo, PipelineReport
+from tracklane.host.registry import takes_pieces
+from tracklane.host.sink import CapturedOutput
+from tracklane.node.system_metrics import start_node_sampling
+from tracklane.node.terminal import TERMINAL
+from tracklane.shipping.buffer import RecordBuffer
+from tracklane.shipping.hub import ProducerHub, ProducerSpec
+from tracklane.shipping.lane import LaneSettings
+from tracklane.shipping.lane_actor import LaneActor
+from tracklane.shipping.orphans import Orphans
+from tracklane.shipping.reduced import ReducedPoints, confirmed_in
+from tracklane.shipping.shipper import Shipper
+from tracklane.shipping.spool_stage import SpoolReloader, SpoolStage
+from tracklane.shipping.stages import OrphansStage, ProducersStage, ReductionsStage, Stage, StoredCopiesStage
+from tracklane.shipping.streams import TrackerLane
+from tracklane.shipping.tracker_calls import TrackerCalls
+from tracklane.spool.lane_state import StoredCopies
+from tracklane.spool.producers import producers_dir
+from tracklane.spool.recovery import Spooling, open_spooling
+from tracklane.wire.opening import LaneOpening
 
 _CONSOLE_DRAIN_S = 5.0
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from pipeline.core.report import PipelineReport
-from pipeline.shipping.hub import REPORT_EVERY_S, HubWatch, Targets, behind
+from tracklane.core.report import PipelineReport
+from tracklane.shipping.hub import REPORT_EVERY_S, HubWatch, Targets, behind
 
 ANSWER_S = 0.5
 """How long past its deadline a barrier's answer may take (the report: the producers' last words, the spool's

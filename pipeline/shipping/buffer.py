@@ -29,8 +29,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.capture.captured import KIND, OTHER_AXES, SIZE, STEP, TIME, Captured
-from pipeline.core.records import BULK_KINDS
+from tracklane.capture.captured import KIND, OTHER_AXES, SIZE, STEP, TIME, Captured
+from tracklane.core.records import BULK_KINDS
 
 
 class RecordBuffer:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain
 
-from pipeline.core.records import Record
+from tracklane.core.records import Record
 
 BULK_BYTES = 2**20
 """A group of samples this big (a rollout dump, to the trackers that keep all of it) goes in the bulk stream, a chunk

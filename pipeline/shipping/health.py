@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pipeline.capture.convert import Converter
-from pipeline.shipping.buffer import RecordBuffer
-from pipeline.shipping.spool_stage import SpoolStage
-from pipeline.shipping.streams import TrackerLane
+from tracklane.capture.convert import Converter
+from tracklane.shipping.buffer import RecordBuffer
+from tracklane.shipping.spool_stage import SpoolStage
+from tracklane.shipping.streams import TrackerLane
 
 
 def health_figures(buffer: RecordBuffer, converter: Converter, lanes: Iterable[TrackerLane], late_drops: int,

@@ -15,10 +15,10 @@ from typing import Any
 
 import msgpack
 
-from pipeline.capture.rich import RecordLimits
-from pipeline.config.async_log import AsyncLogConfig
-from pipeline.core.reduction import LANE as REDUCE_LANE
-from pipeline.core.report import ProducerReport
+from tracklane.capture.rich import RecordLimits
+from tracklane.config.async_log import AsyncLogConfig
+from tracklane.core.reduction import LANE as REDUCE_LANE
+from tracklane.core.report import ProducerReport
 
 log = logging.getLogger("tracklane")
 

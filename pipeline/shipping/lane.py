@@ -22,11 +22,11 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
-from pipeline.config.async_log import AsyncLogConfig
-from pipeline.core.acks import Ack
-from pipeline.core.report import LaneInfo, LaneReport
-from pipeline.shipping.lane_window import Entry, LaneWindow, Reload
-from pipeline.wire.ack import unpack_ack
+from tracklane.config.async_log import AsyncLogConfig
+from tracklane.core.acks import Ack
+from tracklane.core.report import LaneInfo, LaneReport
+from tracklane.shipping.lane_window import Entry, LaneWindow, Reload
+from tracklane.wire.ack import unpack_ack
 
 log = logging.getLogger("tracklane")
 _TASK_ERRORS_TOLERATED = 5  # consecutive failed apply() calls before the lane gives up

@@ -22,20 +22,20 @@ import time
 from collections import deque
 from typing import Any
 
-from pipeline.config.placement import forget_process_bound
-from pipeline.core.acks import Work
-from pipeline.core.errors import CodecError
-from pipeline.host.registry import backend_class
-from pipeline.host.sink import Sink
-from pipeline.host.sink_host import SinkHost
-from pipeline.node.identity import ray_node_id
-from pipeline.node.priority import lower_priority
-from pipeline.node.process_cpu import ProcessCpu
-from pipeline.spool.durability import Durability
-from pipeline.spool.lane_state import BULK, LaneState, bulk_source
-from pipeline.wire.ack import pack_ack
-from pipeline.wire.batch import decode_batch
-from pipeline.wire.opening import LaneOpening
+from tracklane.config.placement import forget_process_bound
+from tracklane.core.acks import Work
+from tracklane.core.errors import CodecError
+from tracklane.host.registry import backend_class
+from tracklane.host.sink import Sink
+from tracklane.host.sink_host import SinkHost
+from tracklane.node.identity import ray_node_id
+from tracklane.node.priority import lower_priority
+from tracklane.node.process_cpu import ProcessCpu
+from tracklane.spool.durability import Durability
+from tracklane.spool.lane_state import BULK, LaneState, bulk_source
+from tracklane.wire.ack import pack_ack
+from tracklane.wire.batch import decode_batch
+from tracklane.wire.opening import LaneOpening
 
 
 class LaneActor:

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.core.report import LaneReport
-from pipeline.spool.segments import SpoolEntry
+from tracklane.core.report import LaneReport
+from tracklane.spool.segments import SpoolEntry
 
 _LAGS_KEPT = 10_000
 

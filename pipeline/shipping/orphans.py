@@ -24,15 +24,15 @@ from typing import Any
 
 import msgpack
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.files import write_atomically
-from pipeline.core.reduction import LANE as REDUCE_LANE
-from pipeline.core.report import ProducerReport
-from pipeline.shipping.lane import LaneSettings
-from pipeline.shipping.spool_stage import SpoolReloader
-from pipeline.shipping.streams import TrackerLane
-from pipeline.spool.producers import read_mark, read_tally
-from pipeline.spool.segments import Spool
+from tracklane.core.errors import ConfigError
+from tracklane.core.files import write_atomically
+from tracklane.core.reduction import LANE as REDUCE_LANE
+from tracklane.core.report import ProducerReport
+from tracklane.shipping.lane import LaneSettings
+from tracklane.shipping.spool_stage import SpoolReloader
+from tracklane.shipping.streams import TrackerLane
+from tracklane.spool.producers import read_mark, read_tally
+from tracklane.spool.segments import Spool
 
 log = logging.getLogger("tracklane")
 

@@ -18,20 +18,20 @@ import time
 import uuid
 from typing import Any
 
-from pipeline.capture.convert import Converter
-from pipeline.config.async_log import AsyncLogConfig
-from pipeline.node.identity import ray_node_id
-from pipeline.node.system_metrics import start_node_sampling
-from pipeline.shipping.buffer import RecordBuffer
-from pipeline.shipping.hub import REPORT_EVERY_S, ProducerFigures, ProducerSpec
-from pipeline.shipping.lane import LaneSettings
-from pipeline.shipping.shipper import Shipper
-from pipeline.shipping.spool_stage import SpoolReloader, SpoolStage
-from pipeline.shipping.stages import ProgressStage
-from pipeline.shipping.streams import TrackerLane
-from pipeline.spool.producers import Tally, producers_dir, write_mark
-from pipeline.spool.recovery import Spooling
-from pipeline.spool.segments import Spool
+from tracklane.capture.convert import Converter
+from tracklane.config.async_log import AsyncLogConfig
+from tracklane.node.identity import ray_node_id
+from tracklane.node.system_metrics import start_node_sampling
+from tracklane.shipping.buffer import RecordBuffer
+from tracklane.shipping.hub import REPORT_EVERY_S, ProducerFigures, ProducerSpec
+from tracklane.shipping.lane import LaneSettings
+from tracklane.shipping.shipper import Shipper
+from tracklane.shipping.spool_stage import SpoolReloader, SpoolStage
+from tracklane.shipping.stages import ProgressStage
+from tracklane.shipping.streams import TrackerLane
+from tracklane.spool.producers import Tally, producers_dir, write_mark
+from tracklane.spool.recovery import Spooling
+from tracklane.spool.segments import Spool
 
 log = logging.getLogger("tracklane")
 

@@ -15,11 +15,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from pipeline.core.errors import CodecError
-from pipeline.core.records import Metrics, Record, Reduction
-from pipeline.core.reduction import CONFIRM, ENDED, FINISH, LANE
-from pipeline.spool.segments import Spool
-from pipeline.wire.batch import decode_batch
+from tracklane.core.errors import CodecError
+from tracklane.core.records import Metrics, Record, Reduction
+from tracklane.core.reduction import CONFIRM, ENDED, FINISH, LANE
+from tracklane.spool.segments import Spool
+from tracklane.wire.batch import decode_batch
 
 log = logging.getLogger("tracklane")
 

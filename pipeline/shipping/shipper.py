@@ -25,24 +25,24 @@ from typing import Any
 
 import ray
 
-from pipeline.capture.captured import Captured
-from pipeline.capture.convert import Converter
-from pipeline.config.async_log import AsyncLogConfig
-from pipeline.core.records import Metrics, Record
-from pipeline.core.reduction import LANE as REDUCE_LANE
-from pipeline.core.report import PipelineReport
-from pipeline.node.busy import ThreadBusy
-from pipeline.shipping.barrier import ANSWER_S, Barrier, Requests
-from pipeline.shipping.buffer import RecordBuffer
-from pipeline.shipping.bulk_queue import BULK_BYTES, BulkQueue
-from pipeline.shipping.health import health_figures
-from pipeline.shipping.lane import Entry
-from pipeline.shipping.spool_stage import SpoolStage
-from pipeline.shipping.stages import DeadLanesStage, Stage
-from pipeline.shipping.streams import TrackerLane
-from pipeline.shipping.tracker_calls import TrackerCalls
-from pipeline.shipping.wakeup import Wakeup
-from pipeline.wire.batch import encode_what_encodes, shared
+from tracklane.capture.captured import Captured
+from tracklane.capture.convert import Converter
+from tracklane.config.async_log import AsyncLogConfig
+from tracklane.core.records import Metrics, Record
+from tracklane.core.reduction import LANE as REDUCE_LANE
+from tracklane.core.report import PipelineReport
+from tracklane.node.busy import ThreadBusy
+from tracklane.shipping.barrier import ANSWER_S, Barrier, Requests
+from tracklane.shipping.buffer import RecordBuffer
+from tracklane.shipping.bulk_queue import BULK_BYTES, BulkQueue
+from tracklane.shipping.health import health_figures
+from tracklane.shipping.lane import Entry
+from tracklane.shipping.spool_stage import SpoolStage
+from tracklane.shipping.stages import DeadLanesStage, Stage
+from tracklane.shipping.streams import TrackerLane
+from tracklane.shipping.tracker_calls import TrackerCalls
+from tracklane.shipping.wakeup import Wakeup
+from tracklane.wire.batch import encode_what_encodes, shared
 
 log = logging.getLogger("tracklane")
 

@@ -18,14 +18,14 @@ from typing import Any
 
 import ray
 
-from pipeline.core.report import SpoolReport
-from pipeline.shipping.streams import TrackerLane
-from pipeline.spool.durability import Durability
-from pipeline.spool.manifest import MANIFEST
-from pipeline.spool.producers import Tally
-from pipeline.spool.recovery import Spooling
-from pipeline.spool.segments import Spool, SpoolEntry
-from pipeline.wire.batch import shared
+from tracklane.core.report import SpoolReport
+from tracklane.shipping.streams import TrackerLane
+from tracklane.spool.durability import Durability
+from tracklane.spool.manifest import MANIFEST
+from tracklane.spool.producers import Tally
+from tracklane.spool.recovery import Spooling
+from tracklane.spool.segments import Spool, SpoolEntry
+from tracklane.wire.batch import shared
 
 log = logging.getLogger("tracklane")
 _CHECK_S = 1.0  # how often to look for a removed folder: writes into one succeed and go nowhere

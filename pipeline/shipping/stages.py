@@ -20,16 +20,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline.core.records import Record, Text
-from pipeline.core.report import PipelineReport, ReductionReport
-from pipeline.shipping.barrier import ANSWER_S, Barrier, producers_settled
-from pipeline.shipping.hub import HubWatch
-from pipeline.shipping.orphans import Orphans
-from pipeline.shipping.reduced import ReducedPoints
-from pipeline.spool.lane_state import StoredCopies
+from tracklane.core.records import Record, Text
+from tracklane.core.report import PipelineReport, ReductionReport
+from tracklane.shipping.barrier import ANSWER_S, Barrier, producers_settled
+from tracklane.shipping.hub import HubWatch
+from tracklane.shipping.orphans import Orphans
+from tracklane.shipping.reduced import ReducedPoints
+from tracklane.spool.lane_state import StoredCopies
 
 if TYPE_CHECKING:
-    from pipeline.shipping.streams import TrackerLane
+    from tracklane.shipping.streams import TrackerLane
 
 log = logging.getLogger("tracklane")
 

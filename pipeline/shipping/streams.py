@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pipeline.core.acks import Ack
-from pipeline.core.reduction import LANE as REDUCE_LANE
-from pipeline.core.report import LaneInfo, LaneReport
-from pipeline.shipping.lane import Entry, Lane, LaneSettings, Reload
-from pipeline.shipping.wakeup import Wakeup
-from pipeline.spool.lane_state import bulk_source
-from pipeline.spool.segments import SpoolEntry
+from tracklane.core.acks import Ack
+from tracklane.core.reduction import LANE as REDUCE_LANE
+from tracklane.core.report import LaneInfo, LaneReport
+from tracklane.shipping.lane import Entry, Lane, LaneSettings, Reload
+from tracklane.shipping.wakeup import Wakeup
+from tracklane.spool.lane_state import bulk_source
+from tracklane.spool.segments import SpoolEntry
 
 
 class TrackerLane:

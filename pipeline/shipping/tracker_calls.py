@@ -7,9 +7,9 @@ from typing import Any
 
 import ray
 
-from pipeline.core.acks import Ack
-from pipeline.shipping.streams import TrackerLane
-from pipeline.wire.ack import unpack_ack
+from tracklane.core.acks import Ack
+from tracklane.shipping.streams import TrackerLane
+from tracklane.wire.ack import unpack_ack
 
 
 class TrackerCalls:

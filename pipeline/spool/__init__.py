@@ -5,7 +5,7 @@ Public here, for tools that read a spool (``tracklane inspect`` does the same): 
 are internal.
 """
 
-from pipeline.spool.manifest import RunManifest
-from pipeline.spool.segments import Spool
+from tracklane.spool.manifest import RunManifest
+from tracklane.spool.segments import Spool
 
 __all__ = ["Spool", "RunManifest"]

@@ -19,9 +19,9 @@ from typing import Any
 
 import msgpack
 
-from pipeline.core.acks import SinkCounts
-from pipeline.core.files import write_atomically
-from pipeline.spool.manifest import stored_copy_path
+from tracklane.core.acks import SinkCounts
+from tracklane.core.files import write_atomically
+from tracklane.spool.manifest import stored_copy_path
 
 log = logging.getLogger("tracklane")
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import msgpack
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.files import write_atomically
-from pipeline.core.records import RunSpec
+from tracklane.core.errors import ConfigError
+from tracklane.core.files import write_atomically
+from tracklane.core.records import RunSpec
 
 MANIFEST = "run.msgpack"
 LANES = "lanes"

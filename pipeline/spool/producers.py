@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from pipeline.core.files import write_atomically
+from tracklane.core.files import write_atomically
 
 PRODUCERS = "producers"
 MARK = "producer.msgpack"

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.config.async_log import AsyncLogConfig
-from pipeline.core.records import RunSpec
-from pipeline.spool.lane_state import LaneState, bulk_source
-from pipeline.spool.manifest import RunManifest, holds_a_spool, lanes_dir, state_path, stored_copy_path
-from pipeline.spool.segments import Spool, SpoolEntry
+from tracklane.config.async_log import AsyncLogConfig
+from tracklane.core.records import RunSpec
+from tracklane.spool.lane_state import LaneState, bulk_source
+from tracklane.spool.manifest import RunManifest, holds_a_spool, lanes_dir, state_path, stored_copy_path
+from tracklane.spool.segments import Spool, SpoolEntry
 
 log = logging.getLogger("tracklane")
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import crc32c
 
-from pipeline.core.errors import ConfigError
+from tracklane.core.errors import ConfigError
 
 log = logging.getLogger("tracklane")
 

@@ -1,11 +1,11 @@
 """A real local ``mlflow server`` for tests and benchmarks: start/stop functions and a tiny CLI for CI.
 
-    Python:   from pipeline.testing.mlflow_server import start_server, stop_server
+    Python:   from tracklane.testing.mlflow_server import start_server, stop_server
               proc, uri = start_server(DIR); ...; stop_server(proc.pid)
     pytest:   the session fixture ``mlflow_server_uri`` (tests/conftest.py) is built on these
-    CI:       python -m pipeline.testing.mlflow_server start DIR   -> prints the URI, writes DIR/server.pid
+    CI:       python -m tracklane.testing.mlflow_server start DIR   -> prints the URI, writes DIR/server.pid
               export TRACKLANE_TEST_MLFLOW_URI=...                 (the fixture then reuses that server)
-              python -m pipeline.testing.mlflow_server stop DIR
+              python -m tracklane.testing.mlflow_server stop DIR
 
 The server runs with one worker, a sqlite backend store in DIR and proxied artifacts, in its own
 process group so stopping it also ends the workers it forked.
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.testing.server_process import START_TIMEOUT_S, free_port, start, stop_group
+from tracklane.testing.server_process import START_TIMEOUT_S, free_port, start, stop_group
 
 URI_ENV = "TRACKLANE_TEST_MLFLOW_URI"
 """When set, the URI of a running server that the tests reuse instead of starting their own."""
@@ -49,7 +49,7 @@ def stop_server(pid: int, timeout: float = 10.0) -> None:
 def main(argv: list[str]) -> int:
     """The CLI: ``start DIR`` starts a server and prints its URI, ``stop DIR`` stops the one started there."""
     if len(argv) != 2 or argv[0] not in ("start", "stop"):
-        print("usage: python -m pipeline.testing.mlflow_server start|stop DIR", file=sys.stderr)
+        print("usage: python -m tracklane.testing.mlflow_server start|stop DIR", file=sys.stderr)
         return 2
     action, root = argv[0], Path(argv[1])
     pid_file = root / "server.pid"

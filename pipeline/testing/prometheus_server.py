@@ -1,6 +1,6 @@
 """A real Prometheus server for tests (Debian's ``prometheus`` package): scrape targets on loopback, query back.
 
-    from pipeline.testing.prometheus_server import start_server, query, stop_server
+    from tracklane.testing.prometheus_server import start_server, query, stop_server
     proc, url = start_server(FOLDER, ["127.0.0.1:9464"]); ...; query(url, '{experiment="e"}'); stop_server(proc)
 
 It scrapes every target each ``SCRAPE_INTERVAL`` on 127.0.0.1 only, keeps its TSDB under the folder, and answers
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.testing.server_process import free_port, start, stop
+from tracklane.testing.server_process import free_port, start, stop
 
 SCRAPE_INTERVAL = "1s"
 BINARY_PATHS = ("/usr/bin/prometheus", "/usr/local/bin/prometheus")

@@ -1,6 +1,6 @@
 """A real local ``tensorboard --logdir`` server for tests: start it on a free loopback port, stop it.
 
-    from pipeline.testing.tensorboard_server import start_server, stop_server
+    from tracklane.testing.tensorboard_server import start_server, stop_server
     proc, url = start_server(LOGDIR, loader="python"); ...; stop_server(proc)
 
 Written against tensorboard 2.21.0 (with tensorboard-data-server 0.7.2 installed beside it). Its two loaders:
@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.testing.server_process import START_TIMEOUT_S, free_port, start, stop
+from tracklane.testing.server_process import START_TIMEOUT_S, free_port, start, stop
 
 SAMPLES_PER_PLUGIN = "scalars=100000,histograms=10000,images=10000,text=10000"
 LOADER_FLAGS = {

@@ -10,7 +10,7 @@ yet, it does so the moment ``verl.utils.tracking`` is. For the actors of a verl 
 routes verl's rollout traces, ``verl.utils.rollout_trace``, through the run: rollout_traces.py)::
 
     python -m verl.trainer.main_ppo ... +trainer.log_async=true \\
-        +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=pipeline.verl.dropin.install
+        +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracklane.verl.install
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from pipeline.tracking import Tracking
-from pipeline.verl import ray_methods, rollout_traces
-from pipeline.verl.dapo_reward_logger import DapoFilteredRewardTableLogger
-from pipeline.verl.generations_logger import ValidationGenerationsLogger
+import tracklane.verl.ray_methods as ray_methods
+import tracklane.verl.rollout_traces as rollout_traces
+from tracklane.tracking import Tracking
+from tracklane.verl.dapo_reward_logger import DapoFilteredRewardTableLogger
+from tracklane.verl.generations_logger import ValidationGenerationsLogger
 
 VERL_TRACKING = "verl.utils.tracking"
 """The verl module whose classes are replaced."""

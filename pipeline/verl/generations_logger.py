@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.tracking import active_tracking
+from tracklane.tracking import active_tracking
 
 log = logging.getLogger("tracklane")
 

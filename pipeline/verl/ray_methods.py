@@ -13,7 +13,7 @@ gets that exception). A method of an actor with no unfinished ``Tracking`` pays 
 
 ``install()`` patches Ray's ``FunctionActorManager._make_actor_method_executor`` (not public API; checked
 against Ray 2.60), so actor classes loaded after it get the wrapper: run it before the actor class loads,
-as Ray's ``worker_process_setup_hook`` does (``pipeline.verl.dropin.install`` calls it).
+as Ray's ``worker_process_setup_hook`` does (``tracklane.verl.install`` calls it).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.tracking import finish_left_by, has_unfinished
+from tracklane.tracking import finish_left_by, has_unfinished
 
 log = logging.getLogger("tracklane")
 _WRAPPED = "__tracklane_finishes_dropped_runs__"

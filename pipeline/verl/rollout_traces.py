@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
-from pipeline.shipping import run_post
+from tracklane.shipping import run_post
 
 log = logging.getLogger("tracklane")
 

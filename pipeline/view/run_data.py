@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.records import Generations, Metrics, Record, Trace, Trajectories, Trajectory
-from pipeline.host.registry import source_class
-from pipeline.spool.manifest import RunManifest
+from tracklane.core.errors import ConfigError
+from tracklane.core.records import Generations, Metrics, Record, Trace, Trajectories, Trajectory
+from tracklane.host.registry import source_class
+from tracklane.spool.manifest import RunManifest
 
 RECHECK_S = 1.0
 SCORE_WORDS = ("score", "reward", "acc")  # a step's metrics shown beside its rollouts: keys holding one of these

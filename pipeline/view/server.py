@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pipeline.core.values import finite_or_none
-from pipeline.view.run_data import RunData
+from tracklane.core.values import finite_or_none
+from tracklane.view.run_data import RunData
 
 log = logging.getLogger("tracklane")
 STATIC = Path(__file__).with_name("static")

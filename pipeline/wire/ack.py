@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import msgpack
 
-from pipeline.core.acks import Ack, SinkCounts, Work, plain_counts
-from pipeline.core.errors import CodecError
+from tracklane.core.acks import Ack, SinkCounts, Work, plain_counts
+from tracklane.core.errors import CodecError
 
 
 def pack_ack(ack: Ack) -> bytes:

@@ -33,11 +33,11 @@ import msgpack
 import numpy as np
 import zstandard
 
-from pipeline.core.errors import CodecError
-from pipeline.core.histogram import FIELDS as HISTOGRAM_FIELDS
-from pipeline.core.histogram import HistogramFigures
-from pipeline.core.png import PNG_SIGNATURE
-from pipeline.core.records import (
+from tracklane.core.errors import CodecError
+from tracklane.core.histogram import FIELDS as HISTOGRAM_FIELDS
+from tracklane.core.histogram import HistogramFigures
+from tracklane.core.png import PNG_SIGNATURE
+from tracklane.core.records import (
     RECORD_TYPES,
     Artifact,
     Batch,
@@ -52,10 +52,10 @@ from pipeline.core.records import (
     Trajectories,
     Trajectory,
 )
-from pipeline.core.reduction import OPS, ROLES
-from pipeline.core.trajectory_lines import TrajectoryLines
-from pipeline.wire.metrics import KIND as KEYED_METRICS
-from pipeline.wire.metrics import SchemaTable, is_axis, is_verl_data, metrics_from_wire, schemas_from_wire
+from tracklane.core.reduction import OPS, ROLES
+from tracklane.core.trajectory_lines import TrajectoryLines
+from tracklane.wire.metrics import KIND as KEYED_METRICS
+from tracklane.wire.metrics import SchemaTable, is_axis, is_verl_data, metrics_from_wire, schemas_from_wire
 
 MAGIC = "TLB"
 TRAJECTORY_LINES = "trajectory_lines"

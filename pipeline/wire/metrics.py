@@ -20,9 +20,9 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.core.errors import CodecError
-from pipeline.core.packed_values import MetricsSchema, PackedValues
-from pipeline.core.records import Metrics
+from tracklane.core.errors import CodecError
+from tracklane.core.packed_values import MetricsSchema, PackedValues
+from tracklane.core.records import Metrics
 
 KIND = "m"
 EXACT = 2**53

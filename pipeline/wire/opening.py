@@ -11,8 +11,8 @@ from typing import Any
 
 import msgpack
 
-from pipeline.core.acks import plain_counts
-from pipeline.core.records import RunSpec
+from tracklane.core.acks import plain_counts
+from tracklane.core.records import RunSpec
 
 
 @dataclass(slots=True, kw_only=True, frozen=True)

@@ -18,7 +18,7 @@ TRACKERS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file"]
 
 def _run(name: str, out: Path, mlflow_uri: str, ray_join: dict[str, str]) -> dict:
     env = {**os.environ, "TRACKLANE_TEST_MLFLOW_URI": mlflow_uri, **ray_join}
-    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--quick", "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", f"tracklane.benchmarks.{name}", "--quick", "--out", str(out),
                            "--mlflow-uri", mlflow_uri], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "wall time" in proc.stdout
@@ -142,7 +142,7 @@ def test_trainer_split_quick(tmp_path, mlflow_server_uri, ray_join):
 
 @pytest.mark.slow
 def test_main_job_quick(tmp_path, mlflow_server_uri, ray_join):
-    """One run of `python -m trainer` with its trackers and one with none, each timed over its own steps."""
+    """One run of `python -m tracklane.trainer` with its trackers and one with none, each timed over its own steps."""
     result = _run("main_job", tmp_path, mlflow_server_uri, ray_join)
     assert [r["mode"] for r in result["runs"]] == ["six trackers", "logger=[]"]
     for run in result["runs"]:
@@ -157,7 +157,7 @@ def test_scale_quick(tmp_path, mlflow_server_uri):
     six trackers opened and finished, and every producer's point once, reduced right. Its timings are printed,
     not asserted."""
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}  # it runs its own clusters
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--quick", "--out", str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "tracklane.benchmarks.scale", "--quick", "--out", str(tmp_path),
                            "--mlflow-uri", mlflow_server_uri], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, f"scale failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

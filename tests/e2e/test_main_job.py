@@ -1,4 +1,4 @@
-"""The README's first command, `python -m trainer`, with every logger on embedded defaults: what it prints, and
+"""The README's first command, `python -m tracklane.trainer`, with every logger on embedded defaults: what it prints, and
 what each tracker holds afterwards, read back through each tracker's own store.
 
 One run (module fixture) of 12 steps with the logging cadences shortened (images, gradients and text every 5
@@ -20,19 +20,19 @@ import numpy as np
 import pytest
 from PIL import Image as PILImage
 
-from workers.testing.readers.clearml_reader import read_clearml_run
-from workers.testing.readers.file_reader import file_lines
-from workers.testing.readers.mlflow_reader import (
+from tracklane.workers.testing.readers.clearml_reader import read_clearml_run
+from tracklane.workers.testing.readers.file_reader import file_lines
+from tracklane.workers.testing.readers.mlflow_reader import (
     find_mlflow_run_ids,
     list_mlflow_artifacts,
     read_mlflow_images,
     read_mlflow_run,
     read_mlflow_steps,
 )
-from workers.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
-from workers.testing.readers.trackio_reader import read_trackio_run
-from workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
+from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
+from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
+from tracklane.workers.testing.readers.trackio_reader import read_trackio_run
+from tracklane.workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
 
 REPO = Path(__file__).resolve().parents[2]
 EVERY_LOGGER = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio", "clearml"]
@@ -91,7 +91,7 @@ def job(tmp_path_factory) -> Job:
     env = {key: value for key, value in os.environ.items() if not key.startswith(ours)}
     env.update(PYTHONPATH=str(REPO), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TRACKLANE_SYSTEM_METRICS_S="0",
                HOME=str(root / "home"))  # ClearML writes $HOME/.clearml/.session.json
-    done = subprocess.run([sys.executable, "-m", "trainer", f"trainer.logger=[{','.join(EVERY_LOGGER)}]",
+    done = subprocess.run([sys.executable, "-m", "tracklane.trainer", f"trainer.logger=[{','.join(EVERY_LOGGER)}]",
                            f"trainer.total_steps={STEPS}", "trainer.test_freq=6", "trainer.save_freq=6",
                            "trainer.image_freq=5", "trainer.gradient_freq=5", "trainer.text_freq=5"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)

@@ -26,9 +26,9 @@ import pytest
 import ray
 from verl.utils.rollout_trace import rollout_trace_attr, rollout_trace_op
 
-from pipeline import Tracking
-from pipeline.view.run_data import RunData
-from workers.testing.readers.trackio_reader import read_trackio_run
+from tracklane import Tracking
+from tracklane.view.run_data import RunData
+from tracklane.workers.testing.readers.trackio_reader import read_trackio_run
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 
@@ -95,7 +95,7 @@ class VerlRolloutWorker:
     def __init__(self, project: str, experiment: str, backend: str, trackio_dir: str = "",
                  mlflow_uri: str = "") -> None:
         if trackio_dir:
-            from workers.sinks.trackio import point_trackio_at
+            from tracklane.workers.sinks.trackio import point_trackio_at
 
             point_trackio_at(trackio_dir)
         if mlflow_uri:  # verl's mlflow path reads it from the environment
@@ -127,7 +127,7 @@ class RolloutWorker:
 
     def __init__(self, project: str, experiment: str, backend: str, env: dict | None = None) -> None:
         os.environ.update(env or {})
-        from pipeline.verl import dropin as tracklane_dropin
+        from tracklane.verl import dropin as tracklane_dropin
 
         tracklane_dropin.install()
         from verl.utils.rollout_trace import RolloutTraceConfig
@@ -148,7 +148,7 @@ class RolloutWorker:
                 time.sleep(0.002)
 
     def lost(self) -> int:
-        from pipeline.verl import rollout_traces
+        from tracklane.verl import rollout_traces
 
         forwarder = rollout_traces.forwarder()
         return -1 if forwarder is None else forwarder.lost
@@ -264,7 +264,7 @@ def test_verls_mlflow_traces_arrive_with_verls_spans_and_tags(offline_trackers, 
     assert report.complete, report.summary()
     ray.kill(worker)
 
-    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids
+    from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids
 
     theirs = mlflow_calls(uri, "traces-verl-mlflow", None)
     [run_id] = find_mlflow_run_ids(uri, "traces-ours-mlflow", "exp")
@@ -309,7 +309,7 @@ def test_traces_of_a_killed_worker_land_once_when_mlflow_comes_back(mlflow_proxy
 
     from mlflow import MlflowClient
 
-    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids
+    from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids
 
     [run_id] = find_mlflow_run_ids(mlflow_server_uri, project, "exp")
     client = MlflowClient(mlflow_server_uri)

@@ -1,4 +1,4 @@
-"""The trainer (``python -m trainer``): learning, logging sync vs async, resume, config errors."""
+"""The trainer (``python -m tracklane.trainer``): learning, logging sync vs async, resume, config errors."""
 
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ import json
 import pytest
 import torch
 
-from pipeline import ConfigError
-from trainer.batch import Batch, log_probs
-from trainer.config import load_config
-from trainer.main import fit, main
-from trainer.model import GPT
-from trainer.rollout import RolloutUnavailable, left_pad, make_engine
-from trainer.task import AdditionTask, score
-from workers.testing.readers.file_reader import file_lines
-from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
-from workers.testing.readers.swanlab_reader import read_swanlab_run
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
-from workers.testing.readers.wandb_reader import read_wandb_run, run_files
+from tracklane import ConfigError
+from tracklane.trainer.batch import Batch, log_probs
+from tracklane.trainer.config import load_config
+from tracklane.trainer.main import fit, main
+from tracklane.trainer.model import GPT
+from tracklane.trainer.rollout import RolloutUnavailable, left_pad, make_engine
+from tracklane.trainer.task import AdditionTask, score
+from tracklane.workers.testing.readers.file_reader import file_lines
+from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_run
+from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+from tracklane.workers.testing.readers.wandb_reader import read_wandb_run, run_files
 
 QUIET = ["trainer.progress=false", "trainer.log_val_generations=2", "trainer.log_rollouts=2"]
 

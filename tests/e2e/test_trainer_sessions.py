@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config.placement import PROCESS_BOUND_ENV, forget_process_bound, forwarded_env
-from workers.testing.readers.wandb_reader import read_wandb_run
+from tracklane.config.placement import PROCESS_BOUND_ENV, forget_process_bound, forwarded_env
+from tracklane.workers.testing.readers.wandb_reader import read_wandb_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ pytest.importorskip("wandb")
 DRIVER = textwrap.dedent("""
     import json, os, sys
     import wandb
-    from pipeline import Tracking
+    from tracklane import Tracking
 
     def own_run(name, points):
         run = wandb.init(project="driver", name=name, mode="offline")

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import Tracking
-from pipeline.core.params import REDACTED, is_secret_key
+from tracklane import Tracking
+from tracklane.core.params import REDACTED, is_secret_key
 
 if importlib.util.find_spec("verl") is None:
     pytest.skip("verl 0.9.1 is not installed (.ci/run installs it)", allow_module_level=True)

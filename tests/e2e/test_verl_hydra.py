@@ -23,7 +23,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.errors import ConfigCompositionException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from pipeline import Tracking  # noqa: E402
+from tracklane import Tracking  # noqa: E402
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 VERL_CONFIG_DIR = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "trainer" / "config"
@@ -49,7 +49,7 @@ def test_the_readme_overrides_switch_tracklane_on_in_verls_config():
     """Composed on verl's config, the README's overrides give log_async and the Ray worker hook that swaps Tracking."""
     overrides = readme_overrides()
     assert overrides == ["+trainer.log_async=true",
-                         "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=pipeline.verl.dropin.install"]
+                         "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tracklane.verl.install"]
     config = verl_config(overrides)
     assert config.trainer.log_async is True
     hook = config.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook

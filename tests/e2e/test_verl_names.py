@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import ConfigError, DapoFilteredRewardTableLogger, Tracking
-from pipeline.verl.dapo_reward_logger import KEY, counts_text
-from workers.testing.readers.wandb_reader import read_wandb_media
+from tracklane import ConfigError, DapoFilteredRewardTableLogger, Tracking
+from tracklane.verl.dapo_reward_logger import KEY, counts_text
+from tracklane.workers.testing.readers.wandb_reader import read_wandb_media
 
 pytest.importorskip("wandb")
 
@@ -45,7 +45,7 @@ def test_vemlp_wandb_fails_where_verl_fails_and_runs_where_verl_runs(offline_tra
     """Without volcengine_ml_platform (verl's ImportError) it is a ConfigError saying what it needs; with it, a skip."""
     with pytest.raises(ConfigError, match="VOLC_ACCESS_KEY_ID"):
         Tracking("p", "e", ["console", "vemlp_wandb"], config={"trainer": {"log_async": False}})
-    from trainer.config import load_config
+    from tracklane.trainer.config import load_config
 
     with pytest.raises(ConfigError, match="trainer.logger: the vemlp_wandb backend"):
         load_config(["trainer.logger=[console,vemlp_wandb]"])

@@ -28,12 +28,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pipeline import Tracking
 from tests.verl_inputs import configs as verl_configs
 from tests.verl_inputs import keys, numbers, torch_scalars
-from workers.sinks.mlflow import mlflow_key
-from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+from tracklane import Tracking
+from tracklane.workers.sinks.mlflow import mlflow_key
+from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
 if importlib.util.find_spec("verl") is None:
     pytest.skip("verl 0.9.1 is not installed (.ci/run installs it)", allow_module_level=True)

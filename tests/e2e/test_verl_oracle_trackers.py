@@ -50,9 +50,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pipeline import Tracking
 from tests.verl_inputs import configs as verl_configs
 from tests.verl_inputs import keys, numbers, param_values
+from tracklane import Tracking
 
 if importlib.util.find_spec("verl") is None:
     pytest.skip("verl 0.9.1 is not installed (.ci/run installs it)", allow_module_level=True)
@@ -130,7 +130,7 @@ def _tracklane(trackers: list[str], project: str, logged: list[tuple[dict, int]]
 
 
 def _point_trackio_here() -> None:
-    from workers.sinks.trackio import point_trackio_at
+    from tracklane.workers.sinks.trackio import point_trackio_at
 
     point_trackio_at(os.environ["TRACKIO_DIR"])  # trackio reads TRACKIO_DIR once, at import
 
@@ -138,20 +138,20 @@ def _point_trackio_here() -> None:
 def _read(tracker: str, project: str, run_id: str) -> Any:
     """The run of ``project`` (``run_id`` for wandb) as the tracker's reader gives it back."""
     if tracker == "wandb":
-        from workers.testing.readers.wandb_reader import read_wandb_run
+        from tracklane.workers.testing.readers.wandb_reader import read_wandb_run
 
         return read_wandb_run(os.environ["WANDB_DIR"], run_id)
     if tracker == "swanlab":
-        from workers.testing.readers.swanlab_reader import list_swanlab_runs, read_swanlab_run
+        from tracklane.workers.testing.readers.swanlab_reader import list_swanlab_runs, read_swanlab_run
 
         logdir = os.environ["SWANLAB_LOG_DIR"]
         [found] = {run.run_id for run in list_swanlab_runs(logdir) if run.project == project}
         return read_swanlab_run(logdir, run_id=found)
     if tracker == "trackio":
-        from workers.testing.readers.trackio_reader import read_trackio_run
+        from tracklane.workers.testing.readers.trackio_reader import read_trackio_run
 
         return read_trackio_run(os.environ["TRACKIO_DIR"], project, name="oracle")
-    from workers.testing.readers.clearml_reader import clearml_sessions, read_clearml_session
+    from tracklane.workers.testing.readers.clearml_reader import clearml_sessions, read_clearml_session
 
     [found] = [folder for folder in clearml_sessions(os.environ["CLEARML_CACHE_DIR"])
                if json.loads((folder / "task.json").read_bytes()).get("project_name") == project]

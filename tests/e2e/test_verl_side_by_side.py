@@ -3,7 +3,7 @@
 Each cell runs verl's real fit loop (tests/verl_fit.py: verl's ``RayPPOTrainer.fit`` with its local
 ``Tracking`` and no ``finish()``, or the v1 trainer with ``TaskRunnerV1.run``'s ``finally: finish``) on CPU
 fakes, once with verl's own tracking classes (the reference, one per style and place) and once with
-tracklane's swapped in by ``pipeline.verl.dropin`` (in the actor through Ray's worker_process_setup_hook,
+tracklane's swapped in by ``tracklane.verl.dropin`` (in the actor through Ray's worker_process_setup_hook,
 as the README's command line does), with ``log_async`` absent, false and true. In-process runs end as a
 plain script's trainer does (the dropped ``Tracking`` finished by the garbage collector); actor runs go
 through verl's ``run_ppo`` into a ``TaskRunner`` actor whose driver exits at once (``os._exit``).
@@ -67,13 +67,13 @@ def references():
 
 def run_in_process(stores: RunStores, args: list[str], dropin: bool, capfd, monkeypatch) -> str:
     """verl's fit loop in this process; the run ends as in a script: collected (verl's __del__), here at once."""
-    from pipeline.verl import dropin as verl_dropin
     from tests.verl_fit import compose_verl_config, run_fit
+    from tracklane.verl import dropin as verl_dropin
 
     for key, value in stores.env().items():
         monkeypatch.setenv(key, value)
     if "trackio" in sys.modules:  # trackio reads TRACKIO_DIR once, at import: an earlier test's import points elsewhere
-        from workers.sinks.trackio import point_trackio_at
+        from tracklane.workers.sinks.trackio import point_trackio_at
 
         point_trackio_at(stores.trackio_dir)
     stores.prepare()
@@ -163,7 +163,7 @@ def reference_lacks(verl: Cell) -> str:
     """What verl's own run lacks of the validation at step 0, every training step and the last validation's table
     ("" if nothing): the comparison must not be vacuous. verl's wandb run in a TaskRunner ends unfinished (the
     actor is killed with its driver), and wandb-core has sometimes not yet stored the last table then."""
-    from workers.testing.readers.wandb_reader import read_wandb_media
+    from tracklane.workers.testing.readers.wandb_reader import read_wandb_media
 
     steps = {step for step, _ in verl.read("file").points}
     if steps != set(range(STEPS + 1)):
@@ -197,8 +197,8 @@ def assert_ended_as_verl(tracker: str, verl: Stored, ours: Stored) -> None:
 
 def assert_same_wandb_tables(verl: Cell, ours: Cell, style: str) -> None:
     """verl's validation generations (and v1's DAPO counts) reach tracklane's wandb run, row for row."""
-    from pipeline.verl.dapo_reward_logger import KEY as DAPO_KEY
-    from workers.testing.readers.wandb_reader import read_wandb_media
+    from tracklane.verl.dapo_reward_logger import KEY as DAPO_KEY
+    from tracklane.workers.testing.readers.wandb_reader import read_wandb_media
 
     theirs = read_wandb_media(verl.stores.root / "wandb")
     mine = read_wandb_media(ours.stores.root / "wandb")

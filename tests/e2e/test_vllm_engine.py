@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.batch import Batch, log_probs
-from trainer.config import load_config
-from trainer.model import GPT
-from trainer.rollout import Rollout, make_engine
-from trainer.rollout.torch_engine import TorchRollout
-from trainer.tasks import make_task
+from tracklane.trainer.batch import Batch, log_probs
+from tracklane.trainer.config import load_config
+from tracklane.trainer.model import GPT
+from tracklane.trainer.rollout import Rollout, make_engine
+from tracklane.trainer.rollout.torch_engine import TorchRollout
+from tracklane.trainer.tasks import make_task
 
 REPO = Path(__file__).resolve().parents[2]
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -186,7 +186,7 @@ def test_prefix_cache_never_serves_old_weights(engine, policy, task):
 def test_failed_sync_is_loud_and_final_and_close_removes_the_export(policy, task, monkeypatch):
     """A sync that fails part way raises WeightSyncError, and so does every later call (the weights may be half
     new); close() removes the exported model's folder and the engine refuses work after it."""
-    from trainer.rollout.vllm_engine import WeightSyncError
+    from tracklane.trainer.rollout.vllm_engine import WeightSyncError
 
     engine = make_engine("vllm", policy, task.tokenizer, seed=0)
     folder = Path(engine.export_dir)
@@ -211,10 +211,10 @@ def test_failed_sync_is_loud_and_final_and_close_removes_the_export(policy, task
 ENVIRONMENT_CHECK = textwrap.dedent("""
     import gc, json, os, random, sys, threading
     import numpy as np, torch
-    from trainer.config import load_config
-    from trainer.model import GPT
-    from trainer.rollout import make_engine
-    from trainer.tasks import make_task
+    from tracklane.trainer.config import load_config
+    from tracklane.trainer.model import GPT
+    from tracklane.trainer.rollout import make_engine
+    from tracklane.trainer.tasks import make_task
 
     def spaces():
         return {"torch": torch, "torch.cuda": torch.cuda, "torch.accelerator": torch.accelerator,
@@ -309,14 +309,14 @@ STEPS = 6
 
 
 def test_main_job_with_vllm(tmp_path):
-    """``python -m trainer actor_rollout_ref.rollout.name=vllm``, a short run logging through tracklane's file
+    """``python -m tracklane.trainer actor_rollout_ref.rollout.name=vllm``, a short run logging through tracklane's file
     tracker: it finishes, every step is logged, and at every step the rollout-training gap (verl's
     rollout_probs_diff_max, and the largest per-sequence log-perplexity gap) is within 1e-4."""
     ours = ("WANDB_", "SWANLAB_", "MLFLOW_", "TRACKIO_", "TENSORBOARD_", "VERL_", "CLEARML_")
     env = {key: value for key, value in os.environ.items() if not key.startswith(ours)}
     env.update(PYTHONPATH=str(REPO), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TRACKLANE_SYSTEM_METRICS_S="0",
                HOME=str(tmp_path / "home"))
-    done = subprocess.run([sys.executable, "-m", "trainer", "actor_rollout_ref.rollout.name=vllm",
+    done = subprocess.run([sys.executable, "-m", "tracklane.trainer", "actor_rollout_ref.rollout.name=vllm",
                            f"trainer.total_steps={STEPS}", "trainer.logger=[console,file]", "trainer.progress=false",
                            "trainer.test_freq=3", "trainer.save_freq=0"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

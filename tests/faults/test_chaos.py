@@ -1,4 +1,4 @@
-"""The seeded chaos run, short (``python -m benchmarks.chaos --seed N --minutes M`` runs the long ones).
+"""The seeded chaos run, short (``python -m tracklane.benchmarks.chaos --seed N --minutes M`` runs the long ones).
 
 Rank 0 and 4 producers log into every default tracker for 30 s of run clock while a fixed seed's faults hit the
 pipeline; then every tracker's own store is read back and held to the chaos run's checks
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from benchmarks.chaos import Settings, run_chaos
+from tracklane.benchmarks.chaos import Settings, run_chaos
 
 # A trainer child with its own Ray and six lane actors, 30 s of logging, finish() and the read-back: about 60-90 s
 # here when every lane recovers (a lane that does not costs finish()'s deadline on top).

@@ -16,17 +16,17 @@ import textwrap
 
 import pytest
 
-from pipeline.tracking import CRASH_TEXT, _capped
-from workers.sinks.media import safe_name
-from workers.sinks.tensorboard import TEXT_SUFFIX
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
+from tracklane.tracking import CRASH_TEXT, _capped
+from tracklane.workers.sinks.media import safe_name
+from tracklane.workers.sinks.tensorboard import TEXT_SUFFIX
+from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
 
 STEPS = 5
 MARKER = "boom-marker"
 
 SCRIPT = """
 import json, sys
-from pipeline import Tracking
+from tracklane import Tracking
 
 finish = Tracking.finish
 

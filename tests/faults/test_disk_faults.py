@@ -20,22 +20,22 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import faults
-from pipeline.core.records import Batch, Metrics, RunSpec
-from pipeline.core.report import PipelineReport
-from pipeline.shipping import spool_stage
-from pipeline.shipping.lane import Entry, Lane, LaneSettings
-from pipeline.shipping.lane_actor import LaneActor
-from pipeline.shipping.spool_stage import SpoolStage
-from pipeline.spool.lane_state import LaneState
-from pipeline.spool.manifest import RunManifest
-from pipeline.spool.recovery import Spooling
-from pipeline.spool.segments import Spool
-from pipeline.wire.ack import unpack_ack
-from pipeline.wire.batch import encode_batch
-from pipeline.wire.opening import LaneOpening
-from workers.testing.memory import memory_records
-from workers.testing.readers.file_reader import file_lines
+from tracklane.benchmarks import faults
+from tracklane.core.records import Batch, Metrics, RunSpec
+from tracklane.core.report import PipelineReport
+from tracklane.shipping import spool_stage
+from tracklane.shipping.lane import Entry, Lane, LaneSettings
+from tracklane.shipping.lane_actor import LaneActor
+from tracklane.shipping.spool_stage import SpoolStage
+from tracklane.spool.lane_state import LaneState
+from tracklane.spool.manifest import RunManifest
+from tracklane.spool.recovery import Spooling
+from tracklane.spool.segments import Spool
+from tracklane.wire.ack import unpack_ack
+from tracklane.wire.batch import encode_batch
+from tracklane.wire.opening import LaneOpening
+from tracklane.workers.testing.memory import memory_records
+from tracklane.workers.testing.readers.file_reader import file_lines
 
 RUN = RunSpec(project="p", experiment="e", run_id="disk-faults")
 KEYS = 10
@@ -159,7 +159,7 @@ def test_a_file_size_limit_leaves_the_spool_as_its_index_says(tmp_path):
     is cut off, so the segment reopens with every earlier batch and no torn or corrupt byte."""
     child = (
         "import json, resource, sys\n"
-        "from pipeline.spool.segments import Spool\n"
+        "from tracklane.spool.segments import Spool\n"
         "spool = Spool(sys.argv[1], segment_bytes=2**20)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))\n"
         "codes = []\n"
@@ -211,7 +211,7 @@ def _blob(seq: int, steps: range) -> bytes:
 def test_a_lane_actor_delivers_on_while_its_state_cannot_be_saved(tmp_path):
     """The state's disk full: every batch is still applied and acknowledged, the answers say since when the state is
     unsaved; once the disk has room the next save puts the current state on it."""
-    from workers.sinks.memory import MemorySink
+    from tracklane.workers.sinks.memory import MemorySink
 
     with _tmpfs(tmp_path / "disk") as disk:
         settings = MemorySink.resolve(RUN, {}, {"memory_sink": {"dir": str(tmp_path / "memory")}})
@@ -236,7 +236,7 @@ class _Run:
     """An asynchronous run logging KEYS scalars a step; the trackers write under ``work``, the spool in ``spool``."""
 
     def __init__(self, work: Path, spool: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        from pipeline import Tracking
+        from tracklane import Tracking
 
         monkeypatch.setenv("TENSORBOARD_DIR", str(work / "tensorboard"))
         monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(work / "metrics.jsonl"))

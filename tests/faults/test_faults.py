@@ -1,4 +1,4 @@
-"""The fault suite, short versions (``python -m benchmarks.faults --long`` runs the README's sizes).
+"""The fault suite, short versions (``python -m tracklane.benchmarks.faults --long`` runs the README's sizes).
 
 Each fault is staged for real and what arrived is read back from the trackers' own stores
 (run files, event files, the MLflow server), point by point: nothing lost, nothing twice.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import faults
+from tracklane.benchmarks import faults
 
 # Each fault starts trackers (and, for a SIGKILLed trainer, two whole trainer processes with their own
 # Ray): minutes on a loaded 2-core machine, past the suite's default 300 s limit.
@@ -116,7 +116,7 @@ def test_a_tracker_far_slower_than_the_producer_stays_within_its_bounds(tmp_path
 @pytest.mark.slow
 def test_finish_with_a_hung_tracker_returns_by_its_deadline_and_replay_delivers_the_rest(tmp_path, mlflow_server_uri):
     """finish() with MLflow hanging returns by its deadline naming what is left and the replay command;
-    `python -m pipeline replay` then delivers it: every point once, the run FINISHED."""
+    `python -m tracklane replay` then delivers it: every point once, the run FINISHED."""
     result = faults.hung_finish_then_replay(tmp_path, mlflow_server_uri, steps=200, keys=10, finish_timeout_s=8.0)
     assert result["finish_s"] <= result["finish_timeout_s"] + 1.0, result
     assert result["left_at_finish"] > 0 and "tracklane replay" in result["summary_at_finish"], result

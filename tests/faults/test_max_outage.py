@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from pipeline import Tracking
-from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from tracklane import Tracking
+from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 

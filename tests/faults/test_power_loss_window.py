@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pipeline import Tracking
+from tracklane import Tracking
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 

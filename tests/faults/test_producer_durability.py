@@ -18,8 +18,8 @@ from collections import Counter
 import pytest
 import ray
 
-from pipeline import Tracking
-from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from tracklane import Tracking
+from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 

@@ -11,9 +11,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pipeline import Tracking
-from pipeline.testing.tcp_proxy import TcpProxy
-from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from tracklane import Tracking
+from tracklane.testing.tcp_proxy import TcpProxy
+from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
 STEP_PAUSE_S = 0.05
 

@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from pipeline import Tracking
 from tests.conftest import log_verl_steps, same_value
-from workers.testing.memory import memory_records
-from workers.testing.readers.file_reader import file_lines, verl_lines
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+from tracklane import Tracking
+from tracklane.workers.testing.memory import memory_records
+from tracklane.workers.testing.readers.file_reader import file_lines, verl_lines
+from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -220,7 +220,7 @@ def test_unfinished_tracking_is_finished_at_exit(tmp_path):
     """A script that never calls finish() still delivers every step before the interpreter exits."""
     path = tmp_path / "metrics.jsonl"
     script = textwrap.dedent("""
-        from pipeline import Tracking
+        from tracklane import Tracking
         t = Tracking("p", "e", ["file"], config={"trainer": {"log_async": True}})
         for step in range(50):
             t.log({"x": float(step)}, step=step)

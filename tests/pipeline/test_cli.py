@@ -1,4 +1,4 @@
-"""``tracklane inspect`` / ``replay`` (``python -m pipeline``): what a spool holds, one JSON line per record."""
+"""``tracklane inspect`` / ``replay`` (``python -m tracklane``): what a spool holds, one JSON line per record."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.core.records import Batch, Metrics, RunSpec, Text
-from pipeline.spool.lane_state import LaneState
-from pipeline.spool.manifest import RunManifest, lanes_dir, state_path
-from pipeline.spool.segments import Spool
-from pipeline.wire.batch import encode_batch
+from tracklane.core.records import Batch, Metrics, RunSpec, Text
+from tracklane.spool.lane_state import LaneState
+from tracklane.spool.manifest import RunManifest, lanes_dir, state_path
+from tracklane.spool.segments import Spool
+from tracklane.wire.batch import encode_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,7 @@ def _spool(folder: Path) -> None:
 def test_inspect_prints_one_json_line_per_record_with_who_acknowledged_it(tmp_path):
     """Each record is a JSON line with its batch, step, kind, keys and which trackers acknowledged it."""
     _spool(tmp_path / "s")
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "inspect", str(tmp_path / "s")], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "tracklane", "inspect", str(tmp_path / "s")], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -48,6 +48,6 @@ def test_inspect_prints_one_json_line_per_record_with_who_acknowledged_it(tmp_pa
 
 def test_replay_of_a_folder_that_is_no_spool_says_so(tmp_path):
     """replay on a folder without a spool manifest exits 2 with a clear message."""
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "replay", str(tmp_path)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "tracklane", "replay", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "is not a tracklane spool" in proc.stderr

@@ -33,11 +33,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from pipeline.core.acks import Ack, SinkCounts, Work
-from pipeline.core.errors import CodecError
-from pipeline.core.histogram import HistogramFigures, histogram_figures
-from pipeline.core.png import PNG_SIGNATURE
-from pipeline.core.records import (
+from tracklane.core.acks import Ack, SinkCounts, Work
+from tracklane.core.errors import CodecError
+from tracklane.core.histogram import HistogramFigures, histogram_figures
+from tracklane.core.png import PNG_SIGNATURE
+from tracklane.core.records import (
     RECORD_TYPES,
     Artifact,
     Batch,
@@ -52,10 +52,10 @@ from pipeline.core.records import (
     Trajectories,
     Trajectory,
 )
-from pipeline.core.reduction import OPS, ROLES
-from pipeline.core.trajectory_lines import TrajectoryLines
-from pipeline.wire.ack import pack_ack, unpack_ack
-from pipeline.wire.batch import DecodeLimits, decode_batch, encode_batch
+from tracklane.core.reduction import OPS, ROLES
+from tracklane.core.trajectory_lines import TrajectoryLines
+from tracklane.wire.ack import pack_ack, unpack_ack
+from tracklane.wire.batch import DecodeLimits, decode_batch, encode_batch
 
 # -- case budget ---------------------------------------------------------------------------------
 _DEFAULT_TOTAL = 10_000
@@ -676,8 +676,8 @@ def test_zstd_bomb_resident_memory(tmp_path: Any) -> None:
     (tmp_path / "bombs").write_bytes(msgpack.packb(bombs))
     script = textwrap.dedent(f"""
         import gc, re, msgpack
-        from pipeline.wire.batch import DecodeLimits, decode_batch
-        from pipeline.core.errors import CodecError
+        from tracklane.wire.batch import DecodeLimits, decode_batch
+        from tracklane.core.errors import CodecError
         bombs = msgpack.unpackb(open({str(tmp_path / "bombs")!r}, "rb").read())
         gc.collect()
         def kib(field):

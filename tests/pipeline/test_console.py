@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config.console import console_config
-from pipeline.core.errors import ConfigError
-from pipeline.core.records import Metrics, RunSpec
-from pipeline.node.terminal import Terminal
-from workers.sinks.console import ConsoleSink
+from tracklane.config.console import console_config
+from tracklane.core.errors import ConfigError
+from tracklane.core.records import Metrics, RunSpec
+from tracklane.node.terminal import Terminal
+from tracklane.workers.sinks.console import ConsoleSink
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -132,7 +132,7 @@ def test_verl_format_is_the_default_and_bad_console_settings_are_refused():
 
 CHILD = """
 import os, sys, time
-from pipeline import Tracking
+from tracklane import Tracking
 t = Tracking("p", "e", ["console"], config={"trainer": {"log_async": True, "async_log": {"flush_interval_s": 0.1}}})
 assert t.wait_ready(120)
 for step in range(1, 31):

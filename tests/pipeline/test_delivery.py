@@ -14,16 +14,16 @@ import uuid
 import numpy as np
 import pytest
 
-from pipeline import Tracking
 from tests.conftest import log_verl_steps, same_value
-from workers.sinks.mlflow import mlflow_key
-from workers.testing.readers.clearml_reader import read_clearml_run
-from workers.testing.readers.file_reader import verl_lines
-from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
-from workers.testing.readers.swanlab_reader import read_swanlab_run
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
-from workers.testing.readers.trackio_reader import read_trackio_run
-from workers.testing.readers.wandb_reader import read_wandb_run
+from tracklane import Tracking
+from tracklane.workers.sinks.mlflow import mlflow_key
+from tracklane.workers.testing.readers.clearml_reader import read_clearml_run
+from tracklane.workers.testing.readers.file_reader import verl_lines
+from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_run
+from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+from tracklane.workers.testing.readers.trackio_reader import read_trackio_run
+from tracklane.workers.testing.readers.wandb_reader import read_wandb_run
 
 BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio", "clearml"]
 STEPS = 300

@@ -13,8 +13,8 @@ import weakref
 
 import pytest
 
-from pipeline import Tracking
-from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from tracklane import Tracking
+from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
 STEPS = 30
 
@@ -61,7 +61,7 @@ def test_del_and_collect_finish_the_run_at_once(offline_trackers):
 
 def test_a_live_tracking_is_found_by_verls_loggers_and_a_finished_one_is_forgotten(offline_trackers):
     """The registry of unfinished runs holds them weakly: dropped and finished, the run is gone from it."""
-    from pipeline.tracking import active_tracking
+    from tracklane.tracking import active_tracking
 
     logger = Tracking("drop-proj", "drop-exp", ["file"], config={"trainer": {"log_async": False}})
     assert active_tracking("drop-proj", "drop-exp") is logger
@@ -104,7 +104,7 @@ def _method_dropping_a_run_in_a_cycle(fail: bool) -> None:
 def test_a_ray_actor_method_finishes_the_runs_it_dropped_before_it_counts_as_done(offline_trackers, fail):
     """Ray's executor, wrapped: a run held only by a garbage cycle is finished once the method returns (FINISHED),
     and a run left by a method that raised is finished as failed with the traceback in it (FAILED)."""
-    from pipeline.verl.ray_methods import finishing_dropped_runs
+    from tracklane.verl.ray_methods import finishing_dropped_runs
 
     gc.collect()
     gc.disable()  # no collection may happen to finish it first

@@ -8,9 +8,9 @@ import time
 import pytest
 import ray
 
-from pipeline.core.acks import Ack, SinkCounts
-from pipeline.shipping.lane import Entry, Lane, LaneSettings
-from pipeline.wire.ack import pack_ack
+from tracklane.core.acks import Ack, SinkCounts
+from tracklane.shipping.lane import Entry, Lane, LaneSettings
+from tracklane.wire.ack import pack_ack
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

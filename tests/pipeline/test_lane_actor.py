@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 
-from pipeline.core.acks import Ack
-from pipeline.core.records import Batch, Metrics, RunSpec
-from pipeline.shipping.lane_actor import LaneActor
-from pipeline.wire.ack import pack_ack, unpack_ack
-from pipeline.wire.batch import encode_batch
-from pipeline.wire.opening import LaneOpening
-from workers.testing.memory import memory_records
+from tracklane.core.acks import Ack
+from tracklane.core.records import Batch, Metrics, RunSpec
+from tracklane.shipping.lane_actor import LaneActor
+from tracklane.wire.ack import pack_ack, unpack_ack
+from tracklane.wire.batch import encode_batch
+from tracklane.wire.opening import LaneOpening
+from tracklane.workers.testing.memory import memory_records
 
 RUN = RunSpec(project="p", experiment="e", run_id="lane-actor-test")
 
@@ -21,7 +21,7 @@ def _blob(seq: int, steps: range, only=None) -> bytes:
 
 
 def _actor(tmp_path, **trainer) -> LaneActor:
-    from workers.sinks.memory import MemorySink
+    from tracklane.workers.sinks.memory import MemorySink
 
     settings = MemorySink.resolve(RUN, {}, {"memory_sink": {"dir": str(tmp_path / "memory"), **trainer}})
     opening = LaneOpening(backend="memory", run=RUN, settings=settings, state_dir=str(tmp_path),
@@ -99,7 +99,7 @@ def test_lane_gives_up_after_repeated_actor_errors(ray_session):
     """A lane whose actor raises on every call re-sends a few times, then counts its records as dropped."""
     import ray
 
-    from pipeline.shipping.lane import Entry, Lane, LaneSettings
+    from tracklane.shipping.lane import Entry, Lane, LaneSettings
 
     @ray.remote(num_cpus=0)
     class Broken:

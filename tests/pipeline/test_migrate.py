@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.cli.main import main
 from tests.conftest import same_value
-from workers.testing.readers.file_reader import file_lines
+from tracklane.cli.main import main
+from tracklane.workers.testing.readers.file_reader import file_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 T0_MS = 1_700_000_000_123  # explicit MLflow timestamps, far from now: a target that kept them shows these
@@ -101,9 +101,9 @@ def test_mlflow_run_migrates_into_wandb_tensorboard_file_and_trackio(offline_tra
     the file and trackio (timestamps too), the params, image and artifacts with them, and the command says so."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from workers.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
-    from workers.testing.readers.trackio_reader import read_trackio_run
-    from workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
+    from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
+    from tracklane.workers.testing.readers.trackio_reader import read_trackio_run
+    from tracklane.workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
 
     uri, run_id = log_mlflow_run(tmp_path)
     code, table = migrate(capsys, "--from", "mlflow", "--run-id", run_id, "--tracking-uri", uri,
@@ -179,9 +179,9 @@ def test_two_versions_of_one_mlflow_artifact_name_migrate_with_both(offline_trac
     file targets as two versions, each with its own bytes, and the comparison finds both steps."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.core.records import Artifact, Metrics, RunSpec
-    from workers.sinks.mlflow import MlflowSink
-    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_artifact_dir
+    from tracklane.core.records import Artifact, Metrics, RunSpec
+    from tracklane.workers.sinks.mlflow import MlflowSink
+    from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_artifact_dir
 
     uri = f"sqlite:///{tmp_path / 'source.db'}"
     MlflowClient(uri).create_experiment("ckpt-project", artifact_location=(tmp_path / "src-artifacts").as_uri())
@@ -218,8 +218,8 @@ def test_tensorboard_logdir_migrates_into_mlflow(offline_trackers, ray_session, 
     timestamp; the text, the histogram's bins and the image arrive as MLflow artifacts."""
     from mlflow.tracking import MlflowClient
 
-    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_images, read_mlflow_steps
-    from workers.testing.readers.tensorboard_reader import read_tensorboard_rich
+    from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_images, read_mlflow_steps
+    from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_rich
 
     logdir = tmp_path / "tensorboard_log" / "tb-project" / "tb-run"
     written = write_tensorboard_run(logdir)
@@ -300,7 +300,7 @@ def write_verl_file(path: Path, steps: int = 12) -> dict[tuple[int, str], float]
 def test_verl_file_log_migrates_into_tensorboard(offline_trackers, ray_session, tmp_path, capsys):
     """Every point of a verl FileLogger file arrives in TensorBoard (its nulls as NaN), project and experiment
     taken from verl's <project>/<experiment>.jsonl path."""
-    from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+    from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
     (tmp_path / "verl-project").mkdir()
     written = write_verl_file(tmp_path / "verl-project" / "exp-7.jsonl")
@@ -314,7 +314,7 @@ def test_verl_file_log_migrates_into_tensorboard(offline_trackers, ray_session, 
 @pytest.mark.slow
 def test_a_spool_migrates_into_the_file_logger(offline_trackers, ray_session, tmp_path, capsys):
     """A tracklane run's spool (kept by spool_retention_s) migrates whole: every point and the text reach the file."""
-    from pipeline.tracking import Tracking
+    from tracklane.tracking import Tracking
 
     spool_dir = tmp_path / "run-spool"
     config = {"trainer": {"log_async": True, "async_log": {"spool_dir": str(spool_dir), "spool_retention_s": 3600,
@@ -337,7 +337,7 @@ def test_a_spool_migrates_into_the_file_logger(offline_trackers, ray_session, tm
 def log_rich_spool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A tracklane run (its own tensorboard lane, in a folder of its own) that keeps its whole spool: scalars and
     every rich kind."""
-    from pipeline.tracking import Tracking
+    from tracklane.tracking import Tracking
 
     spool_dir = tmp_path / "rich-spool"
     config = {"trainer": {"log_async": True, "async_log": {"spool_dir": str(spool_dir), "spool_retention_s": 3600,
@@ -429,11 +429,11 @@ def test_wandb_offline_run_migrates_into_the_file_logger(offline_trackers, ray_s
 
 @pytest.mark.slow
 def test_the_entry_point_migrates_in_its_own_process(tmp_path):
-    """``python -m pipeline migrate`` (its own Ray) migrates a verl file into the file logger and exits 0."""
+    """``python -m tracklane migrate`` (its own Ray) migrates a verl file into the file logger and exits 0."""
     written = write_verl_file(tmp_path / "src.jsonl", steps=5)
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(tmp_path / "out.jsonl"),
            "TRACKLANE_SPOOL_ROOT": str(tmp_path / "spools"), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "migrate", "--from", "file", "--path",
+    proc = subprocess.run([sys.executable, "-m", "tracklane", "migrate", "--from", "file", "--path",
                            str(tmp_path / "src.jsonl"), "--to", "file", "--no-progress"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr

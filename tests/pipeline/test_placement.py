@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from pipeline import ConfigError
-from pipeline.config.placement import lane_actor_options, lane_env
 from tests.conftest import same_value, verl_metrics
-from workers.testing.readers.file_reader import file_lines
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+from tracklane import ConfigError
+from tracklane.config.placement import lane_actor_options, lane_env
+from tracklane.workers.testing.readers.file_reader import file_lines
+from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {"WANDB_MODE": "offline", "WANDB_API_KEY": "sk-secret"}

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import ray
 
-from pipeline import ConfigError, Tracking, ValidationGenerationsLogger
-from workers.testing.memory import memory_records
-from workers.testing.readers.file_reader import file_lines
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
-from workers.testing.readers.wandb_reader import read_wandb_run
+from tracklane import ConfigError, Tracking, ValidationGenerationsLogger
+from tracklane.workers.testing.memory import memory_records
+from tracklane.workers.testing.readers.file_reader import file_lines
+from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+from tracklane.workers.testing.readers.wandb_reader import read_wandb_run
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(600)]
 
@@ -204,7 +204,7 @@ def test_system_metrics_of_each_node_reach_every_tracker_on_their_own_axis(offli
     """With system_metrics_s=1 the trainer's node is sampled once a second from when the trackers are open (one
     sampler per node: a producer on the same node does not sample it again), on the axis ``system/elapsed_s``,
     apart from the training steps."""
-    from pipeline.node.system_metrics import node_label
+    from tracklane.node.system_metrics import node_label
 
     tracking = Tracking("p", "system", ["wandb", "tensorboard", "file"], config=_config(system_metrics_s=1))
     assert tracking.wait_ready(120.0)

@@ -14,8 +14,8 @@ import time
 import pytest
 import ray
 
-from pipeline import Tracking
 from tests.verl_stores import TRACKERS, RunStores, Stored, file_points
+from tracklane import Tracking
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(600)]
 
@@ -102,7 +102,7 @@ def test_four_producers_reduce_each_op_once_into_every_tracker(tmp_path, offline
 
 
 def _clearml(cache, run_id: str) -> Stored:
-    from workers.testing.readers.clearml_reader import read_clearml_run
+    from tracklane.workers.testing.readers.clearml_reader import read_clearml_run
 
     stored = Stored()
     for step, key, value in read_clearml_run(cache, run_id=run_id).points:

@@ -17,18 +17,18 @@ import numpy as np
 import pytest
 from PIL import Image as PILImage
 
-from pipeline import Tracking, ValidationGenerationsLogger
-from workers.testing.readers.clearml_reader import read_clearml_run
-from workers.testing.readers.mlflow_reader import (
+from tracklane import Tracking, ValidationGenerationsLogger
+from tracklane.workers.testing.readers.clearml_reader import read_clearml_run
+from tracklane.workers.testing.readers.mlflow_reader import (
     find_mlflow_run_ids,
     read_mlflow_artifact_dir,
     read_mlflow_run,
     read_mlflow_steps,
 )
-from workers.testing.readers.swanlab_reader import read_swanlab_media
-from workers.testing.readers.tensorboard_reader import read_tensorboard_rich
-from workers.testing.readers.trackio_reader import read_trackio_run
-from workers.testing.readers.wandb_reader import read_wandb_media
+from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_media
+from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_rich
+from tracklane.workers.testing.readers.trackio_reader import read_trackio_run
+from tracklane.workers.testing.readers.wandb_reader import read_wandb_media
 
 BACKENDS = ["console", "wandb", "mlflow", "swanlab", "tensorboard", "file", "trackio", "clearml"]
 MAX_CHARS = 4000

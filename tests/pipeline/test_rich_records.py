@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image as PILImage
 
-from pipeline import Tracking, ValidationGenerationsLogger
 from tests.conftest import write_two_artifact_versions
-from workers.testing.memory import memory_records
+from tracklane import Tracking, ValidationGenerationsLogger
+from tracklane.workers.testing.memory import memory_records
 
 SAMPLES = [("2+2=", "4", 1.0), ("héllo ✓ 世界", "", 0.0), ("long", "y" * 1_000_000, float("nan"))]
 
@@ -92,7 +92,7 @@ def test_generations_logger_without_tracking_warns(caplog):
 
 def test_big_trajectory_batches_arrive_whole_on_the_async_path(offline_trackers, ray_session):
     """50 async log_trajectories calls of 256 x (2 KB + 512 token ids) arrive as 50 records (the caller's
-    cost is printed for information; benchmarks.overhead measures it)."""
+    cost is printed for information; tracklane.benchmarks.overhead measures it)."""
     tracking = Tracking("proj", "exp", ["memory"], config={"trainer": {"log_async": True}})
     batch = _trajectories(256)
     costs = []
@@ -116,8 +116,8 @@ def _wait_for(capfd, text: str, seconds: float) -> str:
 
 
 def _file_sink(tmp_path):
-    from pipeline.core.records import RunSpec
-    from workers.sinks.file import FileSink
+    from tracklane.core.records import RunSpec
+    from tracklane.workers.sinks.file import FileSink
 
     run = RunSpec(project="p", experiment="e")
     sink = FileSink(run, FileSink.resolve(run, {"VERL_FILE_LOGGER_PATH": str(tmp_path / "out" / "m.jsonl")}, {}))
@@ -128,7 +128,7 @@ def _file_sink(tmp_path):
 def test_the_file_sink_copies_a_folder_artifact_whole(tmp_path):
     """A folder artifact (a checkpoint directory) lands under _media/artifacts/<type>/<name>/step_<step>/<folder>/
     file by file."""
-    from pipeline.core.records import Artifact
+    from tracklane.core.records import Artifact
 
     folder = tmp_path / "ckpt_step_5"
     (folder / "shards").mkdir(parents=True)
@@ -144,7 +144,7 @@ def test_the_file_sink_copies_a_folder_artifact_whole(tmp_path):
 def test_the_file_sink_keeps_each_step_of_one_artifact_name(tmp_path):
     """One name logged at two steps, a file and a folder of the same names each time, keeps both versions, each
     with its own bytes, and the file source reads each back at its step."""
-    from workers.sources.file import FileSource
+    from tracklane.workers.sources.file import FileSource
 
     sink = _file_sink(tmp_path)
     write_two_artifact_versions(sink, tmp_path, time=0.0)
@@ -164,7 +164,7 @@ def test_the_file_sink_keeps_each_step_of_one_artifact_name(tmp_path):
 def test_the_file_source_still_reads_artifacts_written_before_versions(tmp_path):
     """<type>/<name>/<file> and <type>/<name>/<folder>/<file> (the layout without step folders) read back at
     step 0."""
-    from workers.sources.file import FileSource
+    from tracklane.workers.sources.file import FileSource
 
     (tmp_path / "m.jsonl").write_text('{"step": 1, "data": {"x": 1.0}}\n')
     old = tmp_path / "m_media" / "artifacts" / "checkpoint" / "policy"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import Tracking
-from pipeline.config.placement import lane_env
-from pipeline.wire.opening import LaneOpening
+from tracklane import Tracking
+from tracklane.config.placement import lane_env
+from tracklane.wire.opening import LaneOpening
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -67,7 +67,7 @@ def test_no_secret_reaches_a_tracker_the_spool_a_log_line_or_ray(tmp_path, offli
 
 
 def _settings(tracking: Tracking) -> dict:
-    from pipeline.host.registry import resolve_backends
+    from tracklane.host.registry import resolve_backends
 
     return {name: settings for name, (_, settings) in
             resolve_backends(tracking.backends, tracking.run, os.environ, {}).items()}

@@ -10,18 +10,18 @@ import pytest
 import ray
 from ray.exceptions import RayActorError
 
-from pipeline.capture.captured import Captured
-from pipeline.capture.convert import Converter
-from pipeline.capture.rich import RecordLimits
-from pipeline.config.async_log import AsyncLogConfig
-from pipeline.core.acks import Ack, SinkCounts
-from pipeline.shipping.buffer import RecordBuffer
-from pipeline.shipping.lane import LaneSettings
-from pipeline.shipping.shipper import Shipper
-from pipeline.shipping.streams import TrackerLane
-from pipeline.shipping.tracker_calls import TrackerCalls
-from pipeline.wire.ack import pack_ack
-from pipeline.wire.batch import decode_batch
+from tracklane.capture.captured import Captured
+from tracklane.capture.convert import Converter
+from tracklane.capture.rich import RecordLimits
+from tracklane.config.async_log import AsyncLogConfig
+from tracklane.core.acks import Ack, SinkCounts
+from tracklane.shipping.buffer import RecordBuffer
+from tracklane.shipping.lane import LaneSettings
+from tracklane.shipping.shipper import Shipper
+from tracklane.shipping.streams import TrackerLane
+from tracklane.shipping.tracker_calls import TrackerCalls
+from tracklane.wire.ack import pack_ack
+from tracklane.wire.batch import decode_batch
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

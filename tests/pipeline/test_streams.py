@@ -8,11 +8,11 @@ import time
 import pytest
 import ray
 
-from pipeline.core.acks import Ack
-from pipeline.shipping.lane import Entry, LaneSettings
-from pipeline.shipping.streams import TrackerLane
-from pipeline.spool.segments import SpoolEntry
-from pipeline.wire.ack import pack_ack
+from tracklane.core.acks import Ack
+from tracklane.shipping.lane import Entry, LaneSettings
+from tracklane.shipping.streams import TrackerLane
+from tracklane.spool.segments import SpoolEntry
+from tracklane.wire.ack import pack_ack
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

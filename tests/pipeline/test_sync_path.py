@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from pipeline import ConfigError, Tracking
 from tests.conftest import log_verl_steps, same_value
-from workers.testing.memory import memory_records
+from tracklane import ConfigError, Tracking
+from tracklane.workers.testing.memory import memory_records
 
 
 def test_console_prints_verl_lines(capsys):
@@ -85,7 +85,7 @@ def test_bad_input_never_raises(offline_trackers, caplog):
 @pytest.mark.slow
 def test_resume_continues_the_run_by_id(offline_trackers):
     """resume=True with the first run's id appends to its file log and reopens its MLflow run."""
-    from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+    from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
     config = {"trainer": {"log_async": False}}
     first = Tracking("p", "e", ["file", "mlflow"], config=config)

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import Tracking
-from pipeline.core.report import PipelineReport
-from pipeline.spool import RunManifest, Spool
-from pipeline.testing.tcp_proxy import TcpProxy
-from pipeline.wire import decode_batch
-from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from tracklane import Tracking
+from tracklane.core.report import PipelineReport
+from tracklane.spool import RunManifest, Spool
+from tracklane.testing.tcp_proxy import TcpProxy
+from tracklane.wire import decode_batch
+from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 30
@@ -48,11 +48,11 @@ def _log_with_cut(proxy: TcpProxy, project: str, spool_dir: Path, cut_at: int) -
 
 
 def _replay_command(report: PipelineReport) -> list[str]:
-    """The command the summary prints, as ``python -m pipeline`` runs it."""
+    """The command the summary prints, as ``python -m tracklane`` runs it."""
     [line] = [line for line in report.summary().splitlines() if "did not take" in line]
     command = shlex.split(line.partition("deliver with: ")[2])
     assert command[:2] == ["tracklane", "replay"], line
-    return [sys.executable, "-m", "pipeline", *command[1:], "--no-progress", "--timeout", "120"]
+    return [sys.executable, "-m", "tracklane", *command[1:], "--no-progress", "--timeout", "120"]
 
 
 def _replay(command: list[str]) -> subprocess.CompletedProcess:

@@ -18,15 +18,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline import ConfigError
-from pipeline.node.system_metrics import SystemSampler, claim_node, node_label
+from tracklane import ConfigError
+from tracklane.node.system_metrics import SystemSampler, claim_node, node_label
 
 ROOT = Path(__file__).resolve().parents[2]
 NON_GPU_KEYS = {"cpu/percent", "cpu/load_1m", "memory/used_gb", "memory/available_gb", "memory/percent",
                 "disk/percent", "disk/read_mb_s", "disk/write_mb_s", "network/sent_mb_s", "network/recv_mb_s",
                 "process/rss_gb"}
 RATES = ("disk/read_mb_s", "disk/write_mb_s", "network/sent_mb_s", "network/recv_mb_s")
-CHILD_CLAIM = ("import sys; from pipeline.node.system_metrics import claim_node; "
+CHILD_CLAIM = ("import sys; from tracklane.node.system_metrics import claim_node; "
                "print('held' if claim_node(sys.argv[1], sys.argv[2]) else 'none')")
 
 
@@ -301,7 +301,7 @@ def test_cpu_percent_sees_a_busy_core_from_the_sampler_thread():
     import threading
     import time
 
-    from pipeline.node.system_metrics import SystemSampler
+    from tracklane.node.system_metrics import SystemSampler
 
     got = []
     sampler = SystemSampler(lambda values, _: got.append(values), "n", 60.0, time.time())

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import torch
 
-from pipeline.core.values import MetricCleaner
+from tracklane.core.values import MetricCleaner
 
 
 def test_numbers_numpy_and_tensors():
@@ -47,7 +47,7 @@ def test_huge_int_becomes_float():
 
 def test_pipeline_does_not_import_torch():
     """Importing and using the pipeline never imports torch (it costs seconds and may be absent)."""
-    code = ("import sys; from pipeline.core.values import MetricCleaner; from pipeline import Tracking; "
+    code = ("import sys; from tracklane.core.values import MetricCleaner; from tracklane import Tracking; "
             "MetricCleaner().clean({'a': {'b': 1.0}, 'c': object()}); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -58,7 +58,7 @@ def test_a_clean_dict_is_taken_as_it_is_and_anything_else_is_cleaned():
     a prefix or an int past int64 go through the cleaning."""
     import numpy as np
 
-    from pipeline.core.values import MetricCleaner
+    from tracklane.core.values import MetricCleaner
 
     cleaner = MetricCleaner()
     plain = {"a": 1.0, "b": 2}

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import ConfigError, Tracking
-from pipeline.view.run_data import RunData, resolve
-from pipeline.view.server import make_server
+from tracklane import ConfigError, Tracking
+from tracklane.view.run_data import RunData, resolve
+from tracklane.view.server import make_server
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIRE_BROWSER = os.environ.get("TRACKLANE_REQUIRE_SYSTEM_SERVERS") == "1"  # .ci/run: a missing Chromium fails
@@ -148,11 +148,11 @@ def test_a_spool_that_keeps_its_batches_is_viewed_as_the_file_is(tmp_path, monke
 # -- the page in a real browser, on the main job's run -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def main_job_run(tmp_path_factory) -> Path:
-    """The main job (python -m trainer), 4 steps, its file tracker only: the folder it wrote."""
+    """The main job (python -m tracklane.trainer), 4 steps, its file tracker only: the folder it wrote."""
     root = tmp_path_factory.mktemp("viewed_job")
     env = {key: value for key, value in os.environ.items() if not key.startswith(("VERL_", "WANDB_", "MLFLOW_"))}
     env.update(PYTHONPATH=str(REPO), TRACKLANE_SYSTEM_METRICS_S="0", HOME=str(root / "home"))
-    done = subprocess.run([sys.executable, "-m", "trainer", "trainer.logger=[file]", "trainer.total_steps=4",
+    done = subprocess.run([sys.executable, "-m", "tracklane.trainer", "trainer.logger=[file]", "trainer.total_steps=4",
                            "trainer.test_freq=2", "trainer.log_async=false"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -257,11 +257,11 @@ def test_the_command_serves_until_interrupted(tmp_path, monkeypatch):
     that is no run is exit code 2 with the reason."""
     write_run(tmp_path, monkeypatch, range(1, 3)).finish()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    bad = subprocess.run([sys.executable, "-m", "pipeline", "view", str(tmp_path / "none")], env=env,
+    bad = subprocess.run([sys.executable, "-m", "tracklane", "view", str(tmp_path / "none")], env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no such file or folder" in bad.stderr
     # Ctrl-C as a terminal sends it: a pytest-xdist worker ignores SIGINT, and its children would inherit that.
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "view", str(tmp_path), "--port", "0"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "tracklane", "view", str(tmp_path), "--port", "0"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import Tracking
-from pipeline.view.run_data import TRACE_LIST_ITEMS, TRACE_TEXT_CHARS, RunData
-from pipeline.view.server import make_server
 from tests.pipeline.test_view import browser  # noqa: F401 (the fixture: Debian's Chromium under Playwright)
+from tracklane import Tracking
+from tracklane.view.run_data import TRACE_LIST_ITEMS, TRACE_TEXT_CHARS, RunData
+from tracklane.view.server import make_server
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = (1, 2, 3)

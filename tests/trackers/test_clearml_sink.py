@@ -23,9 +23,6 @@ import pytest
 
 pytest.importorskip("clearml")
 
-from pipeline.core.errors import SinkError
-from pipeline.core.params import REDACTED, plain_config
-from pipeline.core.records import Image, Metrics, RunSpec
 from tests.conftest import same_value, verl_metrics
 from tests.rich_setup import (
     GENERATION_STEPS,
@@ -38,8 +35,11 @@ from tests.rich_setup import (
     write_generations,
     write_trajectories,
 )
-from workers.sinks.clearml import CONFIG_NAME, GENERATION_COLUMNS, ClearmlSink
-from workers.testing.readers.clearml_reader import read_clearml_run, read_clearml_session
+from tracklane.core.errors import SinkError
+from tracklane.core.params import REDACTED, plain_config
+from tracklane.core.records import Image, Metrics, RunSpec
+from tracklane.workers.sinks.clearml import CONFIG_NAME, GENERATION_COLUMNS, ClearmlSink
+from tracklane.workers.testing.readers.clearml_reader import read_clearml_run, read_clearml_session
 
 # clearml 2.1.12 bundles a pyhocon that calls pyparsing's old names: ~25 warnings per config it reads or writes.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:clearml.utilities.pyhocon.config_parser",
@@ -242,8 +242,8 @@ import io, json, os, sys
 sys.path.insert(0, {repo!r})
 import numpy as np
 from PIL import Image
-from pipeline.core.records import Image as ImageRecord, Metrics, RunSpec
-from workers.sinks.clearml import ClearmlSink
+from tracklane.core.records import Image as ImageRecord, Metrics, RunSpec
+from tracklane.workers.sinks.clearml import ClearmlSink
 run = RunSpec(project="p", experiment="e", params={{"lr": 0.1}}, run_id="abc123")
 sink = ClearmlSink(run, ClearmlSink.resolve(run, os.environ, {{}}))
 state = sink.open(None)
@@ -319,8 +319,8 @@ def test_reattach_without_the_session_folder_fails_clearly(cache, sinks):
 _FLUSHED_THEN_KILLED = """
 import os, sys, time
 sys.path.insert(0, {repo!r})
-from pipeline.core.records import Metrics, RunSpec, Text
-from workers.sinks.clearml import ClearmlSink
+from tracklane.core.records import Metrics, RunSpec, Text
+from tracklane.workers.sinks.clearml import ClearmlSink
 run = RunSpec(project="p", experiment="e", params={{"lr": 0.1}}, run_id="flush1")
 sink = ClearmlSink(run, ClearmlSink.resolve(run, os.environ, {{}}))
 sink.open(None)
@@ -392,8 +392,8 @@ before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), sys
 tic = time.perf_counter()
 import clearml
 import_s = time.perf_counter() - tic
-from pipeline.core.records import Artifact, Image, Metrics, RunSpec, Text
-from workers.sinks.clearml import ClearmlSink
+from tracklane.core.records import Artifact, Image, Metrics, RunSpec, Text
+from tracklane.workers.sinks.clearml import ClearmlSink
 run = RunSpec(project="p", experiment="e", params={{"lr": 0.1}}, run_id="watch1")
 sink = ClearmlSink(run, ClearmlSink.resolve(run, os.environ, {{}}))
 tic = time.perf_counter()

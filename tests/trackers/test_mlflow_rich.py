@@ -14,12 +14,12 @@ pytest.importorskip("PIL.Image")
 from mlflow.tracking import MlflowClient
 from PIL import Image as PIL_Image
 
-from pipeline.core.png import encode_png
-from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
 from tests.conftest import write_two_artifact_versions
-from workers.sinks.mlflow import MlflowSink
-from workers.sources.mlflow import MlflowSource
-from workers.testing.readers.mlflow_reader import (
+from tracklane.core.png import encode_png
+from tracklane.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
+from tracklane.workers.sinks.mlflow import MlflowSink
+from tracklane.workers.sources.mlflow import MlflowSource
+from tracklane.workers.testing.readers.mlflow_reader import (
     list_mlflow_artifacts,
     read_mlflow_artifact,
     read_mlflow_images,

@@ -15,10 +15,10 @@ pytest.importorskip("mlflow")
 
 from mlflow.tracking import MlflowClient
 
-from pipeline.core.params import REDACTED, flatten_params, plain_config
-from pipeline.core.records import Histogram, Metrics, RunSpec
-from workers.sinks.mlflow import MAX_PARAM_VALUE_LENGTH, MlflowSink, absolute_tracking_uri, mlflow_key
-from workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+from tracklane.core.params import REDACTED, flatten_params, plain_config
+from tracklane.core.records import Histogram, Metrics, RunSpec
+from tracklane.workers.sinks.mlflow import MAX_PARAM_VALUE_LENGTH, MlflowSink, absolute_tracking_uri, mlflow_key
+from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
 
 STEPS = 300
 MAX_FLOAT64 = 1.7976931348623157e308  # what MLflow stores for +Inf
@@ -228,7 +228,7 @@ def test_sqlite_artifacts_land_beside_the_database_not_in_the_cwd(tmp_path, monk
     """With a sqlite store, a new experiment's artifacts go to <db folder>/mlartifacts/<experiment>, not ./mlruns."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.core.records import Text
+    from tracklane.core.records import Text
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/runs/mlruns.db"

@@ -11,12 +11,12 @@ import urllib.request
 
 import pytest
 
-from pipeline import ConfigError, Tracking
-from pipeline.testing import prometheus_server
-from pipeline.testing.server_process import free_port
 from tests.conftest import log_verl_steps, same_value
-from workers.sinks.prometheus import prometheus_name
-from workers.testing.readers.file_reader import file_points
+from tracklane import ConfigError, Tracking
+from tracklane.testing import prometheus_server
+from tracklane.testing.server_process import free_port
+from tracklane.workers.sinks.prometheus import prometheus_name
+from tracklane.workers.testing.readers.file_reader import file_points
 
 client_parser = pytest.importorskip("prometheus_client.parser")
 REQUIRE_SERVER = os.environ.get("TRACKLANE_REQUIRE_SYSTEM_SERVERS") == "1"  # .ci/run: a missing binary fails
@@ -87,7 +87,7 @@ def test_rl_insight_is_served_by_the_prometheus_backend_where_its_package_is_abs
     assert len(warned) == 1 and "served by tracklane's `prometheus` backend instead" in warned[0]
     assert report.complete and list(report.lanes) == ["file", "prometheus"]
     assert "rl_insight: served by tracklane's `prometheus` backend instead" in report.summary()
-    from trainer.config import load_config
+    from tracklane.trainer.config import load_config
 
     assert load_config(["trainer.logger=[console,rl_insight]"]).trainer.logger == ["console", "rl_insight"]
 

@@ -43,8 +43,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.core.records import Metrics, RunSpec
-from pipeline.host.registry import backend_class
+from tracklane.core.records import Metrics, RunSpec
+from tracklane.host.registry import backend_class
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEP = os.environ.get("TRACKLANE_FAULT_SWEEP") == "1"
@@ -373,7 +373,7 @@ def open_mlflow(root: Path) -> str:
 
 def open_trackio(root: Path) -> str:
     """Each run of the project, listed by ``trackio.Api`` and read through trackio's storage."""
-    from workers.testing.readers.trackio_reader import list_trackio_runs, read_trackio_run
+    from tracklane.workers.testing.readers.trackio_reader import list_trackio_runs, read_trackio_run
 
     runs = list_trackio_runs(root / "trackio", PROJECT)  # trackio.Api().runs
     for run in runs:
@@ -387,7 +387,7 @@ def open_clearml(root: Path) -> str:
     from clearml import Task
     from clearml.errors import UsageError
 
-    from workers.testing.readers.clearml_reader import clearml_sessions, read_clearml_session
+    from tracklane.workers.testing.readers.clearml_reader import clearml_sessions, read_clearml_session
 
     sessions = clearml_sessions(root / "clearml-cache")
     Task.set_offline(True)  # as the environment says (CLEARML_OFFLINE_MODE=1); set_offline(False) would change it
@@ -425,15 +425,15 @@ def open_swanlab(root: Path) -> str:
 
 def open_tensorboard(root: Path) -> str:
     """Every event file, each through an ``EventAccumulator``."""
-    from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+    from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
     return f"{len(read_tensorboard_dir(root / 'tensorboard').points)} point(s)"  # an EventAccumulator per file
 
 
 def open_wandb(root: Path) -> str:
     """Every run file: each record CRC-checked and parsed with wandb's own schema (wandb ships no reader)."""
-    from workers.sinks.wandb_store import run_files
-    from workers.testing.readers.wandb_reader import read_run_file
+    from tracklane.workers.sinks.wandb_store import run_files
+    from tracklane.workers.testing.readers.wandb_reader import read_run_file
 
     files = [path for run_id in {path.stem[4:] for path in (root / "wandb").glob("wandb/*run-*/run-*.wandb")}
              for path in run_files(root / "wandb", run_id)]
@@ -463,22 +463,22 @@ def logged_x(tracker: str, root: Path, state: dict[str, Any]) -> float:
         lines = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
         return float(next(line["data"]["x"] for line in lines if line.get("step") == 1))
     if tracker == "mlflow":
-        from workers.testing.readers.mlflow_reader import read_mlflow_run
+        from tracklane.workers.testing.readers.mlflow_reader import read_mlflow_run
         back = read_mlflow_run(f"sqlite:///{root / 'mlflow.db'}", state["run_id"])
     elif tracker == "trackio":
-        from workers.testing.readers.trackio_reader import read_trackio_run
+        from tracklane.workers.testing.readers.trackio_reader import read_trackio_run
         back = read_trackio_run(root / "trackio", PROJECT, run_id=state["id"])
     elif tracker == "clearml":
-        from workers.testing.readers.clearml_reader import read_clearml_run
+        from tracklane.workers.testing.readers.clearml_reader import read_clearml_run
         back = read_clearml_run(root / "clearml-cache", task_id=state["task_id"])
     elif tracker == "swanlab":
-        from workers.testing.readers.swanlab_reader import read_swanlab_run
+        from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_run
         back = read_swanlab_run(root / "swanlog", run_id=state["id"])
     elif tracker == "tensorboard":
-        from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+        from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir
         back = read_tensorboard_dir(root / "tensorboard")
     else:
-        from workers.testing.readers.wandb_reader import read_wandb_run
+        from tracklane.workers.testing.readers.wandb_reader import read_wandb_run
         back = read_wandb_run(root / "wandb", state["id"])
     return back.scalars()[1]["x"]
 
@@ -727,7 +727,7 @@ if __name__ == "__main__":
 
 def test_a_resumed_file_run_starts_on_a_line_of_its_own_after_a_torn_last_line(tmp_path):
     """A kill that tore the file's last line (a huge header) never glues the next run's lines onto it."""
-    from workers.sinks.file import FileSink
+    from tracklane.workers.sinks.file import FileSink
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": null, "data": {}, "config": {"huge": "cut here')  # torn mid-line

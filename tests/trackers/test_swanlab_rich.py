@@ -21,8 +21,8 @@ from tests.rich_setup import (
     write_generations,
     write_trajectories,
 )
-from workers.sinks.swanlab import GENERATION_COLUMNS, SwanlabSink
-from workers.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
+from tracklane.workers.sinks.swanlab import GENERATION_COLUMNS, SwanlabSink
+from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ import pytest
 
 pytest.importorskip("swanlab")
 
-from pipeline.core.errors import SinkError
-from pipeline.core.params import REDACTED, plain_config
-from pipeline.core.records import Metrics, RunSpec
-from workers.sinks.swanlab import SwanlabSink
-from workers.testing.readers.swanlab_reader import list_swanlab_runs, read_swanlab_media, read_swanlab_run
+from tracklane.core.errors import SinkError
+from tracklane.core.params import REDACTED, plain_config
+from tracklane.core.records import Metrics, RunSpec
+from tracklane.workers.sinks.swanlab import SwanlabSink
+from tracklane.workers.testing.readers.swanlab_reader import list_swanlab_runs, read_swanlab_media, read_swanlab_run
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "swl-key-must-not-leak-0123456789"
@@ -200,8 +200,8 @@ def test_one_live_run_per_process(logdir, sinks):
 _KILLED_ACTOR = """
 import os, sys
 sys.path.insert(0, {repo!r})
-from pipeline.core.records import Metrics, RunSpec
-from workers.sinks.swanlab import SwanlabSink
+from tracklane.core.records import Metrics, RunSpec
+from tracklane.workers.sinks.swanlab import SwanlabSink
 run = RunSpec(project="p", experiment="e", params={{"lr": 0.1}}, run_id="abc123")
 sink = SwanlabSink(run, SwanlabSink.resolve(run, os.environ, {{}}))
 print(sink.open(None)["id"])
@@ -237,8 +237,8 @@ def test_resume_in_fresh_process_reuses_the_run_id(logdir, sinks):
 _FLUSHED_THEN_KILLED = """
 import os, sys, time
 sys.path.insert(0, {repo!r})
-from pipeline.core.records import Metrics, RunSpec, Text
-from workers.sinks.swanlab import SwanlabSink
+from tracklane.core.records import Metrics, RunSpec, Text
+from tracklane.workers.sinks.swanlab import SwanlabSink
 run = RunSpec(project="p", experiment="e", params={{"lr": 0.1}}, run_id="flush1")
 sink = SwanlabSink(run, SwanlabSink.resolve(run, os.environ, {{}}))
 sink.open(None)

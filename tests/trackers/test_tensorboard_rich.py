@@ -18,10 +18,10 @@ pytest.importorskip("PIL.Image")
 from PIL import Image as PIL_Image
 from tensorboard.plugin_util import markdown_to_safe_html
 
-from pipeline.core.png import encode_png
-from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
-from workers.sinks.tensorboard import TensorboardSink
-from workers.testing.readers.tensorboard_reader import parse_markdown_table, read_tensorboard_dir, read_tensorboard_rich
+from tracklane.core.png import encode_png
+from tracklane.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
+from tracklane.workers.sinks.tensorboard import TensorboardSink
+from tracklane.workers.testing.readers.tensorboard_reader import parse_markdown_table, read_tensorboard_dir, read_tensorboard_rich
 
 LONG = "长" * 16_384  # as long as record_limits.max_chars lets a string be
 SAMPLES = [["q: 2+2?", "4", 1.0], ["", "", 0.0],
@@ -151,9 +151,9 @@ def test_rich_records_do_not_import_torch(tmp_path):
     """Every rich kind is written with the tensorboard package alone, never importing torch or tensorflow."""
     script = (
         "import sys, numpy as np\n"
-        "from pipeline.core.png import encode_png\n"
-        "from pipeline.core.records import *\n"
-        "from workers.sinks.tensorboard import TensorboardSink\n"
+        "from tracklane.core.png import encode_png\n"
+        "from tracklane.core.records import *\n"
+        "from tracklane.workers.sinks.tensorboard import TensorboardSink\n"
         f"sink = TensorboardSink(RunSpec(project='p', experiment='e'), {{'logdir': {str(tmp_path)!r}}})\n"
         "sink.open(None)\n"
         "sink.write([Generations(step=1, samples=[['i', 'o', 1.0]], time=0.0),\n"

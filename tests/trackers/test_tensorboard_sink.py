@@ -16,10 +16,10 @@ pytest.importorskip("tensorboard")
 
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from pipeline.core.params import REDACTED, flatten_params, plain_config
-from pipeline.core.records import Metrics, RunSpec
-from workers.sinks.tensorboard import TensorboardSink
-from workers.testing.readers.tensorboard_reader import read_tensorboard_dir
+from tracklane.core.params import REDACTED, flatten_params, plain_config
+from tracklane.core.records import Metrics, RunSpec
+from tracklane.workers.sinks.tensorboard import TensorboardSink
+from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir
 
 STEPS = 300
 CONFIG = {
@@ -168,8 +168,8 @@ def test_does_not_import_torch(tmp_path):
     """The sink writes event files with the tensorboard package alone, never importing torch."""
     script = (
         "import sys\n"
-        "from pipeline.core.records import Metrics, RunSpec\n"
-        "from workers.sinks.tensorboard import TensorboardSink\n"
+        "from tracklane.core.records import Metrics, RunSpec\n"
+        "from tracklane.workers.sinks.tensorboard import TensorboardSink\n"
         f"sink = TensorboardSink(RunSpec(project='p', experiment='e'), {{'logdir': {str(tmp_path)!r}}})\n"
         "sink.open(None); sink.write([Metrics(step=1, values={'a': 1.0}, time=0.0)]); sink.close(0)\n"
         "assert 'torch' not in sys.modules and 'tensorflow' not in sys.modules\n"

@@ -17,11 +17,11 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracing.client import TracingClient
 from mlflow.tracking import MlflowClient
 
-from pipeline.core.acks import SinkCounts
-from pipeline.core.errors import SinkError
-from pipeline.core.records import RunSpec, Trace
-from pipeline.testing.mlflow_server import URI_ENV
-from workers.sinks.mlflow import TRACE_ID_TAG, MlflowSink, trace_record_id
+from tracklane.core.acks import SinkCounts
+from tracklane.core.errors import SinkError
+from tracklane.core.records import RunSpec, Trace
+from tracklane.testing.mlflow_server import URI_ENV
+from tracklane.workers.sinks.mlflow import TRACE_ID_TAG, MlflowSink, trace_record_id
 
 T0 = 1_796_000_000_123_456_789  # wall-clock ns, not a whole millisecond
 UNICODE = [{"role": "system", "content": "verl rollout trace operation: ToolAgentLoop.run"},

@@ -48,9 +48,9 @@ import numpy as np
 import pytest
 from PIL import Image as PILImage
 
-from pipeline import Tracking
-from pipeline.testing.tensorboard_server import start_server, stop_server
-from workers.testing.readers.tensorboard_reader import parse_markdown_table
+from tracklane import Tracking
+from tracklane.testing.tensorboard_server import start_server, stop_server
+from tracklane.workers.testing.readers.tensorboard_reader import parse_markdown_table
 
 BACKENDS = ["tensorboard", "mlflow", "wandb"]
 EXPERIMENT = "exp"

@@ -21,13 +21,13 @@ import pytest
 pytest.importorskip("trackio")
 from PIL import Image as PILImage
 
-from pipeline.core.errors import ConfigError, SinkError
-from pipeline.core.histogram import histogram_figures
-from pipeline.core.params import REDACTED, plain_config
-from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
 from tests.conftest import same_value, verl_metrics
-from workers.sinks.trackio import EXIT_ALERT_TITLE, REMOTE_VARIABLES, TrackioSink
-from workers.testing.readers.trackio_reader import list_trackio_runs, read_trackio_run
+from tracklane.core.errors import ConfigError, SinkError
+from tracklane.core.histogram import histogram_figures
+from tracklane.core.params import REDACTED, plain_config
+from tracklane.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories, Trajectory
+from tracklane.workers.sinks.trackio import EXIT_ALERT_TITLE, REMOTE_VARIABLES, TrackioSink
+from tracklane.workers.testing.readers.trackio_reader import list_trackio_runs, read_trackio_run
 
 REPO = Path(__file__).resolve().parents[2]
 HF_TOKEN = "hf_token-must-not-leak-0123456789"
@@ -404,8 +404,8 @@ socket.socket.connect = socket.socket.connect_ex = refuse
 socket.getaddrinfo = lambda *args, **kwargs: refuse(None, *args)
 sys.path.insert(0, {repo!r})
 import os, threading
-from pipeline.core.records import Metrics, RunSpec, Text
-from workers.sinks.trackio import TrackioSink
+from tracklane.core.records import Metrics, RunSpec, Text
+from tracklane.workers.sinks.trackio import TrackioSink
 run = RunSpec(project="p", experiment="e", params={{"lr": 0.1}}, run_id="flush1")
 sink = TrackioSink(run, TrackioSink.resolve(run, os.environ, {{}}))
 sink.open(None)

@@ -10,7 +10,6 @@ import pytest
 pytest.importorskip("wandb")
 from PIL import Image as PILImage
 
-from pipeline.core.records import Histogram
 from tests.conftest import same_value
 from tests.rich_setup import (
     GENERATION_STEPS,
@@ -23,8 +22,9 @@ from tests.rich_setup import (
     write_generations,
     write_trajectories,
 )
-from workers.sinks.wandb import GENERATION_COLUMNS, WandbSink
-from workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
+from tracklane.core.records import Histogram
+from tracklane.workers.sinks.wandb import GENERATION_COLUMNS, WandbSink
+from tracklane.workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_artifacts_are_recorded_with_their_content(sink, wandb_dir, tmp_path):
 
 def test_a_histogram_of_more_bins_than_wandb_takes_is_merged_and_counted(sink, wandb_dir):
     """A 604-bin histogram (a migrated torch one) is stored as 302 bins of the same total, counted; not refused."""
-    from pipeline.core.histogram import HistogramFigures
+    from tracklane.core.histogram import HistogramFigures
 
     edges = np.linspace(-1.0, 1.0, 605).tolist()
     counts = list(range(604))

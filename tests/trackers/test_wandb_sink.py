@@ -14,13 +14,13 @@ import pytest
 
 pytest.importorskip("wandb")
 
-from pipeline.core.errors import MissingExtraError
-from pipeline.core.params import REDACTED, plain_config
-from pipeline.core.records import Metrics, RunSpec
 from tests.conftest import same_value
-from workers.sinks.wandb import WandbSink
-from workers.sinks.wandb_store import CorruptRunFileError
-from workers.testing.readers.wandb_reader import (
+from tracklane.core.errors import MissingExtraError
+from tracklane.core.params import REDACTED, plain_config
+from tracklane.core.records import Metrics, RunSpec
+from tracklane.workers.sinks.wandb import WandbSink
+from tracklane.workers.sinks.wandb_store import CorruptRunFileError
+from tracklane.workers.testing.readers.wandb_reader import (
     iter_payloads,
     read_run_file,
     read_wandb_run,
@@ -316,8 +316,8 @@ def test_durable_means_on_disk_and_a_successor_after_a_kill_stores_each_step_onc
 def test_steps_that_arrive_late_and_steps_of_another_axis_are_all_kept(wandb_dir):
     """wandb drops a row whose step is below its newest; the sink numbers rows itself and logs each key against a
     step metric, so a late step, a table of a late step and a producer's own axis all arrive with their steps."""
-    from pipeline.core.records import Generations
-    from workers.testing.readers.wandb_reader import read_wandb_media
+    from tracklane.core.records import Generations
+    from tracklane.workers.testing.readers.wandb_reader import read_wandb_media
 
     sink = make_sink()
     sink.open(None)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from trainer.agent_loop import run_episodes
-from trainer.config import load_config
-from trainer.model import GPT
-from trainer.rewards import episode_metrics, reward_metrics, score_episodes, skewness
-from trainer.rollout import Rollout, make_engine
-from trainer.task import Problem
-from trainer.tool_task import ToolAdditionTask, calculator
+from tracklane.trainer.agent_loop import run_episodes
+from tracklane.trainer.config import load_config
+from tracklane.trainer.model import GPT
+from tracklane.trainer.rewards import episode_metrics, reward_metrics, score_episodes, skewness
+from tracklane.trainer.rollout import Rollout, make_engine
+from tracklane.trainer.task import Problem
+from tracklane.trainer.tool_task import ToolAdditionTask, calculator
 
 CPU = torch.device("cpu")
 

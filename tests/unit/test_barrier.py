@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.shipping.barrier import Barrier, Phase
+from tracklane.shipping.barrier import Barrier, Phase
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from pipeline.capture.captured import Captured
-from pipeline.shipping.buffer import RecordBuffer
+from tracklane.capture.captured import Captured
+from tracklane.shipping.buffer import RecordBuffer
 
 
 def _item(n: int, size: int = 100) -> Captured:

@@ -8,9 +8,9 @@ import msgpack
 import pytest
 import zstandard
 
-from pipeline.core.errors import CodecError
-from pipeline.core.records import Batch, Metrics
-from pipeline.wire.batch import DecodeLimits, decode_batch, encode_batch
+from tracklane.core.errors import CodecError
+from tracklane.core.records import Batch, Metrics
+from tracklane.wire.batch import DecodeLimits, decode_batch, encode_batch
 
 
 def _batch() -> Batch:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline import ConfigError, Tracking
-from pipeline.config.async_log import REMOVED_KEYS, AsyncLogConfig, async_log_config, trainer_section
-from pipeline.config.prometheus import PrometheusConfig, prometheus_config
-from pipeline.core.params import REDACTED, flatten_params, plain_config
-from pipeline.host.registry import check_installed
-from pipeline.host.sink import Sink
+from tracklane import ConfigError, Tracking
+from tracklane.config.async_log import REMOVED_KEYS, AsyncLogConfig, async_log_config, trainer_section
+from tracklane.config.prometheus import PrometheusConfig, prometheus_config
+from tracklane.core.params import REDACTED, flatten_params, plain_config
+from tracklane.host.registry import check_installed
+from tracklane.host.sink import Sink
 
 
 def test_defaults():

@@ -9,11 +9,11 @@ import numpy as np
 import torch
 from PIL import Image as PILImage
 
-from pipeline.capture.captured import Captured
-from pipeline.capture.convert import Converter
-from pipeline.capture.rich import RecordLimits
-from pipeline.core.records import Trajectory
-from pipeline.core.report import PipelineReport
+from tracklane.capture.captured import Captured
+from tracklane.capture.convert import Converter
+from tracklane.capture.rich import RecordLimits
+from tracklane.core.records import Trajectory
+from tracklane.core.report import PipelineReport
 
 
 def _item(kind, payload, step=3, backend=None):
@@ -88,7 +88,7 @@ def test_malformed_rich_input_is_rejected():
 def test_each_backend_gets_its_own_sample_limit():
     """By default the file keeps every sample and the dashboards 256: one record each, addressed with `only`,
     the dashboards' rows evenly spaced over all; each lane's report says what it did not get."""
-    from pipeline.core.report import LaneReport
+    from tracklane.core.report import LaneReport
 
     converter = Converter(RecordLimits(), backends=["file", "wandb", "mlflow"])
     samples = [[f"in{i}", f"out{i}", float(i)] for i in range(300)]
@@ -109,8 +109,8 @@ def test_backend_limits_are_merged_over_the_defaults_and_checked():
     """trainer.record_limits.backends overrides a backend's own sample limits (null: all); bad ones are refused."""
     import pytest
 
-    from pipeline.capture.rich import record_limits
-    from pipeline.core.errors import ConfigError
+    from tracklane.capture.rich import record_limits
+    from tracklane.core.errors import ConfigError
 
     limits = record_limits({"max_trajectories": 16, "backends": {"wandb": {"max_trajectories": 4},
                                                                   "file": {"max_generations": 10}}})

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import check_settings
-from pipeline.core.errors import ConfigError
-from pipeline.host.registry import BACKENDS
+from tracklane import check_settings
+from tracklane.core.errors import ConfigError
+from tracklane.host.registry import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPS = ("pipeline", "workers", "trainer", "benchmarks", "tests")
@@ -32,7 +32,13 @@ BASES = ("", "pipeline", "workers", "trainer")
 # Our folder names that are also third-party packages the docs quote files of (verl/utils/tracking.py).
 THEIRS = ("verl",)
 
-DOTTED = re.compile(r"(?<![\w./-])(?:import |from |-m )?(?:pipeline|workers|trainer|benchmarks|tests)(?:\.\w+)+(?::\w+)?")
+DOTTED = re.compile(r"(?<![\w./-])(?:import |from |-m )?(?:tracklane|pipeline|workers|trainer|benchmarks|tests)"
+                    r"(?:\.\w+)+(?::\w+)?")
+# A dotted name's package -> the folder its modules are in (pyproject's package-dir); the folders' own names are
+# no module names any more (a doc naming one is stale), but for the verl hook's old names, still served.
+FOLDER_OF = {"tracklane.workers": "workers", "tracklane.trainer": "trainer", "tracklane.benchmarks": "benchmarks",
+             "tracklane": "pipeline", "tests": "tests"}
+OLD_TOPS = ("pipeline", "workers", "trainer", "benchmarks")
 PATH = re.compile(r"(?<![\w./<>*$~-])(?:[\w.-]+/)*[\w-]+\.(?:py|md)(?![\w*<>-])"  # a file
                   r"|(?<![\w./<>*$~-])(?:[\w-]+/)+(?![\w*<>.-])")  # a folder: "workers/sinks/", not a glob
 FILE_SUFFIXES = ("py", "md", "yaml", "yml", "json", "jsonl", "toml", "txt", "log")
@@ -86,27 +92,57 @@ def stale_references(lines: Iterable[tuple[str, int, str]], root: Path) -> list[
 
 
 def dotted_problem(found: str, root: Path) -> str | None:
-    """Why a dotted name (``pipeline.verl.dropin.install``, ``pipeline.cli.main:main``) names nothing, or None."""
+    """Why a dotted name (``tracklane.verl.install``, ``tracklane.cli.main:main``) names nothing, or None."""
     context, _, name = found.rpartition(" ")
     parts = name.replace(":", ".").split(".")
     if parts[-1] in FILE_SUFFIXES:
         return None  # a file name ("tests.md"): the path check's business
-    path = root / parts[0]
-    for i, part in enumerate(parts[1:], 1):
+    if parts[0] in OLD_TOPS:
+        return old_name_problem(name, parts, context, root)
+    package = ".".join(parts[:2]) if ".".join(parts[:2]) in FOLDER_OF else parts[0]
+    path = root / FOLDER_OF[package]
+    first = package.count(".") + 1
+    for i, part in enumerate(parts[first:], first):
         if path.is_dir() and ((path / part).is_dir() or (path / f"{part}.py").is_file()):
             path = path / part
             continue
-        if i == 1 and parts[0] == "trainer" and not context:
-            return None  # trainer.async_log, trainer.logger: verl's config section, not the trainer/ package
         module = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
         missing = missing_attribute(module, parts[i:])
+        if missing and i == 1 and not context:
+            return None  # tracklane.run_id, tracklane.exit_code: the tags and parameters tracklane writes, no module
         return f"{name}: {'.'.join(parts[:i])} has no {missing}" if missing else None
     return None  # every part is a package or module that exists
 
 
+def legacy_names() -> set[str]:
+    """The verl hook's old module names and what lies above and in them, still served (pipeline/_legacy_hook.py)."""
+    from tracklane._legacy_hook import ALIASES, STUBS
+
+    return {*STUBS, *ALIASES, *(f"{alias}.install" for alias in ALIASES)}
+
+
+def old_name_problem(name: str, parts: list[str], context: str, root: Path) -> str | None:
+    """A name starting with a folder's name: stale where it names a module of ours by that folder (the modules are
+    tracklane's now), fine where it is something else (``trainer.async_log``: verl's config section)."""
+    if name in legacy_names() or (parts[0] == "trainer" and not context):
+        return None  # the hook's old names; trainer.async_log, trainer.progress=false: verl's config section
+    folder = root / parts[0]
+    below = parts[1]
+    if (folder / below).is_dir() or (folder / f"{below}.py").is_file() or (
+            parts[0] == "pipeline" and not missing_attribute(folder / "__init__.py", [below])):
+        new = FOLDER_OF_NEW[parts[0]] + name[len(parts[0]):]
+        return f"{name}: a module's old name; it is {new}"
+    if context and parts[0] != "trainer":
+        return f"{name}: {parts[0]} is no module name (a folder's; its modules are tracklane's)"
+    return None
+
+
+FOLDER_OF_NEW = {folder: package for package, folder in FOLDER_OF.items()}
+
+
 def missing_attribute(module: Path, attributes: list[str]) -> str | None:
     """The first of ``attributes`` (an attribute, then its attributes) the module's source does not define.
-    Read with ``ast``, not imported: trainer.main imports torch (1.7 s), and a doc check runs no project code."""
+    Read with ``ast``, not imported: tracklane.trainer.main imports torch (1.7 s), and a doc check runs no project code."""
     if not module.is_file():
         return attributes[0]
     body = ast.parse(module.read_text(encoding="utf-8")).body
@@ -173,16 +209,16 @@ def test_a_doc_naming_what_does_not_exist_is_reported_with_file_and_line():
     """A missing file, module, attribute or bare file name is reported; names outside the project are not."""
     text = [
         ("doc.md", 3, "see pipeline/core/no_such_module.py and core/records.py"),
-        ("doc.md", 4, "python -m benchmarks.no_such_bench; pipeline.core.records.NoSuchRecord"),
+        ("doc.md", 4, "python -m tracklane.benchmarks.no_such_bench; tracklane.core.records.NoSuchRecord"),
         ("x.py", 9, "(no_such_codec.py) trainer.async_log.flush_interval_s, wandb/sdk/x.py, verl.utils.tracking"),
-        ("x.py", 10, "pipeline.cli.main:no_such_main, pipeline.verl.dropin.install, tests/no_such_dir/"),
+        ("x.py", 10, "tracklane.cli.main:no_such_main, tracklane.verl.install, tests/no_such_dir/"),
     ]
     assert stale_references(text, ROOT) == [
         "doc.md:3: no file or folder pipeline/core/no_such_module.py",
-        "doc.md:4: benchmarks.no_such_bench: benchmarks has no no_such_bench",
-        "doc.md:4: pipeline.core.records.NoSuchRecord: pipeline.core.records has no NoSuchRecord",
+        "doc.md:4: tracklane.benchmarks.no_such_bench: tracklane.benchmarks has no no_such_bench",
+        "doc.md:4: tracklane.core.records.NoSuchRecord: tracklane.core.records has no NoSuchRecord",
         "x.py:9: no file or folder no_such_codec.py",
-        "x.py:10: pipeline.cli.main:no_such_main: pipeline.cli.main has no no_such_main",
+        "x.py:10: tracklane.cli.main:no_such_main: tracklane.cli.main has no no_such_main",
         "x.py:10: no file or folder tests/no_such_dir/",
     ]
 
@@ -192,13 +228,13 @@ def test_renaming_a_module_a_doc_names_fails_the_check(tmp_path):
     (tmp_path / "pipeline" / "core").mkdir(parents=True)
     (tmp_path / "pipeline" / "core" / "records.py").write_text("class Metrics:\n    step: int\n")
     doc = tmp_path / "README.md"
-    doc.write_text("The records: `core/records.py` (`pipeline.core.records.Metrics`).\n")
+    doc.write_text("The records: `core/records.py` (`tracklane.core.records.Metrics`).\n")
     lines = [("README.md", n, t) for n, t in prose(doc)]
     assert stale_references(lines, tmp_path) == []
     (tmp_path / "pipeline" / "core" / "records.py").rename(tmp_path / "pipeline" / "core" / "record_types.py")
     our_files.cache_clear()  # the project's file names are read once per root
     assert stale_references(lines, tmp_path) == [
-        "README.md:1: pipeline.core.records.Metrics: pipeline.core has no records",
+        "README.md:1: tracklane.core.records.Metrics: tracklane.core has no records",
         "README.md:1: no file or folder core/records.py",
     ]
 
@@ -271,7 +307,8 @@ def page_sections(page: str) -> dict[str, str]:
 def schema(section: str) -> list[str]:
     """The setting names of a section, from the dataclass ``check_settings`` builds for it."""
     ref = config_hook().REFERENCES[section]
-    module = importlib.import_module(ref.path.removesuffix(".py").replace("/", "."))
+    folder, *parts = Path(ref.path).with_suffix("").parts
+    module = importlib.import_module(".".join([FOLDER_OF_NEW[folder], *parts]))
     return [f.name for f in dataclasses.fields(getattr(module, ref.cls))]
 
 
@@ -323,3 +360,16 @@ def test_a_setting_the_code_lacks_is_caught():
     page = "## `trainer.async_log`\n\n| key(s) | how |\n|---|---|\n| `no_such_knob`, `flush_interval_s` | x |\n"
     named = named_settings(page + "set trainer.console.no_such_key", page_sections(page))
     assert named == {("async_log", "no_such_knob"), ("async_log", "flush_interval_s"), ("console", "no_such_key")}
+
+
+def test_a_doc_naming_a_module_by_its_folder_is_reported():
+    """A module named by its folder (the name it had before tracklane became the one import name) is stale; the
+    verl hook's old names (still served) and verl's config sections are not."""
+    old = "pipe" + "line"  # written so, or the renaming kit would rename it here too
+    text = [("doc.md", 1, f"from {old}.core.records import Metrics; {old}.Tracking; trainer.async_log, tracklane.run_id"),
+            ("doc.md", 2, f"{old}.verl.dropin.install, {old}.verl_dropin.install, import {old}.nothing_of_ours")]
+    assert stale_references(text, ROOT) == [
+        f"doc.md:1: {old}.core.records: a module's old name; it is tracklane.core.records",
+        f"doc.md:1: {old}.Tracking: a module's old name; it is tracklane.Tracking",
+        f"doc.md:2: {old}.nothing_of_ours: {old} is no module name (a folder's; its modules are tracklane's)",
+    ]

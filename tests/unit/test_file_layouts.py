@@ -8,9 +8,9 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.core.records import SYSTEM_AXIS, Metrics, RunSpec
-from workers.sinks.file import FileSink
-from workers.sources.file import FileSource
+from tracklane.core.records import SYSTEM_AXIS, Metrics, RunSpec
+from tracklane.workers.sinks.file import FileSink
+from tracklane.workers.sources.file import FileSource
 
 
 def _points(source: FileSource) -> list[tuple[int, str | None, str, float]]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.core.report import LaneReport
-from pipeline.shipping.lane_window import Entry, LaneWindow
-from pipeline.spool.segments import SpoolEntry
+from tracklane.core.report import LaneReport
+from tracklane.shipping.lane_window import Entry, LaneWindow
+from tracklane.spool.segments import SpoolEntry
 
 
 def _entry(seq: int, nbytes: int = 10, *, ref: object = "bytes", spooled: bool = True) -> Entry:

@@ -10,6 +10,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("pipeline", "workers", "trainer", "benchmarks")
+# folder -> the name its modules are installed under (pyproject's package-dir): one import name, tracklane
+INSTALLED_AS = {"pipeline": "tracklane", "workers": "tracklane.workers", "trainer": "tracklane.trainer",
+                "benchmarks": "tracklane.benchmarks"}
 
 # pipeline's rooms from the floor up: a room imports only rooms on lower floors (and itself). The facade is the
 # top-level modules (tracking, producer, log_calls, pipe, sync_pipeline, sync_spool, backend_view); the face is __init__,
@@ -24,14 +27,23 @@ FLOORS: dict[str, int] = {
     "verl": 6, "cli": 6,
     "face": 7,
 }
-FACE = {"pipeline", "pipeline.__main__", "pipeline.verl_dropin"}
+FACE = {"tracklane", "tracklane.__main__"}
 # What a plug-in (a sink, a source, a reader) may stand on: the contract and the floors under it.
 WORKERS_MAY_IMPORT = {"core", "config", "capture", "wire", "host", "spool"}
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    folder, *parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join([INSTALLED_AS[folder], *(parts[:-1] if parts and parts[-1] == "__init__" else parts)])
+
+
+def folder(module: str) -> str:
+    """The folder a module of ours is in: ``tracklane.workers.sinks.file`` -> workers, ``tracklane.core`` ->
+    pipeline."""
+    for name, dotted in INSTALLED_AS.items():
+        if dotted != "tracklane" and (module == dotted or module.startswith(dotted + ".")):
+            return name
+    return "pipeline"
 
 
 @cache
@@ -40,7 +52,7 @@ def _modules() -> dict[str, Path]:
 
 
 def _resolve(name: str) -> str | None:
-    """The module of ours a dotted name lands in (``pipeline.core.records.Metrics`` -> ``pipeline.core.records``)."""
+    """The module of ours a dotted name lands in (``tracklane.core.records.Metrics`` -> ``tracklane.core.records``)."""
     modules = _modules()
     while name and name not in modules:
         name = name.rpartition(".")[0]
@@ -134,46 +146,47 @@ def test_cycle_finder_finds_a_cycle():
 def test_pipeline_rooms_import_only_downward():
     """Every import inside pipeline/ goes to the same room or a lower floor; every room has a floor."""
     graph = import_graph()
-    pipeline_modules = [m for m in graph if m.split(".")[0] == "pipeline"]
+    pipeline_modules = [m for m in graph if folder(m) == "pipeline"]
     assert {room(m) for m in pipeline_modules} <= set(FLOORS)
     upward = [f"{m} ({room(m)}) -> {t} ({room(t)})" for m in pipeline_modules for t in graph[m]
-              if t.split(".")[0] == "pipeline" and room(t) != room(m) and FLOORS[room(t)] >= FLOORS[room(m)]]
+              if folder(t) == "pipeline" and room(t) != room(m) and FLOORS[room(t)] >= FLOORS[room(m)]]
     assert upward == []
 
 
 def test_pipeline_never_imports_workers_trainer_or_benchmarks():
     """Nothing in pipeline/ imports workers/, trainer/ or benchmarks/: plug-ins are found by name in the registry."""
     graph = import_graph()
-    offenders = [f"{m} -> {t}" for m in graph if m.split(".")[0] == "pipeline" for t in graph[m]
-                 if t.split(".")[0] != "pipeline"]
+    offenders = [f"{m} -> {t}" for m in graph if folder(m) == "pipeline" for t in graph[m]
+                 if folder(t) != "pipeline"]
     assert offenders == []
 
 
 def test_workers_stand_on_the_contract():
     """A plug-in imports only pipeline's contract and the floors under it; sources and readers may use sinks."""
     graph = import_graph()
-    offenders = [f"{m} -> {t}" for m in graph if m.split(".")[0] == "workers" for t in graph[m]
-                 if (t.split(".")[0] == "pipeline" and t != "pipeline" and room(t) not in WORKERS_MAY_IMPORT)
-                 or t == "pipeline" or t.split(".")[0] in ("trainer", "benchmarks")
-                 or (m.startswith("workers.sinks") and not t.startswith(("workers.sinks", "pipeline")))]
+    sinks = "tracklane.workers.sinks"
+    offenders = [f"{m} -> {t}" for m in graph if folder(m) == "workers" for t in graph[m]
+                 if (folder(t) == "pipeline" and t != "tracklane" and room(t) not in WORKERS_MAY_IMPORT)
+                 or t == "tracklane" or folder(t) in ("trainer", "benchmarks")
+                 or (m.startswith(sinks) and not (t.startswith(sinks) or folder(t) == "pipeline"))]
     assert offenders == []
 
 
 def test_trainer_uses_only_the_public_face():
-    """The trainer imports tracklane as a user does: ``from pipeline import ...``, never an internal room."""
+    """The trainer imports tracklane as a user does: ``from tracklane import ...``, never an internal room."""
     graph = import_graph()
-    offenders = [f"{m} -> {t}" for m in graph if m.split(".")[0] == "trainer" for t in graph[m]
-                 if t.split(".")[0] in ("pipeline", "workers", "benchmarks") and t != "pipeline"]
+    offenders = [f"{m} -> {t}" for m in graph if folder(m) == "trainer" for t in graph[m]
+                 if folder(t) in ("pipeline", "workers", "benchmarks") and t != "tracklane"]
     assert offenders == []
 
 
 def test_benchmarks_use_public_faces():
-    """The benchmarks import tracklane through its faces (``pipeline``, and ``pipeline.spool`` / ``pipeline.wire``
+    """The benchmarks import tracklane through its faces (``tracklane``, and ``tracklane.spool`` / ``tracklane.wire``
     for reading a spool's batches) and its shipped test helpers, never an internal module."""
     graph = import_graph()
-    public = {"pipeline", "pipeline.spool", "pipeline.wire"}
-    offenders = [f"{m} -> {t}" for m in graph if m.split(".")[0] == "benchmarks" for t in graph[m]
-                 if t.split(".")[0] == "pipeline" and t not in public and room(t) != "testing"]
+    public = {"tracklane", "tracklane.spool", "tracklane.wire"}
+    offenders = [f"{m} -> {t}" for m in graph if folder(m) == "benchmarks" for t in graph[m]
+                 if folder(t) == "pipeline" and t not in public and room(t) != "testing"]
     assert offenders == []
 
 
@@ -189,8 +202,10 @@ def test_benchmarks_never_import_tests():
 
 
 def test_import_pipeline_loads_no_sink_ray_or_sdk():
-    """`import pipeline` loads no workers module, no Ray, no tracker SDK and no test helper."""
-    code = ("import sys, pipeline; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('workers', 'ray', 'wandb', 'mlflow', 'swanlab', 'tensorboard') or m.startswith('pipeline.testing')))")
+    """`import tracklane` loads no workers module, no Ray, no tracker SDK, no test helper, and nothing of ours by
+    a folder's name (run from the repository's root, where the folders could be imported so)."""
+    code = ("import sys, tracklane; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('ray', 'wandb', 'mlflow', 'swanlab', 'tensorboard', *" + repr(PACKAGES) + ") "
+            "or m.startswith(('tracklane.workers', 'tracklane.testing'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

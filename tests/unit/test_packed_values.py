@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.packed_values import PackedValues
-from pipeline.core.records import SYSTEM_AXIS, Metrics, RunSpec
-from pipeline.wire.batch import Batch, decode_batch, encode_batch
-from workers.sinks.file import FileSink
+from tracklane.core.packed_values import PackedValues
+from tracklane.core.records import SYSTEM_AXIS, Metrics, RunSpec
+from tracklane.wire.batch import Batch, decode_batch, encode_batch
+from tracklane.workers.sinks.file import FileSink
 
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True),

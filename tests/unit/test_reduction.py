@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.reduction import CONFIRM, DECLARE, ENDED, FINISH, OPS, Reducer, check_ops
+from tracklane.core.reduction import CONFIRM, DECLARE, ENDED, FINISH, OPS, Reducer, check_ops
 
 SOURCES = ["w0#aaaaaaaaaa", "w1#bbbbbbbbbb", "w2#cccccccccc"]
 

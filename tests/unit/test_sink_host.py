@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
-from pipeline.core.acks import SinkCounts
-from pipeline.core.errors import CodecError, SinkError
-from pipeline.core.records import Metrics, RunSpec
-from pipeline.host.sink import Sink
-from pipeline.host.sink_host import SinkHost
-from pipeline.wire.ack import pack_ack, unpack_ack
+from tracklane.core.acks import SinkCounts
+from tracklane.core.errors import CodecError, SinkError
+from tracklane.core.records import Metrics, RunSpec
+from tracklane.host.sink import Sink
+from tracklane.host.sink_host import SinkHost
+from tracklane.wire.ack import pack_ack, unpack_ack
 
 RUN = RunSpec(project="p", experiment="e", run_id="host")
 

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pipeline.core.errors import ConfigError
-from pipeline.spool.segments import Spool
+from tracklane.core.errors import ConfigError
+from tracklane.spool.segments import Spool
 
 FUZZ = int(os.environ.get("TRACKLANE_FUZZ_EXAMPLES", "0"))
 

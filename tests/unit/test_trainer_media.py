@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trainer.config import load_config
-from trainer.episode import Episode, ToolCall, Turn
-from trainer.gradients import GradientProbe, layer_of
-from trainer.heatmap import PAD_WHITE, TOOL_GREY, colormap, kl_heatmap
-from trainer.model import GPT
-from trainer.rewards import score_episodes
-from trainer.sample_text import markdown_sample
-from trainer.task import Problem
-from trainer.tool_task import ToolAdditionTask
+from tracklane.trainer.config import load_config
+from tracklane.trainer.episode import Episode, ToolCall, Turn
+from tracklane.trainer.gradients import GradientProbe, layer_of
+from tracklane.trainer.heatmap import PAD_WHITE, TOOL_GREY, colormap, kl_heatmap
+from tracklane.trainer.model import GPT
+from tracklane.trainer.rewards import score_episodes
+from tracklane.trainer.sample_text import markdown_sample
+from tracklane.trainer.task import Problem
+from tracklane.trainer.tool_task import ToolAdditionTask
 
 
 def test_heatmap_cells_scale_and_bar():

@@ -9,14 +9,14 @@ import numpy as np
 import orjson
 import pytest
 
-from pipeline.capture.captured import Captured
-from pipeline.capture.convert import Converter
-from pipeline.capture.rich import RecordLimits, record_limits
-from pipeline.core.errors import CodecError
-from pipeline.core.records import Batch, Metrics, RunSpec, Trajectories, Trajectory
-from pipeline.core.trajectory_lines import TrajectoryLines, trajectory_line
-from pipeline.wire.batch import decode_batch, encode_batch, shared
-from workers.sinks.file import FileSink
+from tracklane.capture.captured import Captured
+from tracklane.capture.convert import Converter
+from tracklane.capture.rich import RecordLimits, record_limits
+from tracklane.core.errors import CodecError
+from tracklane.core.records import Batch, Metrics, RunSpec, Trajectories, Trajectory
+from tracklane.core.trajectory_lines import TrajectoryLines, trajectory_line
+from tracklane.wire.batch import decode_batch, encode_batch, shared
+from tracklane.workers.sinks.file import FileSink
 
 
 def _trajectories(n: int) -> list[Trajectory]:

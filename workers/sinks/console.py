@@ -4,7 +4,7 @@ Rich records get one short summary line each (counts, mean score), never their f
 
 Where the lines go: in-process (``log_async: false``) straight to stdout; in a lane actor they are kept
 (``capture_output``) and travel back to the trainer in the actor's answers, which prints them on its own
-stdout through ``pipeline.node.terminal`` (in batch order, without Ray's ``(LaneActor pid=...)`` prefix).
+stdout through ``tracklane.node.terminal`` (in batch order, without Ray's ``(LaneActor pid=...)`` prefix).
 Its store is that stdout, so captured lines count as stored (``LaggingStore``) only once an answer to the
 trainer took them: a producer's batch printed by an actor killed before then is sent again, not lost.
 
@@ -21,11 +21,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
-from pipeline.config.console import console_config
-from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
-from pipeline.host.sink import Sink
-from workers.sinks.media import mean_score
-from workers.sinks.steps import merge_by_axis_step
+from tracklane.config.console import console_config
+from tracklane.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
+from tracklane.host.sink import Sink
+from tracklane.workers.sinks.media import mean_score
+from tracklane.workers.sinks.steps import merge_by_axis_step
 
 MAX_KEPT_CHARS = 4 * 1024 * 1024
 """Captured text waiting for the trainer to collect it at most; older lines beyond are dropped, counted."""

@@ -28,9 +28,9 @@ from typing import Any
 
 import orjson
 
-from pipeline.core.files import write_atomically
-from pipeline.core.packed_values import PackedValues
-from pipeline.core.records import (
+from tracklane.core.files import write_atomically
+from tracklane.core.packed_values import PackedValues
+from tracklane.core.records import (
     Artifact,
     Generations,
     Histogram,
@@ -42,10 +42,10 @@ from pipeline.core.records import (
     Trace,
     Trajectories,
 )
-from pipeline.core.trajectory_lines import TrajectoryLines, trajectory_line
-from pipeline.host.sink import Sink
-from workers.sinks.media import safe_name
-from workers.sinks.steps import merge_by_axis_step
+from tracklane.core.trajectory_lines import TrajectoryLines, trajectory_line
+from tracklane.host.sink import Sink
+from tracklane.workers.sinks.media import safe_name
+from tracklane.workers.sinks.steps import merge_by_axis_step
 
 
 class FileSink(Sink):

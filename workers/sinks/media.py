@@ -16,8 +16,8 @@ import math
 import re
 from typing import Any
 
-from pipeline.core.records import Generations, Trajectories, Trajectory
-from pipeline.core.values import finite_or_none
+from tracklane.core.records import Generations, Trajectories, Trajectory
+from tracklane.core.values import finite_or_none
 
 GENERATION_COLUMNS = ["step", "input", "output", "score"]
 TRAJECTORY_COLUMNS = ["step", "sample_index", "rollout_index", "validation", "score", "rewards", "messages",

@@ -4,10 +4,10 @@ Selected as backend ``"memory"``; configured under ``trainer.memory_sink`` (``de
 write, ``fail_writes``, ``fail_open``, ``down_while``, ``store_lag``, ``dir``, ``discard``). It
 appends each write as one encoded batch (msgpack + zstd, never pickle) to ``<dir>/records.tlb``, so
 what it got can be read back from any process, whether it ran in a lane actor or in-process:
-``workers.testing.memory.memory_records(run_id)``.
+``tracklane.workers.testing.memory.memory_records(run_id)``.
 The default ``dir`` is ``<temp>/tracklane-memory/<run_id>``; a fresh run starts it empty.
 With ``discard`` it keeps only counts (``<dir>/tally.json`` at close: records, scalar values,
-trajectories): the pipeline's own ceiling, with a sink that costs nothing (``benchmarks.capacity``).
+trajectories): the pipeline's own ceiling, with a sink that costs nothing (``tracklane.benchmarks.capacity``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.core.errors import SinkError
-from pipeline.core.records import Batch, Record, RunSpec
-from pipeline.host.sink import Sink
-from pipeline.wire.batch import encode_batch
+from tracklane.core.errors import SinkError
+from tracklane.core.records import Batch, Record, RunSpec
+from tracklane.host.sink import Sink
+from tracklane.wire.batch import encode_batch
 
 RECORDS_FILE = "records.tlb"
 FRAME_HEADER = struct.Struct("<I")  # byte length of the encoded batch that follows

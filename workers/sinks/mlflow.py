@@ -63,10 +63,10 @@ from urllib.parse import urlparse
 
 import orjson
 
-from pipeline.core.errors import SinkError
-from pipeline.core.histogram import HistogramFigures
-from pipeline.core.params import flatten_params
-from pipeline.core.records import (
+from tracklane.core.errors import SinkError
+from tracklane.core.histogram import HistogramFigures
+from tracklane.core.params import flatten_params
+from tracklane.core.records import (
     Artifact,
     Generations,
     Histogram,
@@ -78,11 +78,11 @@ from pipeline.core.records import (
     Trace,
     Trajectories,
 )
-from pipeline.host.sink import Sink, exception_chain, import_sdk
-from workers.sinks.media import safe_name
-from workers.sinks.mlflow_traces import TRACE_ID_TAG as TRACE_ID_TAG  # re-exported: tests read traces by it
-from workers.sinks.mlflow_traces import MlflowTraces
-from workers.sinks.mlflow_traces import trace_record_id as trace_record_id  # re-exported, as TRACE_ID_TAG
+from tracklane.host.sink import Sink, exception_chain, import_sdk
+from tracklane.workers.sinks.media import safe_name
+from tracklane.workers.sinks.mlflow_traces import TRACE_ID_TAG as TRACE_ID_TAG  # re-exported: tests read traces by it
+from tracklane.workers.sinks.mlflow_traces import MlflowTraces
+from tracklane.workers.sinks.mlflow_traces import trace_record_id as trace_record_id  # re-exported, as TRACE_ID_TAG
 
 log = logging.getLogger("tracklane")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.core.records import Trace
+from tracklane.core.records import Trace
 
 log = logging.getLogger("tracklane")
 

@@ -20,9 +20,9 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from pipeline.config.prometheus import prometheus_config
-from pipeline.core.records import Metrics, RunSpec
-from pipeline.host.sink import Sink, import_sdk
+from tracklane.config.prometheus import prometheus_config
+from tracklane.core.records import Metrics, RunSpec
+from tracklane.host.sink import Sink, import_sdk
 
 STEP_GAUGE = "tracklane_step"
 _NOT_IN_NAME = re.compile(r"[^a-zA-Z0-9_]")

@@ -20,10 +20,10 @@ from typing import Any
 
 import msgpack
 
-from pipeline.core.files import write_atomically
-from pipeline.core.records import Metrics, Record, Reduction, RunSpec
-from pipeline.core.reduction import PART, Reducer
-from pipeline.host.sink import Sink
+from tracklane.core.files import write_atomically
+from tracklane.core.records import Metrics, Record, Reduction, RunSpec
+from tracklane.core.reduction import PART, Reducer
+from tracklane.host.sink import Sink
 
 log = logging.getLogger("tracklane")
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import groupby
 from typing import TypeVar
 
-from pipeline.core.records import Metrics
+from tracklane.core.records import Metrics
 
 R = TypeVar("R")
 

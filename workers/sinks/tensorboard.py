@@ -32,11 +32,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.core.histogram import HistogramFigures
-from pipeline.core.params import flatten_params
-from pipeline.core.records import Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
-from pipeline.host.sink import Sink, import_sdk
-from workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, trajectory_rows
+from tracklane.core.histogram import HistogramFigures
+from tracklane.core.params import flatten_params
+from tracklane.core.records import Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
+from tracklane.host.sink import Sink, import_sdk
+from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, trajectory_rows
 
 PARAMS_TAG = "hyperparameters"
 FLUSH_SECS = 10  # the writer thread's own flush period; write() and flush() force one

@@ -83,8 +83,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import ConfigError, SinkError
-from pipeline.core.records import (
+from tracklane.core.errors import ConfigError, SinkError
+from tracklane.core.records import (
     SYSTEM_AXIS,
     Artifact,
     Generations,
@@ -98,8 +98,8 @@ from pipeline.core.records import (
     Trajectories,
     Trajectory,
 )
-from pipeline.host.sink import Sink, exception_chain, import_sdk
-from workers.sinks.steps import merged_values, records_by_step
+from tracklane.host.sink import Sink, exception_chain, import_sdk
+from tracklane.workers.sinks.steps import merged_values, records_by_step
 
 log = logging.getLogger("tracklane")
 

@@ -39,13 +39,13 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from pipeline.core.errors import SinkError
-from pipeline.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
-from pipeline.host.sink import Sink, import_sdk
-from workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
-from workers.sinks.steps import R, merged_values, records_by_step
-from workers.sinks.wandb_resent import ResentRows
-from workers.sinks.wandb_store import ROW_TAG, LogTail
+from tracklane.core.errors import SinkError
+from tracklane.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
+from tracklane.host.sink import Sink, import_sdk
+from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
+from tracklane.workers.sinks.steps import R, merged_values, records_by_step
+from tracklane.workers.sinks.wandb_resent import ResentRows
+from tracklane.workers.sinks.wandb_store import ROW_TAG, LogTail
 
 log = logging.getLogger("tracklane")
 

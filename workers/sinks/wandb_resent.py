@@ -12,9 +12,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.core.records import Artifact
-from workers.sinks.media import safe_name
-from workers.sinks.wandb_store import Stored, run_files, stored_so_far
+from tracklane.core.records import Artifact
+from tracklane.workers.sinks.media import safe_name
+from tracklane.workers.sinks.wandb_store import Stored, run_files, stored_so_far
 
 log = logging.getLogger("tracklane")
 

@@ -33,12 +33,12 @@ from typing import Any
 
 import orjson
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.records import Artifact, Generations, Image, Metrics, Record, RunSpec, Text, Trace, Trajectories
-from pipeline.host.source import Source, SourceRun, option
-from workers.sinks.file import METRICS_FILE, RUN_FILE, tracklane_dir
-from workers.sinks.media import safe_name
-from workers.sources.shaping import artifact_step, binned_histogram, in_step_order, number, png, score, trajectory
+from tracklane.core.errors import ConfigError
+from tracklane.core.records import Artifact, Generations, Image, Metrics, Record, RunSpec, Text, Trace, Trajectories
+from tracklane.host.source import Source, SourceRun, option
+from tracklane.workers.sinks.file import METRICS_FILE, RUN_FILE, tracklane_dir
+from tracklane.workers.sinks.media import safe_name
+from tracklane.workers.sources.shaping import artifact_step, binned_histogram, in_step_order, number, png, score, trajectory
 
 GENERATIONS_KEY = "val/generations"  # the records' default keys: the file sink does not keep the key
 TRAJECTORIES_KEY = "rollout/trajectories"

@@ -28,12 +28,21 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.records import Artifact, Generations, Histogram, Image, Record, RunSpec, Text, Trajectories
-from pipeline.host.sink import import_sdk
-from pipeline.host.source import Source, SourceRun, option
-from workers.sinks.mlflow import DEFAULT_TRACKING_URI, absolute_tracking_uri, mlflow_key
-from workers.sources.shaping import Point, artifact_step, binned_histogram, in_step_order, metrics_records, png, score, trajectory
+from tracklane.core.errors import ConfigError
+from tracklane.core.records import Artifact, Generations, Histogram, Image, Record, RunSpec, Text, Trajectories
+from tracklane.host.sink import import_sdk
+from tracklane.host.source import Source, SourceRun, option
+from tracklane.workers.sinks.mlflow import DEFAULT_TRACKING_URI, absolute_tracking_uri, mlflow_key
+from tracklane.workers.sources.shaping import (
+    Point,
+    artifact_step,
+    binned_histogram,
+    in_step_order,
+    metrics_records,
+    png,
+    score,
+    trajectory,
+)
 
 DOUBLE_MAX = 1.7976931348623157e308
 """What MLflow stores for +-Inf."""

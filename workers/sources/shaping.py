@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core.histogram import HistogramFigures
-from pipeline.core.png import PNG_SIGNATURE
-from pipeline.core.records import Histogram, Metrics, Record, Trajectory
-from pipeline.core.values import as_number
+from tracklane.core.histogram import HistogramFigures
+from tracklane.core.png import PNG_SIGNATURE
+from tracklane.core.records import Histogram, Metrics, Record, Trajectory
+from tracklane.core.values import as_number
 
 Point = tuple[int, float, str, float | int]
 """(step, time in seconds, key, value)."""

@@ -13,12 +13,12 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pipeline.core.errors import CodecError
-from pipeline.core.records import Record
-from pipeline.host.source import Source, SourceRun, option
-from pipeline.spool.manifest import RunManifest
-from pipeline.spool.segments import Spool
-from pipeline.wire.batch import decode_batch
+from tracklane.core.errors import CodecError
+from tracklane.core.records import Record
+from tracklane.host.source import Source, SourceRun, option
+from tracklane.spool.manifest import RunManifest
+from tracklane.spool.segments import Spool
+from tracklane.wire.batch import decode_batch
 
 
 class SpoolSource(Source):

@@ -28,12 +28,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.records import Image, Record, RunSpec, Text
-from pipeline.host.sink import import_sdk
-from pipeline.host.source import Source, SourceRun, option
-from workers.sinks.tensorboard import parse_params_table
-from workers.sources.shaping import Point, binned_histogram, in_step_order, metrics_records, png
+from tracklane.core.errors import ConfigError
+from tracklane.core.records import Image, Record, RunSpec, Text
+from tracklane.host.sink import import_sdk
+from tracklane.host.source import Source, SourceRun, option
+from tracklane.workers.sinks.tensorboard import parse_params_table
+from tracklane.workers.sources.shaping import Point, binned_histogram, in_step_order, metrics_records, png
 
 PARAMS_TAG = "hyperparameters"  # workers/sinks/tensorboard.py writes the params there
 TEXT_SUFFIX = "/text_summary"

@@ -4,7 +4,7 @@ Read through trackio's own API only: ``trackio.Api().runs(project)`` for the run
 ``SQLiteStorage`` calls its dashboard makes (``get_logs``: every row with its step and ISO timestamp, top-level
 "NaN"/"Infinity" turned back into floats; ``get_traces``; ``get_system_logs``; ``get_run_artifacts`` and
 ``get_artifact_manifest``). trackio reads ``TRACKIO_DIR`` once at import, so the store folder is pointed at with
-``workers.sinks.trackio.point_trackio_at`` before every read. What each value becomes:
+``tracklane.workers.sinks.trackio.point_trackio_at`` before every read. What each value becomes:
 
     a number                                   -> Metrics at the row's step and time
     {"_type": "trackio.histogram"}             -> Histogram (bins and counts: mean and std unknown, NaN)
@@ -30,13 +30,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.records import Artifact, Generations, Image, Metrics, Record, RunSpec, Text, Trajectories, Trajectory
-from pipeline.core.values import as_number
-from pipeline.host.sink import import_sdk
-from pipeline.host.source import Source, SourceRun, option
-from workers.sinks.trackio import RESERVED_KEYS, TRACKIO_RESERVED_CONFIG, artifact_name, point_trackio_at, trackio_dir
-from workers.sources.shaping import binned_histogram, in_step_order, png, score
+from tracklane.core.errors import ConfigError
+from tracklane.core.records import Artifact, Generations, Image, Metrics, Record, RunSpec, Text, Trajectories, Trajectory
+from tracklane.core.values import as_number
+from tracklane.host.sink import import_sdk
+from tracklane.host.source import Source, SourceRun, option
+from tracklane.workers.sinks.trackio import RESERVED_KEYS, TRACKIO_RESERVED_CONFIG, artifact_name, point_trackio_at, trackio_dir
+from tracklane.workers.sources.shaping import binned_histogram, in_step_order, png, score
 
 SYSTEM_AXIS = "system/elapsed_s"  # pipeline/capture/convert.py: the system metrics' axis
 _STORED_AS = {kind: kind for kind in ("generations", "trajectories", "text", "histogram", "image", "artifact")}

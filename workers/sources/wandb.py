@@ -37,14 +37,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.records import Artifact, Generations, Image, Metrics, Record, RunSpec, Text, Trajectories, Trajectory
-from pipeline.core.values import as_number
-from pipeline.host.sink import import_sdk
-from pipeline.host.source import Source, SourceRun, option
-from workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, safe_name
-from workers.sinks.wandb_store import apply_config, iter_payloads, run_files
-from workers.sources.shaping import binned_histogram, in_step_order, png, score
+from tracklane.core.errors import ConfigError
+from tracklane.core.records import Artifact, Generations, Image, Metrics, Record, RunSpec, Text, Trajectories, Trajectory
+from tracklane.core.values import as_number
+from tracklane.host.sink import import_sdk
+from tracklane.host.source import Source, SourceRun, option
+from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, safe_name
+from tracklane.workers.sinks.wandb_store import apply_config, iter_payloads, run_files
+from tracklane.workers.sources.shaping import binned_histogram, in_step_order, png, score
 
 STEP_AXIS = "tracklane/step"  # workers/sinks/wandb.py: the trainer's step
 TEXT_COLUMNS = ["step", "text"]

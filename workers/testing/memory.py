@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from pipeline.core.records import Record
-from pipeline.wire.batch import decode_batch
+from tracklane.core.records import Record
+from tracklane.wire.batch import decode_batch
 
 
 def memory_records(run_id: str, folder: str | None = None) -> list[Record]:
@@ -13,7 +13,7 @@ def memory_records(run_id: str, folder: str | None = None) -> list[Record]:
 
     ``folder`` is ``trainer.memory_sink.dir`` when the run set one.
     """
-    from workers.sinks.memory import FRAME_HEADER, RECORDS_FILE, memory_dir
+    from tracklane.workers.sinks.memory import FRAME_HEADER, RECORDS_FILE, memory_dir
 
     try:
         with open(os.path.join(folder or memory_dir(run_id), RECORDS_FILE), "rb") as handle:

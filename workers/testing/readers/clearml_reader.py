@@ -40,7 +40,7 @@ from typing import Any
 
 from clearml.utilities.config import text_to_config_dict
 
-from workers.testing.readers import ReadBack
+from tracklane.workers.testing.readers import ReadBack
 
 EXIT_TAG = "tracklane.exit_code="
 RUN_TAG = "tracklane.run_id:"

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workers.sinks.file import METRICS_FILE, tracklane_dir
+from tracklane.workers.sinks.file import METRICS_FILE, tracklane_dir
 
 
 def verl_lines(path: str | Path) -> list[dict[str, Any]]:

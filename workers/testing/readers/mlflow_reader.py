@@ -10,7 +10,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from workers.testing.readers import ReadBack
+from tracklane.workers.testing.readers import ReadBack
 
 
 def read_mlflow_run(tracking_uri: str, run_id: str) -> ReadBack:

@@ -31,7 +31,7 @@ from swanlab.proto.swanlab.record.v1.record_pb2 import Record
 from swanlab.proto.swanlab.run.v1.run_pb2 import RunState
 from swanlab.proto.swanlab.save.v1.save_pb2 import SaveType
 
-from workers.testing.readers import ReadBack
+from tracklane.workers.testing.readers import ReadBack
 
 _HEADER = struct.Struct("<4sHB")  # ident, magic, version
 _CHUNK = struct.Struct("<IHB")  # crc32, length, chunk type

@@ -8,8 +8,8 @@ from typing import Any
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from workers.sinks.tensorboard import parse_params_table, table_cells
-from workers.testing.readers import ReadBack
+from tracklane.workers.sinks.tensorboard import parse_params_table, table_cells
+from tracklane.workers.testing.readers import ReadBack
 
 PARAMS_TAG = "hyperparameters"
 KEEP_ALL = {"scalars": 0, "tensors": 0, "histograms": 0, "compressedHistograms": 0, "images": 0}
@@ -71,5 +71,5 @@ def _add(out: dict[str, dict[int, list[Any]]], tag: str, step: int, value: Any) 
 
 def parse_markdown_table(markdown: str) -> list[list[str]]:
     """The rows (header left out) of a table the sink writes, each cell unescaped (backslash escapes, "<br>"
-    -> newline, HTML entities): ``workers.sinks.tensorboard.table_cells`` of each line."""
+    -> newline, HTML entities): ``tracklane.workers.sinks.tensorboard.table_cells`` of each line."""
     return [table_cells(line) for line in markdown.split("\n")[2:]]  # after the header and the |---| line; only "\n" ends a row

@@ -9,7 +9,7 @@ timestamp and the logged values, top-level "NaN"/"Infinity" turned back into flo
 trackio's content-addressed store (``trackio.cas.blob_path``).
 
 trackio reads ``TRACKIO_DIR`` once at import, so each function first points the imported trackio at the
-folder asked for (``workers.sinks.trackio.point_trackio_at``); a sink of this process moves it back to its
+folder asked for (``tracklane.workers.sinks.trackio.point_trackio_at``); a sink of this process moves it back to its
 own folder before its next write.
 """
 
@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from workers.testing.readers import ReadBack
+from tracklane.workers.testing.readers import ReadBack
 
 TRACKIO_CONFIG_KEYS = ("_Username", "_Created", "_Group")  # what trackio adds to every run's config
 
@@ -101,7 +101,7 @@ class TrackioRun(ReadBack):
 
     def exit_code(self) -> int | None:
         """The exit code of the newest "trainer exited" alert the trackio sink wrote at close (None: no close)."""
-        sink = importlib.import_module("workers.sinks.trackio")
+        sink = importlib.import_module("tracklane.workers.sinks.trackio")
         for alert in self.alerts:
             if alert["title"] == sink.EXIT_ALERT_TITLE:
                 return int(str(alert["text"]).removeprefix("exit code "))
@@ -142,7 +142,7 @@ def read_trackio_run(trackio_dir: str | Path, project: str, *, run_id: str | Non
 
 def _trackio(trackio_dir: str | Path) -> Any:
     trackio = importlib.import_module("trackio")
-    importlib.import_module("workers.sinks.trackio").point_trackio_at(Path(trackio_dir).absolute())
+    importlib.import_module("tracklane.workers.sinks.trackio").point_trackio_at(Path(trackio_dir).absolute())
     return trackio
 
 

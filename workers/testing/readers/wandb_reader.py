@@ -1,6 +1,6 @@
 """Read a wandb run back from its ``run-<id>.wandb`` files, checking every record's CRC.
 
-The file's framing (header, 32 KiB blocks, CRC'd records) is read by ``workers.sinks.wandb_store``,
+The file's framing (header, 32 KiB blocks, CRC'd records) is read by ``tracklane.workers.sinks.wandb_store``,
 which the wandb sink also uses to follow what reached the disk.
 
 ``ReadBack.params`` is nested: wandb stores one JSON value per top-level config key,
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.sinks.wandb_store import apply_config
-from workers.testing.readers import ReadBack
+from tracklane.workers.sinks.wandb_store import apply_config
+from tracklane.workers.testing.readers import ReadBack
 
 
 def read_wandb_run(wandb_dir: str | Path, run_id: str | None = None) -> ReadBack:
@@ -43,9 +43,9 @@ def read_wandb_run(wandb_dir: str | Path, run_id: str | None = None) -> ReadBack
 
 
 def run_files(wandb_dir: str | Path, run_id: str | None = None) -> list[Path]:
-    """The ``run-<id>.wandb`` files of one run, oldest first (``workers.sinks.wandb_store.run_files``);
+    """The ``run-<id>.wandb`` files of one run, oldest first (``tracklane.workers.sinks.wandb_store.run_files``);
     FileNotFoundError if there is none."""
-    from workers.sinks.wandb_store import run_files as files_of
+    from tracklane.workers.sinks.wandb_store import run_files as files_of
 
     found = files_of(wandb_dir, run_id)
     if not found:
@@ -79,8 +79,8 @@ def read_run_file(path: str | Path, axes: dict[str, str] | None = None) -> ReadB
 
 def iter_payloads(path: str | Path) -> Iterator[bytes]:
     """The record payloads of a ``.wandb`` file, each CRC-checked and reassembled; a torn last record ends
-    it (its writer was killed mid-write), damage elsewhere raises ``workers.sinks.wandb_store.CorruptRunFileError``."""
-    from workers.sinks.wandb_store import iter_payloads as payloads
+    it (its writer was killed mid-write), damage elsewhere raises ``tracklane.workers.sinks.wandb_store.CorruptRunFileError``."""
+    from tracklane.workers.sinks.wandb_store import iter_payloads as payloads
 
     return payloads(path)
 
