@@ -27,7 +27,7 @@ class AsyncLogConfig:
     """Bound on records buffered on the trainer side before the shipper takes them (``overflow`` says what passing
     it does)."""
     lane_max_bytes: int = 64 * 2**20
-    """Bound on encoded bytes each lane holds that its tracker has not acknowledged."""
+    """Bound on encoded bytes each lane holds that its tracker has not stored."""
     flush_interval_s: float = 0.5
     """The shipper sends a batch at least this often while records wait."""
     busy_flush_interval_s: float = 2.0
@@ -37,7 +37,7 @@ class AsyncLogConfig:
     max_batch_bytes: int = 4 * 2**20
     """A batch is sent as soon as this many (estimated) bytes are buffered."""
     max_inflight_batches: int = 2
-    """Batches submitted to a lane's actor and not yet acknowledged; the rest wait on the trainer side."""
+    """Batches submitted to a lane's actor and not answered yet; the rest wait on the trainer side."""
     overflow: str = "spill"
     """What a full buffer does. "spill": nothing is dropped and the caller never waits: the shipper spools what
     waits, and what the lanes cannot hold in ``lane_max_bytes`` waits on disk (only a full or failing spool disk
@@ -67,9 +67,9 @@ class AsyncLogConfig:
     retry_backoff_s: float = 0.5
     """First backoff between retries of a failed tracker write."""
     max_restarts: int = 5
-    """Restarts Ray may give a lane actor that died; unacknowledged batches are re-sent after each."""
+    """Restarts Ray may give a lane actor that died; the batches its tracker had not stored are sent again after each."""
     spool_dir: str | None = None
-    """The spool's folder. Every shipped batch is kept there until every tracker acknowledged it: what a crash,
+    """The spool's folder. Every shipped batch is kept there until every tracker stored it: what a crash,
     an outage or a dead actor left undelivered is delivered after ``resume`` or by ``tracklane replay`` (with
     ``log_async: false`` it keeps only what a tracker did not take after its retries). Default:
     ``<trainer.default_local_dir>/tracklane_spool/<run id>`` when the config has ``default_local_dir``, else
@@ -77,14 +77,14 @@ class AsyncLogConfig:
     finds its spool there; the lane actors keep their state in its ``lanes/`` folder."""
     spool_max_bytes: int = 4 * 2**30
     """Disk bound of the spool. When reached, the oldest segment is deleted even if a tracker has not
-    acknowledged it yet; what that loses is counted per tracker and warned about."""
+    stored it yet; what that loses is counted per tracker and warned about."""
     spool_segment_bytes: int = 8 * 2**20
     """Size at which the spool starts a new segment file (the unit of deletion)."""
     spool_fsync_s: float = 1.0
     """How often the spool is fsynced, for power loss (0: after every batch). A killed process needs
     none: written bytes stay in the page cache."""
     spool_retention_s: float = 0.0
-    """Keep segments this long after every tracker acknowledged them (for replay and migration)."""
+    """Keep segments this long after every tracker stored them (for replay and migration)."""
     max_outage_s: float | None = None
     """How long a tracker that is down is retried before its records are counted failed; None: until
     finish()'s deadline (what is left stays in the spool for ``tracklane replay``)."""

@@ -13,9 +13,9 @@ after itself. Frames of the first format (``TLS1``: no stream, no audience) are 
 A SIGKILL needs no fsync (written bytes stay in the page cache); ``fsync_s`` bounds what a
 power loss can take. Opening a spool repairs it: a torn last frame is cut off, a corrupt frame is
 skipped (the scan resynchronises on the next magic) and counted, an unreadable segment is renamed
-``.bad`` and counted, so recovery never crash-loops. A segment goes once every lane acknowledged all
+``.bad`` and counted, so recovery never crash-loops. A segment goes once every lane's tracker stored all
 of it (after ``retention_s``); when the folder would pass ``max_bytes``, the oldest segment is
-evicted even if unacknowledged, and the caller is told which batches went. A write the disk refuses
+evicted even if not stored, and the caller is told which batches went. A write the disk refuses
 (full, read-only, failing) raises OSError and leaves the spool as its index says (a partial frame is
 cut off); ``intact``/``restore`` notice and mend a folder removed under the writer.
 """
@@ -267,7 +267,7 @@ class Spool:
             self._index.pop(entry.seq, None)
         try:
             os.remove(segment.path)
-        except OSError:  # gone already, or a read-only disk keeps it: a resume skips what every lane applied
+        except OSError:  # gone already, or a read-only disk keeps it: a resume skips what every lane's tracker stored
             pass
 
     def sync_if_due(self) -> None:

@@ -48,7 +48,7 @@ class MemorySink(Sink):
             # While this file exists the sink behaves like a tracker that cannot be reached (a
             # ConnectionError), so a test can take it down and bring it back across processes.
             "down_while": str(options.get("down_while") or ""),
-            # A store that lags like wandb-core's: a write counts as durable once this many more came after it.
+            # A store that lags like wandb-core's: a write counts as stored once this many more came after it.
             "store_lag": int(options.get("store_lag", 0)),
             "dir": os.path.abspath(options.get("dir") or memory_dir(run.run_id)),
             "discard": bool(options.get("discard", False)),

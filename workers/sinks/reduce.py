@@ -1,7 +1,7 @@
 """The reduce lane's sink: every source's batches in, one point per key and step out (core/reduction.py).
 
 Not a tracker: its store is the reducer's state, one msgpack file rewritten after every batch (``flush``), so
-what it acknowledged survives its actor. It keeps the last batch of every source it applied in that state
+what it was handed survives its actor. It keeps the last batch of every source it was handed in that state
 and skips a batch sent again, so a batch lands once even when its actor died between the file and the lane's
 own acknowledgement state. What it completes goes back to rank 0 (``take_reduced``, in the lane's answers), which
 logs it into every tracker and confirms it (core/reduction.py).
@@ -56,7 +56,7 @@ class ReduceSink(Sink):
         self._source, self._apply = source, self.reducer.begin(source, seq)
 
     def write(self, records: Sequence[Record]) -> None:
-        if not self._apply:  # a batch this reducer applied before its lane's state said so
+        if not self._apply:  # a batch this reducer was handed before its lane's state said so
             return
         source, reducer = self._source, self.reducer
         for record in records:

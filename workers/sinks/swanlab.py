@@ -232,7 +232,7 @@ class SwanlabSink(Sink):
                         "progress (dropped by swanlab?); flushing the rest", missing, FLUSH_STALL_S)
         _store_writer(run).ensure_flushed()
 
-    # -- exactly once: the run store is append-only; cut it back to the last acknowledged batch
+    # -- exactly once: the run store is append-only; cut it back to the last batch handed
     def mark(self, records: Sequence[Record]) -> dict[str, Any] | None:
         """The store file and its size now (every earlier batch was flushed before its acknowledgement)."""
         if self._run is None or not self._run.alive:

@@ -4,7 +4,7 @@ One ``Summary`` per step carries all of that step's scalars as ``simple_value`` 
 ``SummaryWriter.add_scalar`` stores them). Hyper-parameters go once, at step 0, as a markdown
 table in a text summary tagged ``hyperparameters``. After a restart a new event file is opened
 in the same directory; TensorBoard reads every file there as one run. ``write()`` returns once
-its events are handed to the OS, so an acknowledged batch survives the actor's death.
+its events are handed to the OS, so a batch it was handed survives the actor's death.
 
 Rich records, one event per record at its step:
 
@@ -99,7 +99,7 @@ class TensorboardSink(Sink):
             changed = sum(map(_beyond_float32, values.values()))
             if changed:  # simple_value is a float32: 1e300 is shown as Infinity, 1e-300 as 0
                 self.counts.add(self.counts.cuts, "float32_out_of_range", changed)
-        self._writer.flush()  # in the OS's hands before the batch is acknowledged
+        self._writer.flush()  # in the OS's hands before the batch counts as handed
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         for record in records:
@@ -156,7 +156,7 @@ class TensorboardSink(Sink):
         if self._writer is not None:
             self._writer.flush()
 
-    # -- exactly once: an event file is a sequence of records; cut it back to the last acknowledged one
+    # -- exactly once: an event file is a sequence of records; cut it back to the last one handed
     def mark(self, records: Sequence[Record]) -> dict[str, Any] | None:
         path = getattr(self._writer, "_file_name", None)  # EventFileWriter keeps its file's name here
         if not isinstance(path, str) or not os.path.exists(path):

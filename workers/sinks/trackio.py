@@ -12,7 +12,7 @@ because in 0.43 ``trackio.init``/``Run`` cannot do what a lane needs (trackio/ru
   twice; here a row's ``log_id`` is made from its batch (run id, source, seq, positions, time) and trackio's
   ``INSERT OR IGNORE`` on its unique ``log_id`` index stores a re-sent batch once (no mark/rollback needed).
 - it swallows write errors into a one-time warning (``_warn_once("write-logs-to-sqlite")``), so a lost
-  batch would be acknowledged; ``bulk_log`` raises, the lane retries and counts.
+  batch would count as handed; ``bulk_log`` raises, the lane retries and counts.
 - ``init(resume=...)`` resumes by run *name* only (the newest run with that name that has metrics);
   here the run id is ours, so a restarted actor re-attaches to exactly its run.
 - ``Run.__init__`` asks the Hub who the user is (``huggingface_hub.whoami`` whenever a token is set: network;

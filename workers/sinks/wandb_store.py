@@ -1,6 +1,6 @@
 """wandb's transaction log (``run-<id>.wandb``), read the way wandb 0.31 writes it.
 
-The wandb sink reads it to know what is really on disk (its durable watermark), and the test
+The wandb sink reads it to know what is really on disk (its stored watermark), and the test
 reader (``workers/testing/readers/wandb_reader.py``) to read a run back. wandb 0.31 ships no
 reader for it; this one is written from the layout observed in the files it writes:
 
@@ -14,7 +14,7 @@ reader for it; this one is written from the layout observed in the files it writ
 wandb-core keeps the block it is filling in memory and writes it only when it is full (or when the
 run is closed): up to 32 KiB of the newest records are not on disk, and die with wandb-core. Also,
 a history row reaches wandb-core only when a later step is logged (wandb keeps the newest step's
-row open). So what wandb-core was handed is durable once a row of that step, or a later one, is in
+row open). So what wandb-core was handed is stored once a row of that step, or a later one, is in
 the file.
 
 The wandb sink numbers the rows itself (``_step``) and tags each with ``ROW_TAG``: "<source>|<seq>|<n>",
