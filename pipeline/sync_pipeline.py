@@ -11,6 +11,7 @@ after them goes to the run's spool (sync_spool.py) for ``tracklane replay``.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -20,11 +21,13 @@ from tracklane.capture.rich import RecordLimits
 from tracklane.config.async_log import AsyncLogConfig
 from tracklane.core.acks import Ack
 from tracklane.core.errors import ConfigError
+from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.records import Record, RunSpec
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, LaneReport, PipelineReport, ReductionReport
 from tracklane.host.registry import takes_pieces
 from tracklane.host.sink_host import SinkHost
+from tracklane.shipping.alerts import AlertsStage
 from tracklane.shipping.reduced import ReducedPoints
 from tracklane.sync_spool import SyncSpool
 
@@ -47,6 +50,9 @@ class SyncPipeline:
         # trainer.async_log.reductions: rank 0's log(..., reduce=) through the same reducer, in-process
         self._reducer = self._hosts.get(REDUCE_LANE)
         self._reduced = ReducedPoints() if self._reducer is not None else None
+        # trainer.health.enabled: the rules judge what was written, in-process (shipping/alerts.py routes them)
+        self._health = self._hosts.get(HEALTH_LANE)
+        self._alerts = AlertsStage(say=_print) if self._health is not None else None
 
     def put(self, item: Captured) -> None:
         """Write one captured item into every tracker it is addressed to, in turn."""
@@ -72,6 +78,9 @@ class SyncPipeline:
         if self._reducer is not None and self._reduced is not None:
             self._reduced.take(self._reducer.take_reduced())
             self._write(self._reduced.drain())  # the points, and their CONFIRMs for the reducer
+        if self._health is not None and self._alerts is not None:
+            self._alerts.take(self._health.take_answers().get("alerts", []))
+            self._write(self._alerts.drain())  # each new alert, into every tracker
 
     def drop_late(self) -> None:
         self._late_drops += 1
@@ -112,8 +121,14 @@ class SyncPipeline:
             lanes={name: _lane_report(name, host.ack(handed=0)) for name, host in self._hosts.items()},
             reductions=ReductionReport.of(self._reduced.figures, self._reduced.repeats, self._reduced.unlogged)
             if self._reduced is not None else None,
+            alerts=self._alerts.lines() if self._alerts is not None else [],
             dropped_records=self._late_drops, elapsed_s=time.monotonic() - started, spool=spool,
             spooled=dict(self._spool.records) if self._spool is not None else {}))
+
+
+def _print(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _lane_report(name: str, ack: Ack) -> LaneReport:

@@ -32,8 +32,10 @@ from tracklane.capture.captured import REDUCE_NOTICE
 from tracklane.capture.rich import RecordLimits, record_limits
 from tracklane.config.async_log import AsyncLogConfig, async_log_config, trainer_section
 from tracklane.config.console import console_config
+from tracklane.config.health import health_config
 from tracklane.config.prometheus import prometheus_config
 from tracklane.core.errors import ConfigError
+from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.params import plain_config
 from tracklane.core.records import RunSpec
 from tracklane.core.reduction import DECLARE
@@ -62,6 +64,7 @@ class Tracking(LogCalls):
         id, MLflow reopens the run tagged with it, the file logger appends."""
         trainer = trainer_section(config)
         self.log_async, self._cfg, limits = _settings(trainer)
+        self._health = health_config(trainer.get("health"))
         self.run = _run_spec(project_name, experiment_name, config, run_id, resume)
         if not self._cfg.spool_dir:
             self._cfg = dataclasses.replace(self._cfg, spool_dir=default_spool_dir(self.run, trainer, os.environ))
@@ -86,6 +89,8 @@ class Tracking(LogCalls):
         names, self._skipped_backends = skip_platform(backend_names(default_backend))
         if self._cfg.reductions:
             names = [name for name in names if name != REDUCE_LANE] + [REDUCE_LANE]
+        if self._health.enabled:  # its rules judge the step metrics in a lane of their own (config/health.py)
+            names = [name for name in names if name != HEALTH_LANE] + [HEALTH_LANE]
         for name, why in self._skipped_backends.items():
             log.warning("tracklane: backend %s %s", name, why)
         backends = resolve_backends(names, self.run, os.environ, trainer)
@@ -239,12 +244,14 @@ class Tracking(LogCalls):
 def check_settings(config: Any = None, default_backend: str | list[str] = "console") -> None:
     """Raise ``ConfigError`` for what ``Tracking(default_backend=..., config=config)`` would refuse, without
     starting anything, so a trainer can check its config when it loads it: ``trainer.async_log``,
-    ``trainer.record_limits``, ``trainer.console``, ``trainer.prometheus`` and the backend names (said as ``trainer.logger``)."""
+    ``trainer.record_limits``, ``trainer.console``, ``trainer.prometheus``, ``trainer.health`` and the backend names
+    (said as ``trainer.logger``)."""
     trainer = trainer_section(config)
     async_log_config(trainer.get("async_log"), os.environ)
     record_limits(trainer.get("record_limits"))
     console_config(trainer.get("console"))
     prometheus_config(trainer.get("prometheus"), os.environ)
+    health_config(trainer.get("health"))
     try:
         names, _ = skip_platform(backend_names(default_backend))  # Tracking warns about the skipped ones
     except ConfigError as exc:

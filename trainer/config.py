@@ -238,6 +238,12 @@ class TrainerConfig:
     """How the console tracker prints (pipeline/config/console.py). Tracking's default is verl's line of every
     key; this trainer's is the compact form (headline keys aligned, the rest every 10 steps):
     ``trainer.console.format=verl`` for verl's."""
+    health: dict[str, Any] = field(default_factory=lambda: {"enabled": True})
+    """The RL health rules (pipeline/config/health.py, docs/health.md): on in this trainer."""
+    inject_nan_step: int = 0
+    """At this step (0: never) every actor loss is made NaN, to show the health rules at work: the update is not
+    stepped on (``actor/skipped_updates``), and the ``non_finite`` rule fires on ``actor/pg_loss`` and
+    ``actor/grad_norm`` at that step."""
     total_steps: int = 100
     test_freq: int = 10
     """Validate every this many steps (and at the last); <= 0: never."""
@@ -307,7 +313,8 @@ class Config:
 
 def _check_pipeline_sections(trainer: TrainerConfig) -> None:
     """The pipeline's own validators, run now rather than when Tracking starts."""
-    sections = {"async_log": trainer.async_log, "record_limits": trainer.record_limits, "console": trainer.console}
+    sections = {"async_log": trainer.async_log, "record_limits": trainer.record_limits, "console": trainer.console,
+                "health": trainer.health}
     check_settings({"trainer": sections}, trainer.logger)
 
 

@@ -272,7 +272,8 @@ def _update(run: _Run, done: _Step, step: int, gradients_due: bool) -> None:
         set_lr(models.actor_optim, arr.actor.optim, step)
         done.metrics.update(update_actor(models.actor, models.actor_optim, done.batch, done.old_logp, done.ref_logp,
                                          done.advantages, arr.actor, arr.rollout.temperature, rows_per_minibatch,
-                                         run.probes["actor"] if gradients_due else None))
+                                         run.probes["actor"] if gradients_due else None,
+                                         poison=step == cfg.trainer.inject_nan_step))
     with timer("update_weights", timings):
         run.engine.sync_weights()
 

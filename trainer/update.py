@@ -15,9 +15,11 @@ from .model import GPT
 
 def update_actor(actor: GPT, optimizer: torch.optim.Optimizer, batch: Batch, old_logp: torch.Tensor,
                  ref_logp: torch.Tensor | None, advantages: torch.Tensor, cfg: ActorConfig, temperature: float,
-                 rows_per_minibatch: int, probe: GradientProbe | None = None) -> dict[str, float]:
+                 rows_per_minibatch: int, probe: GradientProbe | None = None, poison: bool = False) -> dict[str, float]:
     """Clipped policy loss + KL loss to the reference - entropy bonus; grad clipping; AdamW. A ``probe`` takes the
-    first mini-batch's gradients, before clipping."""
+    first mini-batch's gradients, before clipping. A mini-batch whose gradient is not finite is not stepped on
+    (``actor/skipped_updates`` counts them): its NaN loss and grad norm are logged, the weights stay as they were.
+    ``poison``: make every loss of this update NaN (``trainer.inject_nan_step``, to show the health rules)."""
     sums: dict[str, list[float]] = defaultdict(list)
     actor.train()
     for _ in range(cfg.ppo_epochs):
@@ -27,6 +29,8 @@ def update_actor(actor: GPT, optimizer: torch.optim.Optimizer, batch: Batch, old
             logp, entropy = log_probs(actor, mb, temperature, with_entropy=True)
             terms = algos.policy_loss(logp, old_logp[rows], advantages[rows], mask, cfg.clip_ratio, cfg.clip_ratio_c)
             entropy_mean = algos.masked_mean(entropy, mask)
+            if poison:
+                terms["pg_loss"] = terms["pg_loss"] * float("nan")
             loss = terms["pg_loss"] - cfg.entropy_coeff * entropy_mean
             if cfg.use_kl_loss and ref_logp is not None:
                 terms["kl_loss"] = algos.masked_mean(algos.low_var_kl(logp, ref_logp[rows]), mask)
@@ -36,12 +40,17 @@ def update_actor(actor: GPT, optimizer: torch.optim.Optimizer, batch: Batch, old
             if probe is not None and probe.wanted:
                 probe.capture()
             grad_norm = torch.nn.utils.clip_grad_norm_(actor.parameters(), cfg.grad_clip)
-            optimizer.step()
+            if torch.isfinite(grad_norm):
+                optimizer.step()
+            else:  # a NaN or Inf gradient would poison the weights for good
+                optimizer.zero_grad(set_to_none=True)
+                sums["skipped_updates"].append(1.0)
             for name, value in terms.items():
                 sums[name].append(float(value.detach()))
             sums["entropy"].append(float(entropy_mean.detach()))
             sums["grad_norm"].append(float(grad_norm))
-    metrics = {f"actor/{name}": sum(v) / len(v) for name, v in sums.items()}
+    metrics = {f"actor/{name}": sum(v) / len(v) for name, v in sums.items() if name != "skipped_updates"}
+    metrics["actor/skipped_updates"] = float(len(sums["skipped_updates"]))
     metrics["actor/kl_coef"] = cfg.kl_loss_coef if cfg.use_kl_loss else 0.0
     metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
     return metrics

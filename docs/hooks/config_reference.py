@@ -32,6 +32,7 @@ REFERENCES = {
     "record_limits": Reference("pipeline/capture/rich.py", "RecordLimits", "trainer.record_limits"),
     "console": Reference("pipeline/config/console.py", "ConsoleConfig", "trainer.console"),
     "prometheus": Reference("pipeline/config/prometheus.py", "PrometheusConfig", "trainer.prometheus"),
+    "health": Reference("pipeline/config/health.py", "HealthConfig", "trainer.health"),
 }
 
 

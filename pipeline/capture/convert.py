@@ -16,6 +16,7 @@ from typing import Any
 from tracklane.capture.captured import KIND, METRICS, METRICS_ON_AXIS, REDUCE, REDUCE_NOTICE, SIZE, SYSTEM_METRICS, Captured
 from tracklane.capture.rich import RecordLimits, RichConverter, thin_indices
 from tracklane.capture.verl_line import verl_data
+from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.records import SYSTEM_AXIS, Artifact, Generations, Image, Metrics, Record, Reduction, Trajectories
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.reduction import PART, check_ops
@@ -110,7 +111,7 @@ class Converter:
             later: list[Iterator[Record]] = []
             for group in self._sample_groups(item):
                 if group.nbytes >= bulk_bytes:  # chunked only where every tracker adds the chunks up
-                    targets = set(self._backends if group.only is None else group.only) - {REDUCE_LANE}
+                    targets = set(self._backends if group.only is None else group.only) - {REDUCE_LANE, HEALTH_LANE}
                     whole = not targets or not targets <= self._pieces
                     later.append(self._group_records(group, None if whole else chunk_bytes))
                 else:
@@ -178,7 +179,7 @@ class Converter:
             return {getattr(self._limits, limit_name): only}
         groups: dict[int | None, list[str] | None] = {}
         for name in self._backends:
-            if (only is None or name in only) and name != REDUCE_LANE:  # the reducer stores no samples
+            if (only is None or name in only) and name not in (REDUCE_LANE, HEALTH_LANE):  # they store no samples
                 groups.setdefault(self._limits.samples_for(name, limit_name), []).append(name)  # type: ignore[union-attr]
         return groups
 

@@ -196,6 +196,9 @@ class PipelineReport:
     or to the stand-in the reason names."""
     reductions: ReductionReport | None = None
     """The reduce lane's figures, when ``trainer.async_log.reductions`` is on."""
+    alerts: list[str] = field(default_factory=list)
+    """The health rules that fired during the run, one line each (core/health_rules.py); they do not make the
+    report incomplete: they judge the training, not the delivery."""
     spooled: dict[str, int] = field(default_factory=dict)
     """The synchronous path: records each tracker did not take after its retries (also counted failed in its
     lane), kept in ``spool`` for ``tracklane replay``."""
@@ -219,6 +222,7 @@ class PipelineReport:
         lines += [f"  {name}: {why.partition(':')[0]}" for name, why in self.skipped_backends.items()]
         if self.reductions is not None:
             lines.append(f"  {self.reductions.line()}")
+        lines += [f"  ALERT {alert}" for alert in self.alerts]
         if self.spool is not None:
             lines.append(f"  {self.spool.line()}")
             behind = [name for name, lane in self.lanes.items() if lane.unstored_records]

@@ -32,9 +32,11 @@ BACKENDS: dict[str, str] = {
     "prometheus": "tracklane.workers.sinks.prometheus:PrometheusSink",
 }
 # Not in verl's list, but selectable by name: the test double (workers/sinks/memory.py).
-# The reduce lane's (trainer.async_log.reductions; added by Tracking, not named in trainer.logger).
+# The reduce lane's (trainer.async_log.reductions) and the health lane's (trainer.health.enabled): added by
+# Tracking, not named in trainer.logger.
 EXTRA_SINKS: dict[str, str] = {"memory": "tracklane.workers.sinks.memory:MemorySink",
-                                "reduce": "tracklane.workers.sinks.reduce:ReduceSink"}
+                                "reduce": "tracklane.workers.sinks.reduce:ReduceSink",
+                                "health": "tracklane.workers.sinks.health:HealthSink"}
 # source name -> "module:Class": what ``tracklane migrate --from`` reads, and what reads a migration's
 # targets back to compare them (pipeline/host/source.py); a module is imported only when used.
 SOURCES: dict[str, str] = {

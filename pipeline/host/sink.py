@@ -26,6 +26,7 @@ checkpoint storage does the same); the host asks ``isinstance`` once and uses it
     Undoable         mark(records) / rollback(mark)      a partial write undone by the next actor
     CapturedOutput   capture_output() / take_output()    printed lines sent to the trainer's terminal
     Reducing         take_reduced()                      points reduced across producers, sent to the trainer
+    Alerting         take_alerts()                       health rules that fired (workers/sinks/health.py), sent to the trainer
 """
 
 from __future__ import annotations
@@ -228,6 +229,15 @@ class Reducing(Protocol):
     def take_reduced(self) -> dict[str, Any]:
         """``{"points": [[step, {key: value}], ...], "figures": {...}}``: the steps completed since the last call
         (every unconfirmed one at the first call of an actor), and the reducer's figures for the report."""
+
+
+@runtime_checkable
+class Alerting(Protocol):
+    """The health lane's sink (workers/sinks/health.py): the rules that fired go back to the trainer, which tells
+    the console and every tracker."""
+
+    def take_alerts(self) -> list[list[Any]]:
+        """The alerts (``Alert.to_plain()``, core/health_rules.py) that fired since the last call."""
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from tracklane.core.acks import Ack, SinkCounts, Work
 from tracklane.core.records import Record
-from tracklane.host.sink import BatchPositions, CapturedOutput, LaggingStore, Reducing, Sink, Undoable
+from tracklane.host.sink import Alerting, BatchPositions, CapturedOutput, LaggingStore, Reducing, Sink, Undoable
 
 log = logging.getLogger("tracklane")
 
@@ -52,6 +52,7 @@ class SinkHost:
         self._undoable = sink if isinstance(sink, Undoable) else None
         self._printing = sink if isinstance(sink, CapturedOutput) else None
         self._reducing = sink if isinstance(sink, Reducing) else None
+        self._alerting = sink if isinstance(sink, Alerting) else None
 
     def _start_unopened(self) -> None:
         """The tracker's state as this host sees it at first: not opened yet, nothing failed."""
@@ -223,6 +224,18 @@ class SinkHost:
     def take_output(self) -> str:
         """The lines the sink printed since the last call ("" for a sink that does not print)."""
         return self._printing.take_output() if self._printing is not None else ""
+
+    def take_answers(self) -> dict[str, Any]:
+        """What the sink's capabilities bring back to the trainer since the last call, by capability
+        (``Ack.answers``; empty where it has none): ``output``, ``reduced``, ``alerts``."""
+        answers: dict[str, Any] = {}
+        if output := self.take_output():
+            answers["output"] = output
+        if reduced := self.take_reduced():
+            answers["reduced"] = reduced
+        if self._alerting is not None and self._opened and (alerts := self._alerting.take_alerts()):
+            answers["alerts"] = alerts
+        return answers
 
     def take_reduced(self) -> dict[str, Any]:
         """What the reduce lane's sink completed since the last call ({} from any other sink, or before it opened)."""

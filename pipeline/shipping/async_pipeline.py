@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tracklane.capture.convert import Converter
 from tracklane.capture.rich import RecordLimits
 from tracklane.config.async_log import AsyncLogConfig
 from tracklane.config.placement import lane_actor_options, lane_env
+from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.records import RunSpec
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, PipelineReport
@@ -18,6 +19,7 @@ from tracklane.host.registry import takes_pieces
 from tracklane.host.sink import CapturedOutput
 from tracklane.node.system_metrics import start_node_sampling
 from tracklane.node.terminal import TERMINAL
+from tracklane.shipping.alerts import AlertsStage
 from tracklane.shipping.buffer import RecordBuffer
 from tracklane.shipping.hub import ProducerHub, ProducerSpec
 from tracklane.shipping.lane import LaneSettings
@@ -62,20 +64,19 @@ class AsyncPipeline:
         spooling = open_spooling(cfg, run, {name: settings for name, (_, settings) in backends.items()})
         trainer_node = ray.get_runtime_context().get_node_id()
         self._reduced = _reduced_points(spooling) if REDUCE_LANE in backends else None
+        self._alerts = AlertsStage() if HEALTH_LANE in backends else None
         self._lanes = {name: self._lane(name, sink_class, settings, cfg, run, spooling, trainer_node, env)
                        for name, (sink_class, settings) in backends.items()}
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
-        # Rank 0's shipper: the whole run's converter, the spool, the calls that flush and close the trackers, and
-        # its stages (its producers, the spools of those that died, the reductions, its copy of the lanes' states).
-        self._producers = ProducersStage()
+        self._producers = ProducersStage()  # rank 0's stages: _stages
         converter = Converter(limits, backends=list(self._lanes), pieces=takes_pieces(backends))
         self._shipper = Shipper(cfg, self.buffer, self._lanes, converter, spool=SpoolStage(spooling, cfg.spool_max_bytes),
                                 tracker_calls=TrackerCalls(), stages=self._stages(cfg, spooling))
         self._shipper.start()
-        self.put = self.buffer.put  # log()'s one call into the pipeline
-        self.put_bulk = self.buffer.put_bulk  # log_trajectories() and the other bulk kinds' (BULK_KINDS)
+        # log()'s one call into the pipeline; log_trajectories()'s and the other bulk kinds' (BULK_KINDS)
+        self.put, self.put_bulk = self.buffer.put, self.buffer.put_bulk
         self._cfg, self._limits, self._run_id, self._pieces = cfg, limits, run.run_id, takes_pieces(backends)
-        self._hub: Any = None
+        self._hub: Any = None  # made with the first producer
         self._started = time.time()
         self._sampling = start_node_sampling(self.put, run.run_id, cfg.system_metrics_s, self._started, trainer_node,
                                              ready=lambda: self.wait_ready(0.0))
@@ -96,19 +97,31 @@ class AsyncPipeline:
         options = lane_actor_options(cfg.actor_options, cfg.max_restarts, trainer_node)
         actor = ray.remote(LaneActor).options(**options).remote(name, opening.pack())
         lane = TrackerLane(name, actor, LaneSettings.of(cfg), reload=SpoolReloader(spooling.spool),
-                           on_output=TERMINAL.write,
-                           on_reduced=self._reduced.take if self._reduced is not None and name == REDUCE_LANE else None)
+                           on_answer=self._on_answer())
         lane.preload(spooling.pending.get(name, ()))
         return lane
 
+    def _on_answer(self) -> dict[str, Callable[[Any], None]]:
+        """Where each capability's answer goes (``Ack.answers``): the console's lines to the terminal, the reduce
+        lane's points to rank 0's stream, the health lane's alerts everywhere (shipping/alerts.py)."""
+        on_answer: dict[str, Callable[[Any], None]] = {"output": TERMINAL.write}
+        if self._reduced is not None:
+            on_answer["reduced"] = self._reduced.take
+        if self._alerts is not None:
+            on_answer["alerts"] = self._alerts.take
+        return on_answer
+
     def _stages(self, cfg: AsyncLogConfig, spooling: Spooling) -> list[Stage]:
-        # producers that die leave their spools to rank 0 (orphans.py), under the run's
+        """Rank 0's stages (stages.py): its producers, the spools of those that die (orphans.py, under the run's
+        spool), its copy of the lanes' states, the reductions and the health alerts."""
         actors = {name: lane.actor for name, lane in self._lanes.items()}
         orphans = Orphans(producers_dir(spooling.spool.directory), actors, LaneSettings.of(cfg),
                           on_gone=self._reduced.ended if self._reduced is not None else None)
         stages: list[Stage] = [self._producers, OrphansStage(orphans), StoredCopiesStage(StoredCopies(spooling.spool.directory))]
         if self._reduced is not None:
             stages.append(ReductionsStage(self._reduced, self._producers))
+        if self._alerts is not None:
+            stages.append(self._alerts)
         return stages
 
     def producer_spec(self) -> ProducerSpec:

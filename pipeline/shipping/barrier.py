@@ -51,8 +51,9 @@ class BarrierHost(Protocol):
     def settled(self, barrier: Barrier) -> bool:
         """Every lane holds the batches up to ``barrier.target`` (closing: producers' and dead producers' too)."""
 
-    def finish_reductions(self) -> bool:
-        """Closing: send the reduce lane its FINISH; False when there is no reduce lane."""
+    def finish_reductions(self, barrier: Barrier) -> bool:
+        """Closing, all settled: the stages' last words (the reduce lane's FINISH, the health alerts sent after the
+        barrier's target); False when there is none."""
 
     def call_trackers(self, barrier: Barrier) -> dict[str, Any]:
         """The trackers' flush() or close() calls made (lane -> ref); {} when there is nothing to call."""
@@ -107,7 +108,7 @@ class Barrier:
         if not self.closing:
             return False
         if self.phase is Phase.SETTLE:
-            if not host.finish_reductions():
+            if not host.finish_reductions(self):
                 return False
             self.phase = Phase.REDUCE_FINISH
         elif self.phase is Phase.REDUCE_FINISH:

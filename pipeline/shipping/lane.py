@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,14 +96,13 @@ class _Outage:
 
 class Lane:
     def __init__(self, name: str, actor: Any, settings: LaneSettings, *, reload: Reload | None = None,
-                 source: str = "", on_output: Callable[[str], None] | None = None,
-                 on_reduced: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 source: str = "", on_answer: Mapping[str, Callable[[Any], None]] | None = None) -> None:
         """``reload``: reads a batch back from the spool (rank 0's lanes). ``source``: "" for the trainer's lane;
-        a producer's source id for a producer's lane (its own sequence numbers at the same actor). ``on_output``:
-        where the lines the tracker printed go (the console's, in the order its answers arrive: batch order).
-        ``on_reduced``: where the reduce lane's points go (rank 0's ``ReducedPoints``)."""
+        a producer's source id for a producer's lane (its own sequence numbers at the same actor). ``on_answer``:
+        where each capability's answer goes (``Ack.answers``: the console's lines to the terminal, in the order
+        its answers arrive, batch order; the reduce lane's points to ``ReducedPoints``; the health alerts)."""
         self.name, self.actor, self._source, self._settings = name, actor, source, settings
-        self._on_output, self._on_reduced = on_output, on_reduced
+        self._on_answer = dict(on_answer or {})
         self.report = LaneReport(name=name)
         self.window = LaneWindow(settings.max_bytes, self.report, reload)
         self._outage = _Outage(settings)
@@ -196,10 +195,9 @@ class Lane:
 
     def accept(self, ack: Ack) -> None:
         """Take an answer of the actor: move the window's watermarks, merge its figures into the report."""
-        if "output" in ack.answers and self._on_output is not None:
-            self._on_output(ack.answers["output"])
-        if "reduced" in ack.answers and self._on_reduced is not None:
-            self._on_reduced(ack.answers["reduced"])
+        for capability, answer in ack.answers.items():
+            if capability in self._on_answer:
+                self._on_answer[capability](answer)
         self.window.take(ack.handed, ack.stored_seq)
         self._pid, self._node_id = ack.pid, ack.node_id
         self.handed_by_source = ack.handed_by_source

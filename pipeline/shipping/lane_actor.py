@@ -194,20 +194,17 @@ class LaneActor:
 
     def _answer(self, source: str, gap: bool = False, held: bool = False) -> bytes:
         """The answer to ``source``'s lane; it also says how far every producer got (rank 0's finish waits on it),
-        and brings the trainer what the sink printed (a producer's lane gets none: it is not the user's terminal)."""
+        and brings rank 0 what the sink's capabilities have for it (the console's lines, the reduced points, the
+        health alerts: ``SinkHost.take_answers``); a producer's lane gets none (it is not the user's terminal)."""
         self._work.cpu_s = self._cpu.seconds(fresh=not source and not gap and not held and self._fresh_cpu)
         self._fresh_cpu = False
-        output = "" if source else self._host.take_output()
-        if output and self._unstored:  # the console's store is the trainer's stdout: its lines are on their way
-            self._settle()
+        answers = {} if source else self._host.take_answers()
+        if "output" in answers and self._unstored:  # the console's store is the trainer's stdout: its lines are
+            self._settle()  # on their way
             self._save()
         # Rank 0's streams hear how far every source got; a producer's only its own (an answer to each of 64
         # producers' batches naming all 128 streams cost the lane O(producers) a batch).
         streams = None if source in _RANK0 else (_own(source), bulk_source(_own(source)))
-        answers: dict[str, Any] = {"output": output} if output else {}
-        reduced = self._host.take_reduced() if not source else {}
-        if reduced:  # the reduce lane's points go to rank 0, which logs them into every tracker
-            answers["reduced"] = reduced
         ack = self._host.ack(self._handed.get(source, 0), stored=self._state.stored_of(source), gap=gap, held=held,
                              handed_by_source={k: v for k, v in self._handed.items()
                                                if k and (streams is None or k in streams)},

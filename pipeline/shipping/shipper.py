@@ -28,6 +28,7 @@ import ray
 from tracklane.capture.captured import Captured
 from tracklane.capture.convert import Converter
 from tracklane.config.async_log import AsyncLogConfig
+from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.records import Metrics, Record
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import PipelineReport
@@ -250,8 +251,8 @@ class Shipper:
         target = barrier.target if barrier.target is not None else self._seq
         return self._all_settled(target) and all([stage.settled(barrier, self) for stage in self._stages])
 
-    def finish_reductions(self) -> bool:
-        return any([stage.finish(self) for stage in self._stages])
+    def finish_reductions(self, barrier: Barrier) -> bool:
+        return any([stage.finish(barrier, self) for stage in self._stages])
 
     def call_trackers(self, barrier: Barrier) -> dict[str, Any]:
         if barrier.closing:
@@ -297,7 +298,7 @@ class Shipper:
 
 
 def _audience(records: list[Record], bulk: bool, lanes: dict[str, TrackerLane]) -> frozenset[str] | None:
-    """The lanes with a record in the batch (None: every lane); a bulk batch never goes to the reduce lane."""
+    """The lanes with a record in the batch (None: every lane); a bulk batch never goes to the reduce or health lane."""
     names: set[str] = set()
     for record in records:
         if record.only is None:
@@ -307,5 +308,5 @@ def _audience(records: list[Record], bulk: bool, lanes: dict[str, TrackerLane]) 
             break
         names.update(record.only)
     if bulk:
-        names.discard(REDUCE_LANE)
+        names -= {REDUCE_LANE, HEALTH_LANE}
     return frozenset(names)

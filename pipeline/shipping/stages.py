@@ -44,6 +44,10 @@ class Loop(Protocol):
         """The trackers are being closed: nothing more is shipped."""
 
     @property
+    def seq(self) -> int:
+        """The last batch handed to the lanes."""
+
+    @property
     def last_step(self) -> int:
         """The trainer's latest step, as the records shipped said."""
 
@@ -68,9 +72,9 @@ class Stage:
     def close(self, barrier: Barrier) -> None:
         """A closing barrier is being answered: the trackers are closed."""
 
-    def finish(self, loop: Loop) -> bool:
+    def finish(self, barrier: Barrier, loop: Loop) -> bool:
         """A closing barrier, all shipped and settled: send this stage's last word (barrier.py's REDUCE phases);
-        True if it sent one, to be settled in its turn."""
+        True if it sent one, or sent anything after the barrier's target, to be settled in its turn."""
         return False
 
     def report(self, report: PipelineReport, barrier: Barrier, loop: Loop) -> None:
@@ -145,7 +149,7 @@ class ReductionsStage(Stage):
         if records:
             loop.send(records)
 
-    def finish(self, loop: Loop) -> bool:
+    def finish(self, barrier: Barrier, loop: Loop) -> bool:
         loop.send([self._reduced.finish()])  # completes every open step
         return True
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tracklane.core.acks import Ack
+from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, LaneReport
 from tracklane.shipping.lane import Entry, Lane, LaneSettings, Reload
@@ -34,15 +35,13 @@ class TrackerLane:
     """The small and the bulk stream of one tracker's lane, with the interface of one lane."""
 
     def __init__(self, name: str, actor: Any, settings: LaneSettings, *, reload: Reload | None = None,
-                 source: str = "", on_output: Callable[[str], None] | None = None,
-                 on_reduced: Callable[[dict[str, Any]], None] | None = None) -> None:
-        """As ``Lane``'s; ``on_output`` and ``on_reduced`` come with the small stream's answers."""
+                 source: str = "", on_answer: Mapping[str, Callable[[Any], None]] | None = None) -> None:
+        """As ``Lane``'s; ``on_answer`` is the small stream's."""
         self.name = name
         self.actor = actor
-        self.small = Lane(name, actor, settings, reload=reload, source=source, on_output=on_output,
-                          on_reduced=on_reduced)
+        self.small = Lane(name, actor, settings, reload=reload, source=source, on_answer=on_answer)
         self.bulk = Lane(name, actor, settings, reload=reload, source=bulk_source(source)) \
-            if name != REDUCE_LANE else None
+            if name not in (REDUCE_LANE, HEALTH_LANE) else None
         self._offered = 0  # the newest batch offered, sent or skipped
 
     @property

@@ -8,6 +8,7 @@ import msgpack
 
 from tracklane.core.acks import Ack, SinkCounts, Work, plain_counts
 from tracklane.core.errors import CodecError
+from tracklane.core.health_rules import Alert
 
 
 def pack_ack(ack: Ack) -> bytes:
@@ -51,8 +52,17 @@ def _is_reduced(value: object) -> bool:
 ANSWER_CHECKS: dict[str, Callable[[object], bool]] = {
     "output": lambda value: type(value) is str,  # the console's lines (host/sink.py ``Printing``)
     "reduced": _is_reduced,  # the reduce lane's completed steps (host/sink.py ``Reducing``)
+    "alerts": lambda value: type(value) is list and all(_is_alert(a) for a in value),  # host/sink.py ``Alerting``
 }
 """Each capability's answer (``Ack.answers``) and what it must look like: a new capability adds a line here."""
+
+
+def _is_alert(value: object) -> bool:
+    try:
+        Alert.from_plain(value)
+    except CodecError:
+        return False
+    return True
 
 
 def _check_answers(answers: object) -> None:

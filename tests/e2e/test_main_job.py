@@ -115,7 +115,9 @@ def test_the_main_job_prints_in_order_and_unprefixed(job):
     steps = [int(line.split()[1]) for line in out.splitlines() if line.startswith("step ")]
     assert steps == list(range(0, STEPS + 1)), out[-3000:]  # compact lines, one a step (0: validation), in order
     lanes = [line for line in err.splitlines() if "stored through batch" in line]
-    assert len(lanes) == len(EVERY_LOGGER) and all("0 not stored, 0 dropped, 0 failed" in line for line in lanes)
+    assert len(lanes) == len(EVERY_LOGGER) + 1  # the trackers and the health lane (trainer.health, docs/health.md)
+    assert all("0 not stored, 0 dropped, 0 failed" in line for line in lanes)
+    assert "ALERT" not in out + err  # a healthy run fires no health rule
     assert (job.runs / "trackio").is_dir() and not (job.root / "mlruns").exists()
     assert list((job.runs / "clearml" / "offline").glob("*/task.json"))  # ClearML's offline session
     [board] = [line for line in out.splitlines() if line.strip().startswith("TensorBoard: ")]
@@ -239,3 +241,28 @@ def test_clearml_holds_every_kind(job):
     assert any("calculator" in json.dumps(rows) for _, rows in run.tables("rollout", "trajectories").values())
     assert {name for name in run.artifacts if name.startswith("checkpoint/")} == \
         {f"checkpoint/checkpoint/step_{step}" for step in CHECKPOINTS}
+
+
+def test_a_nan_injected_at_a_step_is_an_alert_everywhere(tmp_path):
+    """``trainer.inject_nan_step=5``: the non_finite rule fires at step 5 on the actor's loss and grad norm; the
+    console says so, the file tracker and TensorBoard hold the point tracklane/alert/non_finite and the text, the
+    summary lists it, and the run goes on (the NaN update is skipped, counted in actor/skipped_updates)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("VERL_", "TENSORBOARD_"))}
+    env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TRACKLANE_SYSTEM_METRICS_S="0")
+    done = subprocess.run([sys.executable, "-m", "tracklane.trainer", "trainer.logger=[console,file,tensorboard]",
+                           "trainer.total_steps=8", "trainer.test_freq=0", "trainer.save_freq=0",
+                           "trainer.inject_nan_step=5"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    job = Job(tmp_path, done)
+    assert "tracklane ALERT non_finite: actor/pg_loss = nan at step 5" in done.stdout
+    assert "ALERT non_finite at step 5" in done.stderr  # the summary
+    points = {(line["step"], key) for line in job.lines() for key in line["data"] if key.startswith("tracklane/alert/")}
+    assert points == {(5, "tracklane/alert/non_finite")}
+    assert job.scalars()[5]["actor/skipped_updates"] > 0 and job.scalars()[6]["actor/skipped_updates"] == 0
+    board = job.runs / "tensorboard" / PROJECT / EXPERIMENT
+    assert [(s, k) for s, k, _ in read_tensorboard_dir(board).points if k.startswith("tracklane/alert/")] == \
+        [(5, "tracklane/alert/non_finite")]
+    texts = read_tensorboard_rich(board).texts
+    assert any("actor/grad_norm = nan" in text for text in next(v for k, v in texts.items()
+                                                               if k.startswith("alert/non_finite"))[5])

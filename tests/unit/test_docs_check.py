@@ -373,3 +373,24 @@ def test_a_doc_naming_a_module_by_its_folder_is_reported():
         f"doc.md:1: {old}.Tracking: a module's old name; it is tracklane.Tracking",
         f"doc.md:2: {old}.nothing_of_ours: {old} is no module name (a folder's; its modules are tracklane's)",
     ]
+
+
+def health_rule_rows(page: str) -> dict[str, str]:
+    """The rules table of docs/health.md: rule -> its defaults cell."""
+    table = page.split("<!-- health-rules -->", 1)[1].split("<!-- /health-rules -->", 1)[0]
+    rows = [line.split("|")[1:-1] for line in table.strip().splitlines()[2:]]
+    return {cells[0].strip().strip("`"): cells[-1].strip() for cells in rows}
+
+
+def test_the_health_page_lists_every_rule_with_its_defaults():
+    """docs/health.md's table has exactly the rules of core/health_rules.py, each with the defaults the code has."""
+    from tracklane.core.health_rules import DEFAULTS, RuleSettings
+
+    rows = health_rule_rows((ROOT / "docs" / "health.md").read_text(encoding="utf-8"))
+    assert set(rows) == set(DEFAULTS)
+    plain = RuleSettings()
+    for rule, settings in DEFAULTS.items():
+        said = dict(re.findall(r"`(\w+)` ([\d.]+)", rows[rule]))
+        differs = {f: getattr(settings, f) for f in RuleSettings.__slots__
+                   if f != "enabled" and getattr(settings, f) != getattr(plain, f)}
+        assert {f: float(v) for f, v in said.items()} == {f: float(v) for f, v in differs.items()}, rule

@@ -1,0 +1,66 @@
+"""The health rules on a real run: what fires reaches the console, the file tracker and TensorBoard (read back with
+their readers) and the report, on both paths; a healthy run fires nothing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tracklane import Tracking
+from tracklane.workers.sinks.tensorboard import TEXT_SUFFIX
+from tracklane.workers.testing.readers.file_reader import file_points
+from tracklane.workers.testing.readers.tensorboard_reader import read_tensorboard_dir, read_tensorboard_rich
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def _config(log_async: bool) -> dict:
+    return {"trainer": {"log_async": log_async, "async_log": {"flush_interval_s": 0.05},
+                        "health": {"enabled": True, "rules": {"kl_blowup": {"for_steps": 2}}}}}
+
+
+def _healthy(step: int) -> dict[str, float]:
+    return {"actor/entropy": 1.0, "actor/kl_loss": 0.01, "actor/pg_loss": -0.1, "actor/grad_norm": 0.5,
+            "critic/score/mean": 0.1 * step}
+
+
+@pytest.mark.parametrize("log_async", [True, False], ids=["async", "sync"])
+def test_a_nan_loss_and_a_kl_blowup_reach_every_store(offline_trackers, capfd, log_async):
+    """A NaN pg_loss at step 4 and a KL above 1.0 from step 6 fire non_finite at 4 and kl_blowup at 7: one console
+    line each, the point tracklane/alert/<rule> and the text alert/<rule> in the file and TensorBoard, and the
+    report's ALERT lines."""
+    tracking = Tracking("health", "alerts", ["console", "file", "tensorboard"], config=_config(log_async))
+    for step in range(1, 11):
+        values = _healthy(step)
+        if step == 4:
+            values["actor/pg_loss"] = math.nan
+        if step >= 6:
+            values["actor/kl_loss"] = 5.0
+        tracking.log(values, step=step)
+    report = tracking.finish()
+    assert report.complete, report.summary()
+    fired = {(line.split(" at step ")[0], int(line.split(" at step ")[1].split(":")[0])) for line in report.alerts}
+    assert fired == {("non_finite", 4), ("kl_blowup", 7)}, report.alerts
+    out = capfd.readouterr().out
+    assert "tracklane ALERT non_finite: actor/pg_loss = nan at step 4" in out
+    assert "tracklane ALERT kl_blowup: actor/kl_loss = 5 at step 7" in out
+    points = {(step, key) for step, key, _ in file_points(offline_trackers["file"]) if key.startswith("tracklane/alert/")}
+    assert points == {(4, "tracklane/alert/non_finite"), (7, "tracklane/alert/kl_blowup")}
+    board = read_tensorboard_dir(offline_trackers["tensorboard"])
+    assert sorted((s, k) for s, k, _ in board.points if k.startswith("tracklane/alert/")) == \
+        [(4, "tracklane/alert/non_finite"), (7, "tracklane/alert/kl_blowup")]
+    texts = read_tensorboard_rich(offline_trackers["tensorboard"]).texts
+    assert any("actor/pg_loss = nan" in text for text in texts[f"alert/non_finite{TEXT_SUFFIX}"][4])
+    assert any("actor/kl_loss = 5" in text for text in texts[f"alert/kl_blowup{TEXT_SUFFIX}"][7])
+
+
+def test_a_healthy_run_fires_nothing(offline_trackers, capfd):
+    """Ordinary values for 30 steps: no alert anywhere."""
+    tracking = Tracking("health", "healthy", ["console", "file"], config=_config(True))
+    for step in range(1, 31):
+        tracking.log(_healthy(step), step=step)
+    report = tracking.finish()
+    assert report.complete and report.alerts == [], report.summary()
+    assert "ALERT" not in capfd.readouterr().out
+    assert not [key for _, key, _ in file_points(offline_trackers["file"]) if key.startswith("tracklane/alert/")]
