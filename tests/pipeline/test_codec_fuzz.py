@@ -792,6 +792,10 @@ _REDUCED = st.fixed_dictionaries({
     "figures": st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3)})
 
 
+_ALERT = st.tuples(st.text(max_size=8), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8),
+                   st.floats(allow_nan=False) | st.integers(-9, 9), st.text(max_size=12)).map(list)
+
+
 def _ack_field(annotation: str) -> st.SearchStrategy:
     return {"int": st.integers(-(2**63), 2**64 - 1), "bool": st.booleans(), "str": st.text(max_size=12),
             "float": st.floats(0, 1e12),
@@ -801,8 +805,8 @@ def _ack_field(annotation: str) -> st.SearchStrategy:
                                     unsupported=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3),
                                     cuts=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3)),
             "Work": st.builds(Work, busy_s=st.floats(0, 1e9), cpu_s=st.floats(0, 1e9), records=st.integers(0, 2**63)),
-            "dict[str, Any]": st.fixed_dictionaries({}, optional={"output": st.text(max_size=12),
-                                                                   "reduced": _REDUCED}),
+            "dict[str, Any]": st.fixed_dictionaries({}, optional={"output": st.text(max_size=12), "reduced": _REDUCED,
+                                                                   "alerts": st.lists(_ALERT, max_size=2)}),
             }[annotation]
 
 
@@ -815,7 +819,8 @@ def _ack_well_typed(ack: Ack) -> bool:
     return (type(ack.handed) is int and type(ack.pid) is int and (ack.stored is None or type(ack.stored) is int)
             and _str_map(ack.handed_by_source, lambda n: type(n) is int)
             and _str_map(ack.stored_by_source, lambda n: type(n) is int)
-            and set(ack.answers) <= {"output", "reduced"} and type(ack.answers.get("output", "")) is str
+            and set(ack.answers) <= {"output", "reduced", "alerts"} and type(ack.answers.get("output", "")) is str
+            and all(type(a) is list and len(a) == 5 for a in ack.answers.get("alerts", []))
             and all(type(getattr(ack, f.name)) is bool for f in dataclasses.fields(Ack) if f.type == "bool")
             and (ack.error is None or type(ack.error) is str) and type(ack.where) is str and type(ack.node_id) is str
             and (ack.last_error is None or type(ack.last_error) is str) and type(ack.last_error_at) is float
