@@ -625,8 +625,10 @@ def damaged_spool(work: Path, steps: int = 300, keys: int = 20) -> dict[str, Any
     down = work / "memory-down"
     down.touch()  # the tracker is down for the whole first run: everything stays in the spool
     spool_dir = work / "spool"
-    async_log = {"spool_dir": str(spool_dir), "flush_interval_s": 0.05, "spool_segment_bytes": 2048,
-                 "max_retry_backoff_s": 1.0}
+    # busy_flush_interval_s too: while the child's logging thread counts as busy (a loaded machine) batches would
+    # otherwise be 2 s long, and too few to fill the six segments the damage needs (seen once in CI: 5)
+    async_log = {"spool_dir": str(spool_dir), "flush_interval_s": 0.05, "busy_flush_interval_s": 0.05,
+                 "spool_segment_bytes": 2048, "max_retry_backoff_s": 1.0}
     trainer = {"memory_sink": {"down_while": str(down)}}
     env = {**os.environ, **tracker_env(work, "")}
     first = Child(["--run-id", run_id, "--experiment", experiment, "--backends", "memory", "--async-log",
