@@ -135,7 +135,10 @@ class Shipper:
         if self._bulk:  # a dump is being shipped: on with it (its batches, and what comes meanwhile)
             return
         now = time.monotonic()
-        wake_at = [now + self._buffer.due(self._interval()), now + _IDLE_WAIT_S]
+        interval = self._interval()
+        # an empty buffer is not due; a record put meanwhile wakes no one (log() stays lock-free), so look again
+        # within an interval: it is shipped no later than one interval after it was logged
+        wake_at = [now + self._buffer.due(interval), now + min(_IDLE_WAIT_S, interval)]
         wake_at += [lane.wake_at() for lane in self._lanes.values()]
         wake_at += [d for b in self._requests.pending() for d in (b.drain_deadline, b.deadline) if d > now]
         self._wakeup.watch(self._waitables())

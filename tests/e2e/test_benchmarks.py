@@ -136,7 +136,8 @@ def test_trainer_split_quick(tmp_path, mlflow_server_uri, ray_join):
     assert async_["shipper_found"]  # its CPU may round to 0: 5 steps of a busy trainer can fall between two batches
     # every lane actor was found (its CPU over 5 steps may round to 0 ticks: with a busy trainer they fall
     # between two batches)
-    assert set(async_["lane_cpu_ms"]) == {"tensorboard", "file"} and async_["complete"] is True
+    # the trackers and the main job's health lane (trainer.health)
+    assert set(async_["lane_cpu_ms"]) == {"tensorboard", "file", "health"} and async_["complete"] is True
 
 
 
