@@ -15,6 +15,12 @@ per step, and none for a value wavering around its threshold.
                          while the validation score (val-core/*/mean@*) falls at each, by ``threshold`` in all
     rollout_mismatch     training/rollout_probs_diff_mean or rollout_corr/k3_kl above ``threshold``
     non_finite           NaN or +-Inf in a loss or a grad norm (a key with ``loss`` or ``grad_norm`` in it): at once
+
+Three more are judged on rank 0, which knows the steps' timing and the lanes (``RunRules``, on the shipper thread):
+
+    stalled              no new trainer step for ``ratio`` x the median time between steps, and ``threshold`` s
+    tracker_down         a tracker down (its lane retrying) for ``threshold`` s
+    lane_behind          a lane's oldest record not handed to its tracker for ``threshold`` s
 """
 
 from __future__ import annotations
@@ -73,6 +79,9 @@ DEFAULTS: dict[str, RuleSettings] = {
     "reward_val_diverge": RuleSettings(points=4, threshold=0.05),
     "rollout_mismatch": RuleSettings(threshold=0.1, for_steps=3),
     "non_finite": RuleSettings(),
+    "stalled": RuleSettings(ratio=5.0, threshold=60.0),
+    "tracker_down": RuleSettings(threshold=60.0),
+    "lane_behind": RuleSettings(threshold=300.0),
 }
 """Every rule and its defaults (docs/health.md explains each)."""
 
@@ -199,3 +208,54 @@ def _matching(patterns: Iterable[str], values: Mapping[str, Any]) -> list[str]:
         elif pattern in values:
             out.append(pattern)
     return out
+
+
+@dataclass(slots=True)
+class RunRules:
+    """The rules rank 0 judges: the trainer's pace and the lanes, looked at every round of the shipper thread."""
+
+    settings: dict[str, RuleSettings] = field(default_factory=lambda: rule_settings(None))
+    _last_step: int | None = None
+    _last_at: float = 0.0
+    _gaps: deque[float] = field(default_factory=lambda: deque(maxlen=50))
+    _fired: set[tuple[str, str]] = field(default_factory=set)
+
+    def look(self, now: float, step: int | None, lanes: Mapping[str, tuple[float, float]]) -> list[Alert]:
+        """``now`` (time.monotonic), the trainer's latest step, and each lane's (outage_s, lag_s)."""
+        alerts = self._stalled(now, step)
+        for name, (outage_s, lag_s) in lanes.items():
+            alerts += self._over("tracker_down", name, outage_s, step, "its tracker has been down (retried, the "
+                                 "records waiting in the spool)")
+            alerts += self._over("lane_behind", name, lag_s, step, "its oldest record waits to be handed to its "
+                                 "tracker")
+        return alerts
+
+    def _stalled(self, now: float, step: int | None) -> list[Alert]:
+        on = self.settings["stalled"]
+        if step != self._last_step:
+            if self._last_step is not None:
+                self._gaps.append(now - self._last_at)
+            self._last_step, self._last_at = step, now
+            self._fired.discard(("stalled", ""))
+            return []
+        if not on.enabled or step is None or len(self._gaps) < 3 or ("stalled", "") in self._fired:
+            return []
+        idle = now - self._last_at
+        limit = max(on.threshold, on.ratio * statistics.median(self._gaps))
+        if idle < limit:
+            return []
+        self._fired.add(("stalled", ""))
+        return [Alert(rule="stalled", step=step, key="trainer", value=idle,
+                      message=f"no step after step {step} for {idle:.0f} s ({on.ratio:g} x the median "
+                              f"{statistics.median(self._gaps):.2f} s between steps): the trainer looks stuck")]
+
+    def _over(self, rule: str, lane: str, seconds: float, step: int | None, why: str) -> list[Alert]:
+        on = self.settings[rule]
+        if seconds < on.threshold:
+            self._fired.discard((rule, lane))
+            return []
+        if not on.enabled or (rule, lane) in self._fired:
+            return []
+        self._fired.add((rule, lane))
+        return [Alert(rule=rule, step=step or 0, key=lane, value=seconds,
+                      message=f"lane {lane}: {why} for {seconds:.0f} s")]

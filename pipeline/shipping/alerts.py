@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tracklane.core.health_rules import Alert
+from tracklane.core.health_rules import Alert, RunRules
 from tracklane.core.records import Metrics, Record, Text
 from tracklane.core.report import PipelineReport
 from tracklane.node.terminal import TERMINAL
@@ -42,10 +42,12 @@ def alert_line(alert: Alert) -> str:
 class AlertsStage(Stage):
     """Takes the health lane's answers (``take``, on the shipper thread) and sends each new alert on."""
 
-    def __init__(self, say: Callable[[str], None] = TERMINAL.write) -> None:
+    def __init__(self, say: Callable[[str], None] = TERMINAL.write, run_rules: RunRules | None = None) -> None:
         """``say``: where the console line goes (the terminal's printing thread; the synchronous path prints at
-        once, among the console tracker's own lines)."""
+        once, among the console tracker's own lines). ``run_rules``: rank 0's own rules (the trainer's pace, the
+        lanes), looked at every round."""
         self._say = say
+        self._run_rules = run_rules
         self._seen: set[tuple[str, str, int]] = set()
         self._pointed: set[tuple[str, int]] = set()  # (rule, step) whose tracklane/alert/<rule> point went out
         self._fired: list[Alert] = []
@@ -54,10 +56,12 @@ class AlertsStage(Stage):
 
     def take(self, answer: Any) -> None:
         """The health lane's ``alerts`` answer (checked by wire/ack.py)."""
+        self._take([Alert.from_plain(plain) for plain in answer])
+
+    def _take(self, alerts: list[Alert]) -> None:
         now = time.time()
         fresh: dict[tuple[str, int], list[Alert]] = {}
-        for plain in answer:
-            alert = Alert.from_plain(plain)
+        for alert in alerts:
             if (alert.rule, alert.key, alert.step) in self._seen:
                 continue
             self._seen.add((alert.rule, alert.key, alert.step))
@@ -74,6 +78,9 @@ class AlertsStage(Stage):
         return records
 
     def round(self, loop: Loop) -> None:
+        if self._run_rules is not None and not loop.closing:  # O(lanes) a round: cheap
+            lanes = {name: (lane.outage_s, lane.lag_s()) for name, lane in loop.lanes.items()}
+            self._take(self._run_rules.look(time.monotonic(), loop.last_step if loop.seq else None, lanes))
         if self._out and not loop.closing:
             loop.send(self.drain())
             self._last_sent = loop.seq

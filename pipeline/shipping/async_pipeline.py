@@ -12,6 +12,7 @@ from tracklane.capture.rich import RecordLimits
 from tracklane.config.async_log import AsyncLogConfig
 from tracklane.config.placement import lane_actor_options, lane_env
 from tracklane.core.health_rules import LANE as HEALTH_LANE
+from tracklane.core.health_rules import RunRules, rule_settings
 from tracklane.core.records import RunSpec
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, PipelineReport
@@ -64,7 +65,8 @@ class AsyncPipeline:
         spooling = open_spooling(cfg, run, {name: settings for name, (_, settings) in backends.items()})
         trainer_node = ray.get_runtime_context().get_node_id()
         self._reduced = _reduced_points(spooling) if REDUCE_LANE in backends else None
-        self._alerts = AlertsStage() if HEALTH_LANE in backends else None
+        self._alerts = AlertsStage(run_rules=RunRules(rule_settings(backends[HEALTH_LANE][1].get("rules")))) \
+            if HEALTH_LANE in backends else None
         self._lanes = {name: self._lane(name, sink_class, settings, cfg, run, spooling, trainer_node, env)
                        for name, (sink_class, settings) in backends.items()}
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)

@@ -4,6 +4,7 @@ their readers) and the report, on both paths; a healthy run fires nothing."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -64,3 +65,28 @@ def test_a_healthy_run_fires_nothing(offline_trackers, capfd):
     assert report.complete and report.alerts == [], report.summary()
     assert "ALERT" not in capfd.readouterr().out
     assert not [key for _, key, _ in file_points(offline_trackers["file"]) if key.startswith("tracklane/alert/")]
+
+
+def test_rank_zero_sees_a_stalled_trainer_and_a_tracker_down(offline_trackers, tmp_path):
+    """The trainer stops logging for 2.5 s after steps 0.1 s apart, while the memory tracker is down: stalled
+    (at the last step, key "trainer") and tracker_down (key "memory") reach the file tracker and the report."""
+    down = tmp_path / "memory-down"
+    down.touch()
+    config = _config(True)
+    config["trainer"]["health"]["rules"].update(stalled={"threshold": 0.5}, tracker_down={"threshold": 1.0})
+    config["trainer"]["memory_sink"] = {"down_while": str(down)}
+    config["trainer"]["async_log"].update(max_retry_backoff_s=0.2, sink_retries=0, retry_backoff_s=0.01)
+    tracking = Tracking("health", "rank0", ["file", "memory"], config=config)
+    tracking.flush(timeout=60)
+    for step in range(1, 11):
+        tracking.log(_healthy(step), step=step)
+        time.sleep(0.1)
+    time.sleep(2.5)  # no step: stalled; the memory tracker still down
+    down.unlink()
+    tracking.log(_healthy(11), step=11)
+    report = tracking.finish()
+    assert report.complete, report.summary()
+    rules = {line.split(" at step ")[0] for line in report.alerts}
+    assert {"stalled", "tracker_down"} <= rules, report.alerts
+    points = {key for _, key, _ in file_points(offline_trackers["file"]) if key.startswith("tracklane/alert/")}
+    assert {"tracklane/alert/stalled", "tracklane/alert/tracker_down"} <= points

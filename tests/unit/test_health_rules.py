@@ -7,7 +7,7 @@ import math
 import pytest
 
 from tracklane.core.errors import ConfigError
-from tracklane.core.health_rules import Alert, HealthRules, rule_settings
+from tracklane.core.health_rules import Alert, HealthRules, RunRules, rule_settings
 
 
 def _run(series: list[dict[str, float]], settings=None) -> list[Alert]:
@@ -90,3 +90,25 @@ def test_an_alert_survives_its_plain_form():
     assert Alert.from_plain(alert.to_plain()) == alert
     with pytest.raises(Exception, match="malformed alert"):
         Alert.from_plain(["kl_blowup", "3", "k", 1.0, "m"])
+
+
+def test_rank_zero_rules_judge_the_pace_and_the_lanes():
+    """stalled fires once when no step came for 5 x the median gap (and the floor), again only after a new step;
+    tracker_down and lane_behind fire once per lane and episode."""
+    rules = RunRules(rule_settings({"stalled": {"threshold": 2.0}, "tracker_down": {"threshold": 10.0},
+                                    "lane_behind": {"threshold": 30.0}}))
+    healthy = {"file": (0.0, 0.1), "wandb": (0.0, 0.1)}
+    now = 0.0
+    for step in range(1, 6):  # a step a second
+        now = float(step)
+        assert rules.look(now, step, healthy) == []
+    assert rules.look(now + 4.9, 5, healthy) == []  # under 5 x 1 s
+    (stalled,) = rules.look(now + 5.1, 5, healthy)
+    assert (stalled.rule, stalled.step, stalled.key) == ("stalled", 5, "trainer") and "looks stuck" in stalled.message
+    assert rules.look(now + 9, 5, healthy) == []  # once per stall
+    assert rules.look(now + 10, 6, healthy) == []  # a step: re-armed
+    down = {"file": (12.0, 40.0), "wandb": (0.0, 0.1)}
+    alerts = rules.look(now + 10.5, 6, down)
+    assert sorted((a.rule, a.key) for a in alerts) == [("lane_behind", "file"), ("tracker_down", "file")]
+    assert rules.look(now + 11, 6, down) == []
+    assert rules.look(now + 11.5, 6, healthy) == [] and len(rules.look(now + 12, 6, down)) == 2  # a new episode
