@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from tracklane.config.keys import refuse_unknown_keys
 from tracklane.core.errors import ConfigError
 from tracklane.core.histogram import histogram_figures
 from tracklane.core.png import PNG_SIGNATURE, encode_png
@@ -94,11 +95,7 @@ def _check_limit(where: str, value: Any, none_ok: bool) -> None:
 
 def record_limits(section: Mapping[str, Any] | None) -> RecordLimits:
     section = dict(section or {})
-    known = RecordLimits.__slots__
-    unknown = sorted(set(section) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown key(s) trainer.record_limits.{', trainer.record_limits.'.join(unknown)}; "
-                          f"valid keys: {', '.join(known)}")
+    refuse_unknown_keys(section, RecordLimits.__slots__, "trainer.record_limits")
     if "backends" in section:  # the user's overrides go over the defaults, backend by backend
         given = section["backends"]
         if not isinstance(given, Mapping):

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracklane.config.keys import refuse_unknown_keys
 from tracklane.core.errors import ConfigError
 
 log = logging.getLogger("tracklane")
@@ -193,12 +194,7 @@ def async_log_config(section: Mapping[str, Any] | None, env: Mapping[str, str] |
     for name in sorted(set(section) & set(REMOVED_KEYS)):
         log.warning("tracklane: trainer.async_log.%s was removed (%s); ignored", name, REMOVED_KEYS[name])
         del section[name]
-    unknown = sorted(set(section) - set(_FIELD_TYPES))
-    if unknown:
-        raise ConfigError(
-            f"unknown key(s) trainer.async_log.{', trainer.async_log.'.join(unknown)}; "
-            f"valid keys: {', '.join(_FIELD_TYPES)}"
-        )
+    refuse_unknown_keys(section, _FIELD_TYPES, "trainer.async_log")
     for name in ("actor_options", "ray_init"):
         if name in section and not isinstance(section[name], Mapping):
             raise ConfigError(f"trainer.async_log.{name} must be a mapping, got {section[name]!r}")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracklane.config.keys import refuse_unknown_keys
 from tracklane.core.errors import ConfigError
 
 FORMATS = ("verl", "compact")
@@ -44,10 +45,7 @@ class ConsoleConfig:
 
 def console_config(section: Mapping[str, Any] | None) -> ConsoleConfig:
     section = dict(section or {})
-    unknown = sorted(set(section) - set(ConsoleConfig.__slots__))
-    if unknown:
-        raise ConfigError(f"unknown key(s) trainer.console.{', trainer.console.'.join(unknown)}; "
-                          f"valid keys: {', '.join(ConsoleConfig.__slots__)}")
+    refuse_unknown_keys(section, ConsoleConfig.__slots__, "trainer.console")
     if "keys" in section and section["keys"] is not None and not isinstance(section["keys"], (str, bytes)):
         section["keys"] = list(section["keys"])  # an OmegaConf ListConfig
     return ConsoleConfig(**section)

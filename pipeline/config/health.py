@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracklane.config.keys import refuse_unknown_keys
 from tracklane.core.errors import ConfigError
 from tracklane.core.health_rules import rule_settings
 
@@ -41,10 +42,7 @@ class HealthConfig:
 def health_config(section: Mapping[str, Any] | None) -> HealthConfig:
     """The section (a plain mapping), refusing unknown keys and bad values."""
     section = dict(section or {})
-    unknown = sorted(set(section) - set(HealthConfig.__slots__))
-    if unknown:
-        raise ConfigError(f"unknown key(s) trainer.health.{', trainer.health.'.join(unknown)}; "
-                          f"valid keys: {', '.join(HealthConfig.__slots__)}")
+    refuse_unknown_keys(section, HealthConfig.__slots__, "trainer.health")
     rules = section.get("rules")
     return HealthConfig(enabled=section.get("enabled", False),
                         rules=dict(rules) if isinstance(rules, Mapping) else rules if rules is not None else {})

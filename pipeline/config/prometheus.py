@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tracklane.config.keys import refuse_unknown_keys
 from tracklane.core.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -39,10 +40,7 @@ class PrometheusConfig:
 def prometheus_config(section: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> PrometheusConfig:
     """The section (a plain mapping) with the environment's fallbacks, refusing unknown keys and bad values."""
     section = dict(section or {})
-    unknown = sorted(set(section) - set(PrometheusConfig.__slots__))
-    if unknown:
-        raise ConfigError(f"unknown key(s) trainer.prometheus.{', trainer.prometheus.'.join(unknown)}; "
-                          f"valid keys: {', '.join(PrometheusConfig.__slots__)}")
+    refuse_unknown_keys(section, PrometheusConfig.__slots__, "trainer.prometheus")
     env = env or {}
     if section.get("host") is None:
         section["host"] = env.get(HOST_ENV) or DEFAULT_HOST
