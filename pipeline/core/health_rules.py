@@ -25,6 +25,7 @@ Three more are judged on rank 0, which knows the steps' timing and the lanes (``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections import deque
@@ -102,17 +103,18 @@ VALIDATION = "val-core/*/mean@*"
 
 def rule_settings(section: Mapping[str, Any] | None) -> dict[str, RuleSettings]:
     """The defaults with ``trainer.health.rules`` over them; a ConfigError names an unknown rule or field."""
-    rules = {name: RuleSettings(**{f: getattr(s, f) for f in s.__slots__}) for name, s in DEFAULTS.items()}
+    rules = {name: dataclasses.replace(settings) for name, settings in DEFAULTS.items()}
     for name, changes in dict(section or {}).items():
         if name not in rules:
             raise ConfigError(f"trainer.health.rules: unknown rule {name!r}; rules are: {', '.join(DEFAULTS)}")
         for key, value in dict(changes or {}).items():
             if key not in RuleSettings.__slots__:
                 raise ConfigError(f"trainer.health.rules.{name}: unknown setting {key!r}")
-            if key == "enabled" and not isinstance(value, bool) or key != "enabled" and (
-                    isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-                raise ConfigError(f"trainer.health.rules.{name}.{key} must be "
-                                  f"{'true or false' if key == 'enabled' else 'a number >= 0'}, got {value!r}")
+            if key == "enabled" and not isinstance(value, bool):
+                raise ConfigError(f"trainer.health.rules.{name}.{key} must be true or false, got {value!r}")
+            number = not isinstance(value, bool) and isinstance(value, (int, float)) and value >= 0
+            if key != "enabled" and not number:
+                raise ConfigError(f"trainer.health.rules.{name}.{key} must be a number >= 0, got {value!r}")
             setattr(rules[name], key, int(value) if key in ("for_steps", "warmup", "points") else value)
     return rules
 
@@ -159,7 +161,8 @@ class HealthRules:
 
     def _judge(self, name: str, on: RuleSettings, step: int, key: str, raw: Any) -> list[Alert]:
         value = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else math.nan
-        holds, why = _condition(name, on, value, self._baseline.setdefault(key, []))
+        baseline = self._baseline.setdefault(key, []) if name == "entropy_collapse" else []
+        holds, why = _condition(name, on, value, baseline)
         if not self._streaks.setdefault((name, key), _Streak()).step(holds, on.for_steps):
             return []
         return [Alert(rule=name, step=step, key=key, value=value, message=f"{key} = {value:.4g} at step {step}: {why}")]

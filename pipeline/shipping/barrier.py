@@ -6,8 +6,9 @@ The caller posts a barrier and waits on ``done``; the shipper thread moves it on
     SHIP            what was logged before the request goes out first (a dump: a batch a round)
     SETTLE          until every lane holds the batches up to ``target`` (closing: also what live producers handed
                     the lanes and what dead producers' spools hold), or the drain's deadline
-    REDUCE_FINISH   closing with a reduce lane: its FINISH sent (it completes every open step), settled like a batch
-    REDUCE_POINTS   the points it answered with sent into every tracker, settled like a batch
+    REDUCE_FINISH   closing: the stages' last words (``Stage.finish``: the reduce lane's FINISH, which completes every
+                    open step; the health alerts of the last steps), settled like a batch
+    REDUCE_POINTS   what they answered with (the reduced points) sent into every tracker, settled like a batch
     CALL            the trackers' flush() (or close()) called; answered when they all answered, or at the deadline
     DONE            the report is in ``report``
 
@@ -51,7 +52,7 @@ class BarrierHost(Protocol):
     def settled(self, barrier: Barrier) -> bool:
         """Every lane holds the batches up to ``barrier.target`` (closing: producers' and dead producers' too)."""
 
-    def finish_reductions(self, barrier: Barrier) -> bool:
+    def finish_stages(self, barrier: Barrier) -> bool:
         """Closing, all settled: the stages' last words (the reduce lane's FINISH, the health alerts sent after the
         barrier's target); False when there is none."""
 
@@ -108,7 +109,7 @@ class Barrier:
         if not self.closing:
             return False
         if self.phase is Phase.SETTLE:
-            if not host.finish_reductions(self):
+            if not host.finish_stages(self):
                 return False
             self.phase = Phase.REDUCE_FINISH
         elif self.phase is Phase.REDUCE_FINISH:

@@ -254,7 +254,7 @@ class Shipper:
         target = barrier.target if barrier.target is not None else self._seq
         return self._all_settled(target) and all([stage.settled(barrier, self) for stage in self._stages])
 
-    def finish_reductions(self, barrier: Barrier) -> bool:
+    def finish_stages(self, barrier: Barrier) -> bool:
         return any([stage.finish(barrier, self) for stage in self._stages])
 
     def call_trackers(self, barrier: Barrier) -> dict[str, Any]:

@@ -37,7 +37,7 @@ class Host:
             return True
         return False
 
-    def finish_reductions(self, barrier) -> bool:
+    def finish_stages(self, barrier) -> bool:
         if self.reduce_lane:
             self.asked.append("FINISH")
             self.seq += 1  # the FINISH is a batch of its own
