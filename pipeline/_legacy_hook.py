@@ -14,7 +14,7 @@ starts. The finder answers for four names and nothing else:
 
 This module is plain standard library and imports nothing of tracklane's until an old name is imported; its
 source runs as it is from the .pth (``install_finder()`` at the end). An editable install (``pip install -e``)
-gets the .pth too (setup.py writes it where setuptools writes a namespace package's, a private hook: should
+gets the .pth too (the build writes it where setuptools writes a namespace package's, a private hook: should
 setuptools rename it, an editable install goes without, and the old names work from the checkout's root only).
 """
 
