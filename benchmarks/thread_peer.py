@@ -30,7 +30,14 @@ class ThreadedPipe:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize)
         self._thread = threading.Thread(target=self._drain, name="thread-peer-logger", daemon=True)
         self._thread.start()
-        self.put = self._queue.put
+
+    def put(self, item: Any) -> None:
+        self._queue.put((self._inner.put, item))
+
+    def put_bulk(self, item: Any) -> None:
+        # Through the same queue: a bulk item written beside the thread would race it for the trackers' rows
+        # (wandb ignores a row logged below its newest step).
+        self._queue.put((self._inner.put_bulk, item))
 
     def _drain(self) -> None:
         while True:
@@ -38,7 +45,8 @@ class ThreadedPipe:
             try:
                 if item is _STOP:
                     return
-                self._inner.put(item)
+                put, captured = item
+                put(captured)
             finally:
                 self._queue.task_done()
 
@@ -61,7 +69,7 @@ def thread_tracking(project_name: str, experiment_name: str, default_backend: An
     config = config or {}
     trainer = {**(config.get("trainer") or {}), "log_async": False}
     tracking = Tracking(project_name, experiment_name, default_backend, config={**config, "trainer": trainer}, **kwargs)
-    # Tracking binds its pipe's put once (log() is the hot path): both are swapped together.
+    # Tracking binds its pipe's puts once (log() is the hot path): all three are swapped together.
     tracking._pipe = ThreadedPipe(tracking._pipe)
-    tracking._put = tracking._pipe.put
+    tracking._put, tracking._put_bulk = tracking._pipe.put, tracking._pipe.put_bulk
     return tracking
