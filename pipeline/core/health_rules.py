@@ -86,6 +86,9 @@ DEFAULTS: dict[str, RuleSettings] = {
 }
 """Every rule and its defaults (docs/health.md explains each)."""
 
+ERROR_RULES = frozenset({"non_finite", "stalled", "tracker_down"})
+"""Rules whose alert is an ``ERROR`` (the run is broken or losing time); the others' are ``WARN``."""
+
 _KEYS: dict[str, tuple[str, ...]] = {
     "entropy_collapse": ("actor/entropy",),
     "kl_blowup": ("actor/kl_loss", "actor/ppo_kl"),

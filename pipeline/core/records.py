@@ -140,6 +140,34 @@ class Text:
 
 
 @dataclass(slots=True, kw_only=True)
+class Alert:
+    """A health rule that fired (core/health_rules.py), at the step it fired on. Every tracker stores it as the
+    text ``alert/<rule>``; one with an alert mechanism of its own (wandb, trackio, MLflow, ClearML) uses that too."""
+
+    step: int
+    rule: str
+    text: str
+    """What and why: one line per key the rule fired on."""
+    time: float
+    level: str = "WARN"
+    """``INFO``, ``WARN`` or ``ERROR`` (wandb's and trackio's levels)."""
+    only: list[str] | None = None
+
+    kind = "alert"
+
+    @property
+    def name(self) -> str:
+        """Its name as a text: an Alert reads as a ``Text`` (step, name, text, time, only), so a tracker stores it
+        through its text hook, and a batch sent again is recognised record by record as any text is."""
+        return f"alert/{self.rule}"
+
+
+ALERT_LEVELS = ("INFO", "WARN", "ERROR")
+ALERT_TITLE = "tracklane: "
+"""An alert's title in a tracker's own alerts (wandb, trackio): this, then the rule's name."""
+
+
+@dataclass(slots=True, kw_only=True)
 class Image:
     """An image of one step, PNG-encoded."""
 
@@ -225,7 +253,7 @@ class Reduction:
     kind = "reduction"
 
 
-Record = Union[Metrics, Generations, Trajectories, Histogram, Text, Image, Artifact, Trace, Reduction]
+Record = Union[Metrics, Generations, Trajectories, Histogram, Text, Alert, Image, Artifact, Trace, Reduction]
 """Every record kind a sink may receive."""
 
 BULK_KINDS = frozenset({Generations.kind, Trajectories.kind, Image.kind, Artifact.kind, Trace.kind})
@@ -233,7 +261,7 @@ BULK_KINDS = frozenset({Generations.kind, Trajectories.kind, Image.kind, Artifac
 histograms, the run's health keys) overtake them, and a full buffer never evicts a small record for them."""
 
 RECORD_TYPES: dict[str, type] = {cls.kind: cls for cls in (Metrics, Generations, Trajectories, Histogram, Text,
-                                                            Image, Artifact, Trace, Reduction)}
+                                                            Alert, Image, Artifact, Trace, Reduction)}
 """Kind tag on the wire -> record class."""
 
 

@@ -35,11 +35,12 @@ import importlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, cast, runtime_checkable
 
 from tracklane.core.acks import SinkCounts
 from tracklane.core.errors import MissingExtraError
 from tracklane.core.records import (
+    Alert,
     Artifact,
     Generations,
     Histogram,
@@ -89,8 +90,8 @@ class Sink:
         self._hooks: dict[str, Callable[[Any], None]] = {
             Metrics.kind: self.write_metrics, Generations.kind: self.write_generations,
             Trajectories.kind: self.write_trajectories, Histogram.kind: self.write_histogram,
-            Text.kind: self.write_text, Image.kind: self.write_image, Artifact.kind: self.write_artifact,
-            Trace.kind: self.write_traces,
+            Text.kind: self.write_text, Alert.kind: self.write_alert, Image.kind: self.write_image,
+            Artifact.kind: self.write_artifact, Trace.kind: self.write_traces,
             Reduction.kind: _not_a_trackers,  # the reduce lane's (core/reduction.py): a tracker never stores them
         }
 
@@ -124,6 +125,10 @@ class Sink:
 
     def write_text(self, records: Sequence[Text]) -> None:
         self._unsupported(Text.kind, len(records))
+
+    def write_alert(self, records: Sequence[Alert]) -> None:
+        """A rule that fired: as the text ``alert/<rule>``. A tracker with an alert mechanism of its own uses it too."""
+        self.write_text(cast("Sequence[Text]", records))  # an Alert reads as a Text (records.py)
 
     def write_image(self, records: Sequence[Image]) -> None:
         self._unsupported(Image.kind, len(records))

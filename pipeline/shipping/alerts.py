@@ -3,8 +3,9 @@
 The health lane (workers/sinks/health.py) answers with the alerts its rules fired (``Ack.answers["alerts"]``).
 Each is printed as one line on the trainer's console, and logged into every tracker through rank 0's own stream
 (spooled, exactly once like anything rank 0 logs) at the step it fired: ``tracklane/alert/<rule>`` (1.0, once per
-rule and step) and the text ``alert/<rule>`` saying what and why. The report at ``finish()`` lists them. An alert
-a restarted health actor says again (same rule, key and step) is logged once.
+rule and step) and an ``Alert`` record saying what and why: the text ``alert/<rule>`` in every tracker, and the
+tracker's own alert where it has one (wandb's ``run.alert``, trackio's alerts, an MLflow tag, a ClearML tag). The
+report at ``finish()`` lists them. An alert a restarted health actor says again (same rule, key and step) is logged once.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tracklane.core.health_rules import Alert, RunRules
-from tracklane.core.records import Metrics, Record, Text
+from tracklane.core.health_rules import ERROR_RULES, Alert, RunRules
+from tracklane.core.records import Alert as AlertRecord
+from tracklane.core.records import Metrics, Record
 from tracklane.core.report import PipelineReport
 from tracklane.node.terminal import TERMINAL
 from tracklane.shipping.barrier import Barrier
@@ -24,15 +26,15 @@ from tracklane.shipping.stages import Loop, Stage
 log = logging.getLogger("tracklane")
 
 ALERT_KEY = "tracklane/alert/"
-ALERT_TEXT = "alert/"
 
 
 def alert_records(alerts: list[Alert], now: float, point: bool = True) -> list[Record]:
     """What every tracker gets of one rule's alerts at one step (one per key it fired on): the point
-    ``tracklane/alert/<rule>`` (unless ``point`` is False: it is there already) and one text of their messages."""
+    ``tracklane/alert/<rule>`` (unless ``point`` is False: it is there already) and one alert of their messages."""
     rule, step = alerts[0].rule, alerts[0].step
-    text = Text(step=step, name=f"{ALERT_TEXT}{rule}", text="\n".join(a.message for a in alerts), time=now)
-    return [Metrics(step=step, values={f"{ALERT_KEY}{rule}": 1.0}, time=now), text] if point else [text]
+    alert = AlertRecord(step=step, rule=rule, text="\n".join(a.message for a in alerts), time=now,
+                        level="ERROR" if rule in ERROR_RULES else "WARN")
+    return [Metrics(step=step, values={f"{ALERT_KEY}{rule}": 1.0}, time=now), alert] if point else [alert]
 
 
 def alert_line(alert: Alert) -> str:

@@ -38,7 +38,9 @@ from tracklane.core.histogram import FIELDS as HISTOGRAM_FIELDS
 from tracklane.core.histogram import HistogramFigures
 from tracklane.core.png import PNG_SIGNATURE
 from tracklane.core.records import (
+    ALERT_LEVELS,
     RECORD_TYPES,
+    Alert,
     Artifact,
     Batch,
     Generations,
@@ -339,6 +341,7 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     Histogram.kind: {**_COMMON, "name": _is_str, "values": lambda v: type(v) is bytes and len(v) % 8 == 0,
                      "figures": _is_figures},
     Text.kind: {**_COMMON, "name": _is_str, "text": _is_str},
+    Alert.kind: {**_COMMON, "rule": _is_str, "text": _is_str, "level": lambda v: type(v) is str and v in ALERT_LEVELS},
     Image.kind: {**_COMMON, "name": _is_str, "png": lambda v: type(v) is bytes and v[:8] == PNG_SIGNATURE},
     Artifact.kind: {**_COMMON, "path": _is_str, "name": _is_str, "type": _is_str},
     Trace.kind: {**_COMMON, "name": _is_str, "key": _is_str, "status": _is_str,

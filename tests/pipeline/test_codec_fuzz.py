@@ -38,7 +38,9 @@ from tracklane.core.errors import CodecError
 from tracklane.core.histogram import HistogramFigures, histogram_figures
 from tracklane.core.png import PNG_SIGNATURE
 from tracklane.core.records import (
+    ALERT_LEVELS,
     RECORD_TYPES,
+    Alert,
     Artifact,
     Batch,
     Generations,
@@ -231,6 +233,8 @@ def _well_typed(record: Record) -> bool:
                                and type(f.counts) is list and all(type(n) is int for n in f.counts)))
     if isinstance(record, Text):
         return type(record.name) is str and type(record.text) is str
+    if isinstance(record, Alert):
+        return type(record.rule) is str and type(record.text) is str and record.level in ALERT_LEVELS
     if isinstance(record, Image):
         return type(record.name) is str and type(record.png) is bytes and record.png.startswith(PNG_SIGNATURE)
     if isinstance(record, Reduction):
@@ -330,6 +334,7 @@ def _every_kind() -> Batch:
         Trace(name="ToolAgentLoop.run", key="rollout_trace/ToolAgentLoop.run", start_ns=1, end_ns=2, status="success",
               attributes={"sample_index": 0}, messages=[{"role": "user", "content": "hi"}], metadata='{"op":"x"}',
               **common),
+        Alert(rule="kl_blowup", text="actor/kl_loss = 5", level="WARN", **common),
     ])
 
 
@@ -463,6 +468,8 @@ def _accepts(spec: Any, v: Any) -> bool:
         return type(v) is bytes and v.startswith(PNG_SIGNATURE)
     if spec == "role":
         return type(v) is str and v in ROLES
+    if spec == "level":
+        return type(v) is str and v in ALERT_LEVELS
     if spec == "op":
         return type(v) is str and (v == "" or v in OPS)
     if spec == "opname":
@@ -508,6 +515,7 @@ _SPECS: dict[int, list[tuple[tuple, Any]]] = {  # index of the record in _every_
          (("attributes",), ("dict", "plain")), (("attributes", "sample_index"), "plain"),
          (("messages",), ("list", ("dict", "str"))), (("messages", 0), ("dict", "str")),
          (("messages", 0, "role"), "str"), (("metadata",), "object_text")],
+    11: [(("rule",), "str"), (("text",), "str"), (("level",), "level")],
     9: [(("role",), "role"), (("values",), ("dict", "number")), (("values", "r"), "number"), (("op",), "op"),
         (("ops",), ("dict", "opname")), (("ops", "r"), "opname")],
 }

@@ -90,3 +90,61 @@ def test_rank_zero_sees_a_stalled_trainer_and_a_tracker_down(offline_trackers, t
     assert {"stalled", "tracker_down"} <= rules, report.alerts
     points = {key for _, key, _ in file_points(offline_trackers["file"]) if key.startswith("tracklane/alert/")}
     assert {"tracklane/alert/stalled", "tracklane/alert/tracker_down"} <= points
+
+
+def test_each_tracker_keeps_the_alert_its_own_way(offline_trackers, mlflow_server_uri, monkeypatch):
+    """The same pathologies on the async path into every tracker: each keeps the point tracklane/alert/<rule> and
+    the text alert/<rule>, and those with an alert mechanism of their own hold the alert there too, read back with
+    the tracker's reader or server: a wandb alert record in the run file, trackio's alerts table, an MLflow run tag
+    on the real server, a ClearML task tag; SwanLab (whose notifications are webhooks only) keeps the text."""
+    from mlflow.tracking import MlflowClient
+
+    from tracklane.workers.testing.readers.clearml_reader import read_clearml_run
+    from tracklane.workers.testing.readers.mlflow_reader import find_mlflow_run_ids, read_mlflow_run
+    from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
+    from tracklane.workers.testing.readers.trackio_reader import read_trackio_run
+    from tracklane.workers.testing.readers.wandb_reader import read_wandb_media, read_wandb_run
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server_uri)
+    trackers = ["wandb", "trackio", "mlflow", "swanlab", "clearml"]
+    tracking = Tracking("health-own", "alerts", trackers, config=_config(True))
+    for step in range(1, 11):
+        values = _healthy(step)
+        if step == 4:
+            values["actor/pg_loss"] = math.nan
+        if step >= 6:
+            values["actor/kl_loss"] = 5.0
+        tracking.log(values, step=step)
+    report = tracking.finish()
+    assert report.complete, report.summary()
+    expected = {(4, "tracklane/alert/non_finite"), (7, "tracklane/alert/kl_blowup")}
+
+    def alert_points(points) -> set[tuple[int, str]]:
+        return {(step, key) for step, key, _ in points if key.startswith("tracklane/alert/")}
+
+    wandb_media = read_wandb_media(offline_trackers["wandb"])
+    assert alert_points(read_wandb_run(offline_trackers["wandb"]).points) == expected
+    wandb_alerts = {(a["title"], a["level"]): a["text"] for a in wandb_media.alerts}
+    assert set(wandb_alerts) == {("tracklane: non_finite", "ERROR"), ("tracklane: kl_blowup", "WARN")}
+    assert wandb_alerts[("tracklane: kl_blowup", "WARN")].startswith("step 7: actor/kl_loss = 5")
+    assert {step for step, _ in wandb_media.table_rows("alert/kl_blowup").items()} == {7}
+
+    trackio = read_trackio_run(offline_trackers["trackio"], "health-own")
+    assert alert_points(trackio.points) == expected
+    own = {(a["title"], a["level"], a["step"]) for a in trackio.alerts if a["title"].startswith("tracklane: ")
+           and a["title"] != "tracklane: trainer exited"}
+    assert own == {("tracklane: non_finite", "error", 4), ("tracklane: kl_blowup", "warn", 7)}
+    assert "actor/kl_loss = 5" in trackio.texts("alert/kl_blowup")[7]
+
+    [run_id] = find_mlflow_run_ids(mlflow_server_uri, "health-own", "alerts")
+    assert alert_points(read_mlflow_run(mlflow_server_uri, run_id).points) == expected
+    tags = MlflowClient(tracking_uri=mlflow_server_uri).get_run(run_id).data.tags
+    assert tags["tracklane.alert.non_finite"].startswith("ERROR at step 4: actor/pg_loss = nan")
+    assert tags["tracklane.alert.kl_blowup"].startswith("WARN at step 7: actor/kl_loss = 5")
+
+    clearml = read_clearml_run(offline_trackers["clearml-cache"], experiment="alerts")
+    assert {"tracklane.alert=non_finite", "tracklane.alert=kl_blowup"} <= set(clearml.tags)
+    assert alert_points(clearml.points) == expected
+
+    assert alert_points(read_swanlab_run(offline_trackers["swanlog"]).points) == expected
+    assert "actor/kl_loss = 5" in read_swanlab_media(offline_trackers["swanlog"]).texts("alert/kl_blowup")[7]

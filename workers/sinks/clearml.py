@@ -43,6 +43,7 @@ Rich records (offline files under ``data/<project>/<task>.<id>/``):
                   is finite); non-finite values are counted (``cuts["histogram_nonfinite"]``)
     text          a ``.txt`` debug sample (``report_media``): name and step kept, the exact UTF-8 bytes
                   (``report_text`` would only append to the console log, without name or step)
+    alert         the text ``alert/<rule>``, and the task tag ``tracklane.alert=<rule>``
     image         a ``.png`` debug sample of the PNG bytes as given (``report_media``: the same debug-image
                   event as ``report_image``, which takes pixels and re-encodes them as JPEG by default)
     artifact      ``task.upload_artifact("<type>/<name>/step_<N>", Path)``, waiting for the copy; a directory
@@ -102,7 +103,7 @@ from pathlib import Path
 from typing import Any
 
 from tracklane.core.errors import SinkError
-from tracklane.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
+from tracklane.core.records import Alert, Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from tracklane.host.sink import Sink, import_sdk
 from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, trajectory_rows
 from tracklane.workers.sinks.steps import records_by_step
@@ -112,6 +113,8 @@ log = logging.getLogger("tracklane")
 CONFIG_NAME = "Hyperparameters"  # verl's name for the configuration object
 RUN_TAG = "tracklane.run_id:"
 EXIT_TAG = "tracklane.exit_code="
+ALERT_TAG = "tracklane.alert="
+"""A task tag per rule that fired (the task list filters on tags), as the exit code is tagged."""
 HISTOGRAM_STATS = ("mean", "std", "min", "max", "count")
 KEEP_ALL_SAMPLES = -1
 FLUSH_ROUNDS = 2  # see the module docstring: one reporter cycle may end without the newest events
@@ -272,6 +275,13 @@ class ClearmlSink(Sink):
     def write_text(self, records: Sequence[Text]) -> None:
         for record in records:
             self._sample(record.name, record.step, record.text.encode("utf-8"), ".txt")
+
+    def write_alert(self, records: Sequence[Alert]) -> None:
+        """The text ``alert/<rule>`` (a debug sample), and a tag per rule that fired."""
+        task = self._live()
+        tags = [f"{ALERT_TAG}{rule}" for rule in dict.fromkeys(r.rule for r in records)]
+        task.add_tags([tag for tag in tags if tag not in task.get_tags()])
+        super().write_alert(records)
 
     def write_image(self, records: Sequence[Image]) -> None:
         for record in records:

@@ -16,6 +16,7 @@ Rich records become run artifacts, one small file per record (``log_table`` is n
     histogram     histograms/<name>/step_<step:08d>.json    30 bins of the finite values + non-finite counts,
                   and metrics <name>/mean, /std (population), /min, /max, /count (finite values) at the step
     text          text/<name>/step_<step:08d>.txt
+    alert         the text ``alert/<rule>``, and the run tag ``tracklane.alert.<rule>``: "<level> at step N: why"
     image         client.log_image(key=<name>, step=step): images/<name>+step+<step>+... .png (+ a .webp thumbnail)
     artifact      <type>/<name>/step_<step>/<file name> (a directory: its files), each step a version of its own
     traces        not artifacts: one MLflow trace each (the run page's Traces tab), in the run's experiment, linked to
@@ -67,6 +68,7 @@ from tracklane.core.errors import SinkError
 from tracklane.core.histogram import HistogramFigures
 from tracklane.core.params import flatten_params
 from tracklane.core.records import (
+    Alert,
     Artifact,
     Generations,
     Histogram,
@@ -91,6 +93,9 @@ MAX_PARAMS_PER_REQUEST = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATC
 MAX_METRICS_PER_REQUEST = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
 MAX_PARAM_VALUE_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (mlflow 3.x)
 MAX_KEY_LENGTH = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
+MAX_TAG_VALUE_LENGTH = 8000  # mlflow.utils.validation.MAX_TAG_VAL_LENGTH (mlflow 3.x)
+ALERT_TAG = "tracklane.alert."
+"""A run tag per rule that fired: its newest alert (level, step, why)."""
 
 # verl's rules (verl/utils/tracking.py, _MlflowLoggingAdapter): MLflow accepts only slashes,
 # alphanumerics, underscores, periods, dashes, colons and spaces, and treats "//" as a path.
@@ -390,6 +395,15 @@ class MlflowSink(Sink):
         with _translate(f"log text to MLflow run {self.run_id}"):
             for record in records:
                 self._client.log_text(self.run_id, record.text, _artifact_file("text", record.name, record.step, "txt"))
+
+    def write_alert(self, records: Sequence[Alert]) -> None:
+        """The text ``alert/<rule>``, and the tag ``tracklane.alert.<rule>`` (the newest of the rule: the runs table
+        can filter and show it) saying at which step and why."""
+        with _translate(f"tag an alert on MLflow run {self.run_id}"):
+            for record in records:
+                value = f"{record.level} at step {record.step}: {record.text}"
+                self._client.set_tag(self.run_id, f"{ALERT_TAG}{record.rule}", value[:MAX_TAG_VALUE_LENGTH])
+        super().write_alert(records)
 
     def write_image(self, records: Sequence[Image]) -> None:
         from PIL import Image as PILImage

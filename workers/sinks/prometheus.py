@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from tracklane.config.prometheus import prometheus_config
-from tracklane.core.records import Metrics, RunSpec
+from tracklane.core.records import Alert, Metrics, RunSpec
 from tracklane.host.sink import Sink, import_sdk
 
 STEP_GAUGE = "tracklane_step"
@@ -59,6 +59,9 @@ class PrometheusSink(Sink):
         self._server, _thread = client.start_http_server(self.port, addr=self.settings["host"], registry=registry)
         self.port = self._server.server_port  # port 0: the one the OS gave
         return {}
+
+    def write_alert(self, records: Sequence[Alert]) -> None:
+        """Nothing more: the alert's point ``tracklane/alert/<rule>`` is its gauge (``tracklane_alert_<rule>``)."""
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         for record in records:

@@ -11,6 +11,7 @@ Rich records (swanlab has no table or histogram type; media land under ``<run>/m
                   and scalars <name>/mean, /std (population), /min, /max, /count (finite values; only
                   /count, 0, when there is none)
     text          ``swanlab.Text`` (media/text/)
+    alert         the text ``alert/<rule>`` (SwanLab's notifications are webhook plugins, nothing in the run)
     image         ``swanlab.Image`` of the decoded PNG, which swanlab encodes again as PNG (media/image/)
     artifact      a copy under <run>/files/artifacts/<type>/<name>/step_<N>/ registered with
                   ``run.save`` (which itself only links to the source: the trainer may delete it)

@@ -14,6 +14,7 @@ Rich records, one event per record at its step:
                   logger's and MLflow's JSON); an empty list is written as "*no samples*" / "*no trajectories*"
     histogram     histo "<name>": 30 bins of the finite values (non-finite ones left out; none finite: no event)
     text          text  "<name>/text_summary"
+    alert         the text ``alert/<rule>``
     image         image "<name>": the PNG bytes as given, with height, width and colour space from its header
     artifact      not stored (TensorBoard holds no files): counted in ``unsupported`` by the base class
 

@@ -47,6 +47,8 @@ What lands where (non-finite floats are stored as the strings "NaN"/"Infinity"/"
     histogram     ``trackio.Histogram`` of the 30 shared bins of the finite values; non-finite values are
                   left out and counted (``cuts["histogram_nonfinite"]``), none finite: nothing logged
     text          ``trackio.Markdown``
+    alert         the text ``alert/<rule>``, and a trackio alert (title "tracklane: <rule>", level warn or error,
+                  its step; id from the batch position, so a re-sent batch stores it once)
     image         ``trackio.Image`` of the PNG as given: trackio copies the file byte for byte (media/)
     artifact      a version of trackio artifact <name> (characters outside [A-Za-z0-9._-] -> "-") of its
                   type, files in trackio's content-addressed store (artifacts/), alias "step-<N>",
@@ -85,7 +87,9 @@ from typing import Any
 
 from tracklane.core.errors import ConfigError, SinkError
 from tracklane.core.records import (
+    ALERT_TITLE,
     SYSTEM_AXIS,
+    Alert,
     Artifact,
     Generations,
     Histogram,
@@ -289,6 +293,17 @@ class TrackioSink(Sink):
         trackio = import_sdk(type(self))
         for step, group in records_by_step(records):
             self._add(step, {self._key(r.name): trackio.Markdown(r.text)._to_dict() for r in group}, group)
+
+    def write_alert(self, records: Sequence[Alert]) -> None:
+        """trackio's own alert (its Alerts panel, ``trackio.Api().alerts``; its webhooks are the ``trackio.alert``
+        call's, not the store's), stored once however often the batch is sent (its id is the row's), and the text."""
+        with _translate(f"alert in trackio run {self.run_id}"):
+            self._storage.bulk_alert(self.run.project, self.run.experiment,
+                                     titles=[f"{ALERT_TITLE}{r.rule}" for r in records], texts=[r.text for r in records],
+                                     levels=[r.level.lower() for r in records], steps=[r.step for r in records],
+                                     timestamps=[_iso(r.time) for r in records],
+                                     alert_ids=[self._ids.log_id(self.run_id, [r]) for r in records], run_id=self.run_id)
+        super().write_alert(records)
 
     def write_image(self, records: Sequence[Image]) -> None:
         trackio = import_sdk(type(self))

@@ -9,6 +9,8 @@ Rich records, as wandb 0.31 stores them (offline: under the run's ``files/``):
                   values are left out and counted (``LaneReport.cuts["histogram_nonfinite"]``)
     text          an INCREMENTAL table per name, columns step, text (exact text back; ``wandb.Html``
                   would need escaping and wraps the text in markup)
+    alert         the text ``alert/<rule>``, and ``run.alert`` (title "tracklane: <rule>", level WARN or ERROR;
+                  offline an alert record in the run file, sent on sync)
     image         ``wandb.Image`` of the PNG file as given (files/media/images/)
     artifact      ``wandb.Artifact(name, type)`` with the file (or directory), metadata {"step": N}
 
@@ -40,7 +42,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tracklane.core.errors import SinkError
-from tracklane.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
+from tracklane.core.records import (
+    ALERT_TITLE,
+    Alert,
+    Artifact,
+    Generations,
+    Histogram,
+    Image,
+    Metrics,
+    RunSpec,
+    Text,
+    Trajectories,
+)
 from tracklane.host.sink import Sink, import_sdk
 from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
 from tracklane.workers.sinks.steps import R, merged_values, records_by_step
@@ -184,6 +197,15 @@ class WandbSink(Sink):
 
     def write_text(self, records: Sequence[Text]) -> None:
         self._log_rows(records, TEXT_COLUMNS, lambda r: r.name, lambda r: [[r.step, r.text]])
+
+    def write_alert(self, records: Sequence[Alert]) -> None:
+        """The text ``alert/<rule>`` in the run's table, and wandb's own alert (offline: an alert record in the run
+        file, sent when it is synced; online: to the user's Slack or email as their wandb settings say)."""
+        for record in records:
+            if self._fresh([record]):
+                self._run.alert(title=f"{ALERT_TITLE}{record.rule}", text=f"step {record.step}: {record.text}",
+                                level=record.level, wait_duration=1)
+        super().write_alert(records)
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         wandb = import_sdk(type(self))

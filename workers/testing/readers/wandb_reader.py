@@ -172,6 +172,8 @@ class WandbMedia:
 
     values: list[MediaValue] = field(default_factory=list)
     artifacts: list[StoredArtifact] = field(default_factory=list)
+    alerts: list[dict[str, str]] = field(default_factory=list)
+    """``run.alert`` calls as the run file keeps them (sent when synced): title, text, level."""
 
     def of(self, key: str) -> dict[int, MediaValue]:
         """step -> the value logged under ``key`` (one per step: wandb keeps the last)."""
@@ -218,6 +220,9 @@ def read_wandb_media(wandb_dir: str | Path, run_id: str | None = None) -> WandbM
                 media.values += [MediaValue(step, key, fields, files_dir) for key, fields in values.items()]
             elif kind == "artifact":
                 media.artifacts.append(_artifact(record.artifact))
+            elif kind == "alert":
+                media.alerts.append({"title": record.alert.title, "text": record.alert.text,
+                                     "level": record.alert.level})
     return media
 
 
