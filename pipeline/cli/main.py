@@ -17,6 +17,8 @@
     tracklane view PATH [--host H] [--port P]   a run's rollouts in a local web page, live while it writes
                                                 (PATH: a spool, or the file tracker's .jsonl or its folder;
                                                 default 127.0.0.1:8765; it never writes to the run)
+    tracklane alert-rules                       the path of the shipped Prometheus alerting rules (add it to
+                                                rule_files: in prometheus.yml; docs/health.md)
 
 ``replay`` exits 0 when every tracker has everything the spool held, 1 when something is left
 (it says what), 2 when the spool cannot be used. ``migrate`` exits 0 when every target holds what the
@@ -33,6 +35,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tracklane.alerting import RULES_FILE
 from tracklane.cli.inspect import inspect_spool
 from tracklane.cli.migrate import MigrateArgs, migrate
 from tracklane.cli.replay import replay_spool
@@ -60,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     view.add_argument("path", help="a spool folder, or the file tracker's .jsonl or its folder")
     view.add_argument("--host", default="127.0.0.1", help="address to serve on (default: loopback only)")
     view.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
+    commands.add_parser("alert-rules", help="the path of the shipped Prometheus alerting rules")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
@@ -69,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _migrate(args)
         if args.command == "view":
             return view_run(args.path, args.host, args.port)
+        if args.command == "alert-rules":
+            print(RULES_FILE)
+            return 0
         return replay_spool(args.spool_dir, _names(args.to), args.exit_code, args.timeout, not args.no_progress)
     except TracklaneError as exc:
         print(f"tracklane: {exc}", file=sys.stderr)

@@ -29,8 +29,9 @@ def binary() -> str | None:
     return shutil.which("prometheus") or next((path for path in BINARY_PATHS if Path(path).exists()), None)
 
 
-def start_server(folder: Path, targets: Sequence[str]) -> tuple[subprocess.Popen, str]:
-    """Start Prometheus scraping ``targets`` ("host:port") every second; return (process, base url) once ready."""
+def start_server(folder: Path, targets: Sequence[str], rule_files: Sequence[Path] = ()) -> tuple[subprocess.Popen, str]:
+    """Start Prometheus scraping ``targets`` ("host:port") every second, evaluating the alerting rules of
+    ``rule_files`` as often; return (process, base url) once ready."""
     program = binary()
     if program is None:
         raise RuntimeError("no prometheus binary: apt-get install -y prometheus")
@@ -38,7 +39,9 @@ def start_server(folder: Path, targets: Sequence[str]) -> tuple[subprocess.Popen
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "prometheus.yml"
     config.write_text(json.dumps({  # JSON is YAML
-        "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL},
+        "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL,
+                   "evaluation_interval": SCRAPE_INTERVAL},
+        "rule_files": [str(Path(path).absolute()) for path in rule_files],
         "scrape_configs": [{"job_name": "tracklane", "static_configs": [{"targets": list(targets)}]}],
     }))
     port = free_port()
@@ -55,6 +58,16 @@ def query(url: str, promql: str, timeout: float = 5.0) -> list[dict[str, Any]]:
     if answer.get("status") != "success":
         raise RuntimeError(f"prometheus query {promql!r} failed: {answer}")
     result: list[dict[str, Any]] = answer["data"]["result"]
+    return result
+
+
+def alerts(url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+    """The alerts its rules hold now (``/api/v1/alerts``): [{"labels", "annotations", "state", "value", ...}]."""
+    with urllib.request.urlopen(f"{url}/api/v1/alerts", timeout=timeout) as response:
+        answer = json.load(response)
+    if answer.get("status") != "success":
+        raise RuntimeError(f"prometheus alerts failed: {answer}")
+    result: list[dict[str, Any]] = answer["data"]["alerts"]
     return result
 
 

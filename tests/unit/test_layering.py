@@ -18,7 +18,7 @@ INSTALLED_AS = {"pipeline": "tracklane", "workers": "tracklane.workers", "traine
 # top-level modules (tracking, producer, log_calls, pipe, sync_pipeline, sync_spool, backend_view); the face is __init__,
 # __main__ and the hook's old name.
 FLOORS: dict[str, int] = {
-    "core": 0, "testing": 0,
+    "core": 0, "testing": 0, "alerting": 0,
     "config": 1,
     "capture": 2, "wire": 2, "host": 2, "spool": 2,
     "node": 3,
