@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tracklane.core.errors import ConfigError
-from tracklane.core.records import Generations, Metrics, Record, Trace, Trajectories, Trajectory
+from tracklane.core.records import Alert, Generations, Metrics, Record, Text, Trace, Trajectories, Trajectory
 from tracklane.host.registry import source_class
 from tracklane.spool.manifest import RunManifest
 
@@ -34,6 +34,10 @@ SCORE_WORDS = ("score", "reward", "acc")  # a step's metrics shown beside its ro
 MAX_STEP_METRICS = 16
 TRACE_TEXT_CHARS = 2000  # a trace's strings on the page (a generate call's prompt can be the whole conversation)
 TRACE_LIST_ITEMS = 64  # a trace's lists on the page (a generate call's output holds every token id)
+CHART_KEYS = ("critic/score/mean", "actor/kl_loss", "actor/entropy", "response_length/mean")
+"""The step metrics charted on the page (every step that logged them), with the run's alerts marked."""
+ALERT_POINT = "tracklane/alert/"  # the point an alert leaves in every tracker (shipping/alerts.py)
+ALERT_TEXTS = ("alert/", "alert_")  # its text's name: as logged, and as the file tracker's media names it
 
 
 @dataclass(slots=True)
@@ -46,6 +50,10 @@ class Snapshot:
     trajectories: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     generations: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     traces: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    """The health alerts the run holds, by step: rule, step, level, text (why)."""
+    charts: dict[str, list[list[float]]] = field(default_factory=dict)
+    """CHART_KEYS -> [[step, value], ...] in step order."""
     read_at: float = 0.0
     error: str = ""
     skipped: dict[str, int] = field(default_factory=dict)
@@ -99,7 +107,8 @@ class RunData:
         if self.kind == "spool":
             return [Path(self.path)]
         base = Path(self.path).with_suffix("")
-        return [Path(self.path), *(base.with_name(base.name + suffix) for suffix in ("_rollouts", "_generations", "_traces"))]
+        suffixes = ("_rollouts", "_generations", "_traces", "_media")  # _media: the alerts' texts
+        return [Path(self.path), *(base.with_name(base.name + suffix) for suffix in suffixes)]
 
     def _files_signature(self) -> tuple[Any, ...]:
         seen = []
@@ -135,7 +144,10 @@ def build_snapshot(records: Iterable[Record]) -> Snapshot:
     snapshot = Snapshot(run={})
     metrics: dict[int, dict[str, float]] = {}
     traces: dict[int, list[Trace]] = {}
+    signals = RunSignals()
     for record in records:
+        if signals.take(record):
+            continue
         if isinstance(record, Trajectories):
             rows = snapshot.trajectories.setdefault(record.step, [])
             rows += [trajectory_row(len(rows) + i, t, record.key) for i, t in enumerate(record.trajectories)]
@@ -148,6 +160,7 @@ def build_snapshot(records: Iterable[Record]) -> Snapshot:
         elif isinstance(record, Metrics) and record.axis is None:
             chosen = {k: float(v) for k, v in record.values.items() if any(word in k for word in SCORE_WORDS)}
             metrics.setdefault(record.step, {}).update(chosen)
+    snapshot.alerts, snapshot.charts = signals.alerts(), signals.charts()
     for step, records in traces.items():
         snapshot.traces[step] = trace_rows(records, snapshot.trajectories.get(step, []))
     for step in sorted(set(snapshot.trajectories) | set(snapshot.generations) | set(snapshot.traces)):
@@ -155,6 +168,43 @@ def build_snapshot(records: Iterable[Record]) -> Snapshot:
                                             snapshot.generations.get(step, []), metrics.get(step, {}),
                                             snapshot.traces.get(step, []))
     return snapshot
+
+
+class RunSignals:
+    """What the page charts and flags: the CHART_KEYS' points and the health alerts (an ``Alert`` record where the
+    source keeps it; else the point ``tracklane/alert/<rule>`` and the text ``alert/<rule>`` every tracker holds)."""
+
+    def __init__(self) -> None:
+        self._points: dict[str, dict[int, float]] = {key: {} for key in CHART_KEYS}
+        self._alerts: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def take(self, record: Record) -> bool:
+        """Note what ``record`` says; True when it is an alert's own record (nothing else reads it)."""
+        if isinstance(record, Alert):
+            self._alert(record.rule, record.step).update(level=record.level, text=record.text)
+            return True
+        if isinstance(record, Text):
+            rule = next((record.name[len(p):] for p in ALERT_TEXTS if record.name.startswith(p)), None)
+            if rule:
+                alert = self._alert(rule, record.step)
+                alert["text"] = alert["text"] or record.text
+                return True
+        elif isinstance(record, Metrics) and record.axis is None:
+            for key, value in record.values.items():
+                if key in self._points:
+                    self._points[key][record.step] = float(value)
+                elif key.startswith(ALERT_POINT):
+                    self._alert(key[len(ALERT_POINT):], record.step)
+        return False
+
+    def _alert(self, rule: str, step: int) -> dict[str, Any]:
+        return self._alerts.setdefault((rule, step), {"rule": rule, "step": step, "level": "", "text": ""})
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return sorted(self._alerts.values(), key=lambda a: (a["step"], a["rule"]))
+
+    def charts(self) -> dict[str, list[list[float]]]:
+        return {key: [[step, points[step]] for step in sorted(points)] for key, points in self._points.items() if points}
 
 
 def trajectory_row(index: int, trajectory: Trajectory, key: str) -> dict[str, Any]:

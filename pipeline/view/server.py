@@ -1,7 +1,8 @@
 """``tracklane view``'s HTTP server: the page (shipped in ``static/``) and three JSON answers, read-only.
 
     GET /                   the page (index.html, app.js, app.css: no CDN, no build step)
-    GET /api/run            the run and its steps' summaries (re-read when the run's files changed)
+    GET /api/run            the run, its steps' summaries, its health alerts and charted step metrics (re-read
+                            when the run's files changed)
     GET /api/step/<step>    that step's trajectories, validation generations and rollout traces
 
 Python's own ``http.server`` (``ThreadingHTTPServer``): a page and three GETs for one local browser need no
@@ -44,7 +45,8 @@ class _Handler(BaseHTTPRequestHandler):
         if route == "/api/run":
             snapshot = self.data.snapshot()
             self._json({"run": snapshot.run, "steps": list(snapshot.steps.values()), "read_at": snapshot.read_at,
-                        "error": snapshot.error, "skipped": snapshot.skipped})
+                        "error": snapshot.error, "skipped": snapshot.skipped, "alerts": snapshot.alerts,
+                        "charts": snapshot.charts})
         elif route.startswith("/api/step/"):
             self._step(route.removeprefix("/api/step/"))
         else:

@@ -252,6 +252,71 @@ def test_the_page_shows_what_the_main_job_stored(main_job_run, browser, tmp_path
         server.server_close()
 
 
+def write_unhealthy_run(folder: Path, monkeypatch, steps: range, tracking: Tracking | None = None) -> Tracking:
+    """The file tracker with the health rules on: a NaN pg_loss at step 4, a KL of 5 from step 6 (kl_blowup at 7)."""
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(folder / "run.jsonl"))
+    tracking = tracking or Tracking("proj", "unhealthy", ["file"],
+                                    config={"trainer": {"log_async": False, "health": {"enabled": True}}})
+    for step in steps:
+        tracking.log({"critic/score/mean": step / 10, "actor/entropy": 1.0, "actor/grad_norm": 0.5,
+                      "actor/pg_loss": float("nan") if step == 4 else 0.5,
+                      "actor/kl_loss": 5.0 if step >= 6 else 0.01}, step=step)
+        tracking.log_trajectories([trajectory(step, i) for i in range(2)], step=step)
+    return tracking
+
+
+def test_the_api_serves_the_runs_alerts_and_charted_metrics(tmp_path, monkeypatch):
+    """The alerts the run's health rules fired come back with their rule, step and why (from the file tracker's
+    point and text), and each charted key with every step's value."""
+    tracking = write_unhealthy_run(tmp_path, monkeypatch, range(1, 9))
+    tracking.finish()
+    snapshot = RunData(str(tmp_path)).snapshot()
+    assert [(a["rule"], a["step"]) for a in snapshot.alerts] == [("non_finite", 4), ("kl_blowup", 7)]
+    assert "actor/pg_loss = nan" in snapshot.alerts[0]["text"] and "actor/kl_loss = 5" in snapshot.alerts[1]["text"]
+    assert snapshot.charts["critic/score/mean"] == [[step, pytest.approx(step / 10)] for step in range(1, 9)]
+    assert [value for _, value in snapshot.charts["actor/kl_loss"]] == [0.01] * 5 + [5.0] * 3
+    assert "response_length/mean" not in snapshot.charts  # never logged: no empty chart
+
+
+def test_the_page_marks_the_alerts_on_its_charts_and_follows_new_ones(tmp_path, monkeypatch, browser):
+    """In Chromium: the alert list names each alert with its step and why, every chart marks both alert steps, the
+    step table flags step 4; then, while the page is open, the run goes on and a later alert (a NaN at step 13)
+    arrives on the page without a reload (at 13). Screenshot view-alerts.png."""
+    tracking = write_unhealthy_run(tmp_path, monkeypatch, range(1, 9))
+    shots = Path(os.environ.get("TRACKLANE_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    server = make_server(RunData(str(tmp_path)), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_port}/")
+        page.wait_for_function("document.querySelectorAll('#alerts .alert').length === 2")
+        lines = page.locator("#alerts .alert")
+        assert [(lines.nth(i).get_attribute("data-rule"), lines.nth(i).get_attribute("data-step")) for i in range(2)] == \
+            [("non_finite", "4"), ("kl_blowup", "7")]
+        assert "actor/kl_loss = 5" in lines.nth(1).inner_text()
+        charts = page.locator("#charts svg")
+        assert sorted(charts.nth(i).get_attribute("data-key") for i in range(charts.count())) == \
+            sorted(["critic/score/mean", "actor/kl_loss", "actor/entropy"])
+        for i in range(charts.count()):
+            marks = charts.nth(i).locator("line.alert-mark")
+            assert sorted(marks.nth(j).get_attribute("data-rule") for j in range(marks.count())) == ["kl_blowup", "non_finite"]
+        assert page.locator("#steps tbody tr[data-step='4'] td.alerted").inner_text() == "non_finite"
+        page.locator("#steps tbody tr[data-step='7']").click()
+        page.locator("#pane-a .trajectory").first.wait_for()
+        page.screenshot(path=str(shots / "view-alerts.png"))
+        write_unhealthy_run(tmp_path, monkeypatch, range(9, 13), tracking)  # finite losses since 4: non_finite re-armed
+        tracking.log({"actor/pg_loss": float("nan"), "actor/grad_norm": 0.5}, step=13)
+        page.wait_for_function("[...document.querySelectorAll('#alerts .alert')].some(a => a.dataset.step === '13')",
+                               timeout=20000)
+        assert page.locator("#charts svg[data-key='actor/kl_loss'] line.alert-mark").count() == 3
+    finally:
+        page.close()
+        server.shutdown()
+        server.server_close()
+        tracking.finish()
+
+
 def test_the_command_serves_until_interrupted(tmp_path, monkeypatch):
     """``tracklane view PATH --port 0`` prints where it serves, answers there, and ends with 0 on Ctrl-C; a PATH
     that is no run is exit code 2 with the reason."""

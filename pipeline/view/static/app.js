@@ -4,7 +4,8 @@
 // never as HTML.
 "use strict";
 
-const state = { run: null, steps: [], step: null, data: null, other: null };
+const state = { run: null, steps: [], step: null, data: null, other: null, alerts: [], charts: {} };
+const SVG = "http://www.w3.org/2000/svg";
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs, ...children) {
@@ -45,6 +46,10 @@ async function refreshRun() {
   $("live").className = answer.error ? "error" : "";
   const before = state.steps.find((s) => s.step === state.step);
   state.steps = answer.steps;
+  state.alerts = answer.alerts || [];
+  state.charts = answer.charts || {};
+  renderAlerts();
+  renderCharts();
   renderSteps();
   renderCompareChoices();
   const after = state.steps.find((s) => s.step === state.step);
@@ -60,9 +65,50 @@ function renderSteps() {
     const row = el("tr", { "data-step": s.step, class: s.step === state.step ? "selected" : "" },
       el("td", { text: s.step }), el("td", { text: s.trajectories }), el("td", { text: fmt(s.score_mean) }),
       el("td", { text: fmt(s.score_min) }), el("td", { text: fmt(s.score_max) }), el("td", { text: s.generations || "" }),
-      el("td", { class: s.trace_errors ? "error" : "", text: s.traces ? `${s.traces}${s.trace_errors ? ` (${s.trace_errors} err)` : ""}` : "" }));
+      el("td", { class: s.trace_errors ? "error" : "", text: s.traces ? `${s.traces}${s.trace_errors ? ` (${s.trace_errors} err)` : ""}` : "" }),
+      el("td", { class: "alerted", text: state.alerts.filter((a) => a.step === s.step).map((a) => a.rule).join(", ") }));
     row.addEventListener("click", () => openStep(s.step));
     return row;
+  }));
+}
+
+// The run's health alerts (docs/health.md): one line each, newest last; a click opens the step when it has rollouts.
+function renderAlerts() {
+  const box = $("alerts");
+  box.hidden = state.alerts.length === 0;
+  box.replaceChildren(el("h2", { text: `${state.alerts.length} alert${state.alerts.length === 1 ? "" : "s"}` }),
+    ...state.alerts.map((a) => {
+      const line = el("div", { class: `alert ${(a.level || "warn").toLowerCase()}`, "data-rule": a.rule, "data-step": a.step },
+        el("b", { text: `${a.rule} at step ${a.step}` }), el("span", { text: a.text ? `: ${a.text}` : "" }));
+      line.addEventListener("click", () => state.steps.some((s) => s.step === a.step) && openStep(a.step));
+      return line;
+    }));
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+  return node;
+}
+
+// Each charted step metric as a line over the steps, every alert a red mark at its step (hover: which and why).
+function renderCharts() {
+  const W = 300, H = 96, P = 4;
+  $("charts").replaceChildren(...Object.entries(state.charts).map(([key, points]) => {
+    const finite = points.filter(([, y]) => known(y) && Number.isFinite(y));
+    const steps = points.map(([x]) => x).concat(state.alerts.map((a) => a.step));
+    const x0 = Math.min(...steps), x1 = Math.max(x0 + 1, ...steps);
+    const ys = finite.map(([, y]) => y), y0 = Math.min(...ys), y1 = Math.max(y0 + 1e-9, ...ys);
+    const X = (x) => P + ((x - x0) / (x1 - x0)) * (W - 2 * P), Y = (y) => H - P - ((y - y0) / (y1 - y0)) * (H - 2 * P);
+    const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, "data-key": key });
+    for (const a of state.alerts) {
+      const mark = svg("line", { x1: X(a.step), x2: X(a.step), y1: 0, y2: H, class: "alert-mark", "data-rule": a.rule });
+      mark.append(Object.assign(svg("title", {}), { textContent: `${a.rule} at step ${a.step}${a.text ? `: ${a.text}` : ""}` }));
+      chart.append(mark);
+    }
+    chart.append(svg("polyline", { points: finite.map(([x, y]) => `${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join(" "), class: "series" }));
+    const last = finite.length ? finite[finite.length - 1][1] : null;
+    return el("figure", { class: "chart" }, chart, el("figcaption", { text: `${key}  ${fmt(last)}` }));
   }));
 }
 
