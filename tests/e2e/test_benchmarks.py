@@ -180,3 +180,16 @@ def test_scale_quick(tmp_path, mlflow_server_uri):
         assert check["once"] == check["expected"] > 0 and check["twice"] == check["wrong"] == 0, point
         assert point["complete"] and point["nodes"] == min(2, point["producers"]), point
     _assert_pngs(result)
+
+
+@pytest.mark.slow
+def test_health_cost_runs_both_settings(ray_join):
+    """One round of the health-cost benchmark: both settings measured, the rules judged (the synthetic scalars fire
+    rules with health on, none off) and the health actor's CPU counted."""
+    proc = subprocess.run([sys.executable, "-m", "tracklane.benchmarks.health_cost", "--rounds", "1", "--steps", "20"],
+                          cwd=ROOT, env={**os.environ, **ray_join}, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["off"]["alerts"] == 0 and result["on"]["alerts"] >= 1
+    assert result["off"]["log_us"]["n"] == result["on"]["log_us"]["n"] == 20
+    assert result["on"]["health_actor_cpu_s"] > 0 and set(result["ratio_on_off"]) == {"log_p50", "log_p99", "trainer_cpu"}
