@@ -14,12 +14,18 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from mlflow.tracking import MlflowClient
 from PIL import Image as PILImage
 
+from tracklane.alerting import RULES_FILE
+from tracklane.testing import prometheus_server
+from tracklane.testing.server_process import free_port
+from tracklane.view.run_data import RunData
 from tracklane.workers.testing.readers.clearml_reader import read_clearml_run
 from tracklane.workers.testing.readers.file_reader import file_lines
 from tracklane.workers.testing.readers.mlflow_reader import (
@@ -243,17 +249,52 @@ def test_clearml_holds_every_kind(job):
         {f"checkpoint/checkpoint/step_{step}" for step in CHECKPOINTS}
 
 
+class PrometheusAlerts:
+    """Polls a Prometheus's /api/v1/alerts on a thread while a job runs: every (alertname, rule) seen firing."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.firing = url, set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.3):
+            self.firing |= {(a["labels"]["alertname"], a["labels"].get("rule"))
+                            for a in prometheus_server.alerts(self.url) if a["state"] == "firing"}
+
+    def __enter__(self) -> PrometheusAlerts:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def test_a_nan_injected_at_a_step_is_an_alert_everywhere(tmp_path):
     """``trainer.inject_nan_step=5``: the non_finite rule fires at step 5 on the actor's loss and grad norm; the
-    console says so, the file tracker and TensorBoard hold the point tracklane/alert/non_finite and the text, the
-    summary lists it, and the run goes on (the NaN update is skipped, counted in actor/skipped_updates)."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("VERL_", "TENSORBOARD_"))}
-    env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TRACKLANE_SYSTEM_METRICS_S="0")
-    done = subprocess.run([sys.executable, "-m", "tracklane.trainer", "trainer.logger=[console,file,tensorboard]",
-                           "trainer.total_steps=8", "trainer.test_freq=0", "trainer.save_freq=0",
-                           "trainer.inject_nan_step=5"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    console says so, every tracker holds the point tracklane/alert/non_finite at step 5 and the text, those with
+    alerts of their own hold it there (wandb's alert record, trackio's alerts, the MLflow tag, the ClearML tag),
+    a real Prometheus loaded with the shipped rules fires TracklaneHealthAlert (rule non_finite) while the job
+    runs, the viewer lists it, the summary lists it, and the run goes on (the NaN update is skipped, counted in
+    actor/skipped_updates)."""
+    ours = ("WANDB_", "SWANLAB_", "MLFLOW_", "TRACKIO_", "TENSORBOARD_", "VERL_", "CLEARML_")
+    env = {key: value for key, value in os.environ.items() if not key.startswith(ours)}
+    port = free_port()  # the prometheus tracker serves there; a real Prometheus with the shipped rules scrapes it
+    env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TRACKLANE_SYSTEM_METRICS_S="0", HOME=str(tmp_path / "home"),
+               TRACKLANE_PROMETHEUS_PORT=str(port))
+    proc, url = prometheus_server.start_server(tmp_path / "prometheus", [f"127.0.0.1:{port}"], [RULES_FILE])
+    try:
+        with PrometheusAlerts(url) as seen:
+            done = subprocess.run([sys.executable, "-m", "tracklane.trainer",
+                                   f"trainer.logger=[{','.join([*EVERY_LOGGER, 'prometheus'])}]",
+                                   "trainer.total_steps=16", "trainer.test_freq=0", "trainer.save_freq=0",
+                                   "trainer.inject_nan_step=5"], cwd=tmp_path, env=env, capture_output=True,
+                                  text=True, timeout=600)
+    finally:
+        prometheus_server.stop_server(proc)
     assert done.returncode == 0, done.stderr[-4000:]
+    assert ("TracklaneHealthAlert", "non_finite") in seen.firing, seen.firing
     job = Job(tmp_path, done)
     assert "tracklane ALERT non_finite: actor/pg_loss = nan at step 5" in done.stdout
     assert "ALERT non_finite at step 5" in done.stderr  # the summary
@@ -266,3 +307,26 @@ def test_a_nan_injected_at_a_step_is_an_alert_everywhere(tmp_path):
     texts = read_tensorboard_rich(board).texts
     assert any("actor/grad_norm = nan" in text for text in next(v for k, v in texts.items()
                                                                if k.startswith("alert/non_finite"))[5])
+    expected = {(5, "tracklane/alert/non_finite")}
+
+    def alert_points(points) -> set[tuple[int, str]]:
+        return {(step, key) for step, key, _ in points if key.startswith("tracklane/alert/")}
+
+    assert alert_points(read_wandb_run(job.runs / "wandb").points) == expected
+    wandb_alerts = read_wandb_media(job.runs / "wandb").alerts
+    assert [(a["title"], a["level"]) for a in wandb_alerts] == [("tracklane: non_finite", "ERROR")]
+    assert wandb_alerts[0]["text"].startswith("step 5: ")
+    trackio = read_trackio_run(job.runs / "trackio", PROJECT)
+    assert alert_points(trackio.points) == expected
+    assert [(a["title"], a["level"], a["step"]) for a in trackio.alerts if a["title"] == "tracklane: non_finite"] == \
+        [("tracklane: non_finite", "error", 5)]
+    [run_id] = find_mlflow_run_ids(job.mlflow_uri, PROJECT, EXPERIMENT)
+    assert alert_points(read_mlflow_run(job.mlflow_uri, run_id).points) == expected
+    tags = MlflowClient(tracking_uri=job.mlflow_uri).get_run(run_id).data.tags
+    assert tags["tracklane.alert.non_finite"].startswith("ERROR at step 5: ")
+    assert alert_points(read_swanlab_run(job.runs / "swanlog").points) == expected
+    assert "= nan" in read_swanlab_media(job.runs / "swanlog").texts("alert/non_finite")[5]
+    clearml = read_clearml_run(job.runs / "clearml")
+    assert alert_points(clearml.points) == expected and "tracklane.alert=non_finite" in clearml.tags
+    viewed = RunData(str(job.file)).snapshot()
+    assert [(a["rule"], a["step"]) for a in viewed.alerts] == [("non_finite", 5)] and "= nan" in viewed.alerts[0]["text"]
