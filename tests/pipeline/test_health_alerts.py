@@ -26,12 +26,8 @@ def _healthy(step: int) -> dict[str, float]:
             "critic/score/mean": 0.1 * step}
 
 
-@pytest.mark.parametrize("log_async", [True, False], ids=["async", "sync"])
-def test_a_nan_loss_and_a_kl_blowup_reach_every_store(offline_trackers, capfd, log_async):
-    """A NaN pg_loss at step 4 and a KL above 1.0 from step 6 fire non_finite at 4 and kl_blowup at 7: one console
-    line each, the point tracklane/alert/<rule> and the text alert/<rule> in the file and TensorBoard, and the
-    report's ALERT lines."""
-    tracking = Tracking("health", "alerts", ["console", "file", "tensorboard"], config=_config(log_async))
+def _log_two_pathologies(tracking: Tracking):
+    """10 steps: a NaN pg_loss at step 4, a KL of 5 from step 6 (non_finite fires at 4, kl_blowup at 7); finished."""
     for step in range(1, 11):
         values = _healthy(step)
         if step == 4:
@@ -39,7 +35,16 @@ def test_a_nan_loss_and_a_kl_blowup_reach_every_store(offline_trackers, capfd, l
         if step >= 6:
             values["actor/kl_loss"] = 5.0
         tracking.log(values, step=step)
-    report = tracking.finish()
+    return tracking.finish()
+
+
+@pytest.mark.parametrize("log_async", [True, False], ids=["async", "sync"])
+def test_a_nan_loss_and_a_kl_blowup_reach_every_store(offline_trackers, capfd, log_async):
+    """A NaN pg_loss at step 4 and a KL above 1.0 from step 6 fire non_finite at 4 and kl_blowup at 7: one console
+    line each, the point tracklane/alert/<rule> and the text alert/<rule> in the file and TensorBoard, and the
+    report's ALERT lines."""
+    tracking = Tracking("health", "alerts", ["console", "file", "tensorboard"], config=_config(log_async))
+    report = _log_two_pathologies(tracking)
     assert report.complete, report.summary()
     fired = {(line.split(" at step ")[0], int(line.split(" at step ")[1].split(":")[0])) for line in report.alerts}
     assert fired == {("non_finite", 4), ("kl_blowup", 7)}, report.alerts
@@ -108,14 +113,7 @@ def test_each_tracker_keeps_the_alert_its_own_way(offline_trackers, mlflow_serve
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server_uri)
     trackers = ["wandb", "trackio", "mlflow", "swanlab", "clearml"]
     tracking = Tracking("health-own", "alerts", trackers, config=_config(True))
-    for step in range(1, 11):
-        values = _healthy(step)
-        if step == 4:
-            values["actor/pg_loss"] = math.nan
-        if step >= 6:
-            values["actor/kl_loss"] = 5.0
-        tracking.log(values, step=step)
-    report = tracking.finish()
+    report = _log_two_pathologies(tracking)
     assert report.complete, report.summary()
     expected = {(4, "tracklane/alert/non_finite"), (7, "tracklane/alert/kl_blowup")}
 
