@@ -1,11 +1,13 @@
-"""``tracklane view``'s HTTP server: the page (shipped in ``static/``) and three JSON answers, read-only.
+"""``tracklane view``'s HTTP server: the page (shipped in ``static/``) two JSON answers and an event stream, read-only.
 
     GET /                   the page (index.html, app.js, app.css: no CDN, no build step)
     GET /api/run            the run, its steps' summaries, its health alerts and charted step metrics (re-read
                             when the run's files changed)
     GET /api/step/<step>    that step's trajectories, validation generations and rollout traces
+    GET /api/events         server-sent events: the /api/run answer once, then again each time the run changed
+                            (the page follows a run being written without asking every second)
 
-Python's own ``http.server`` (``ThreadingHTTPServer``): a page and three GETs for one local browser need no
+Python's own ``http.server`` (``ThreadingHTTPServer``): a page, two GETs and one stream for a local browser need no
 framework, and the viewer then installs nothing beyond tracklane. Anything but GET is refused (405); the server
 never writes to the run.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -24,6 +27,8 @@ from tracklane.core.values import finite_or_none
 from tracklane.view.run_data import RunData
 
 log = logging.getLogger("tracklane")
+EVENTS_CHECK_S = 0.5  # how often an events stream looks whether the run was read again (RunData re-reads at most 1/s)
+EVENTS_KEEPALIVE_S = 15.0  # a comment line this often keeps proxies and the browser from closing an idle stream
 STATIC = Path(__file__).with_name("static")
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 
@@ -43,14 +48,44 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         route = urlsplit(self.path).path
         if route == "/api/run":
-            snapshot = self.data.snapshot()
-            self._json({"run": snapshot.run, "steps": list(snapshot.steps.values()), "read_at": snapshot.read_at,
-                        "error": snapshot.error, "skipped": snapshot.skipped, "alerts": snapshot.alerts,
-                        "charts": snapshot.charts})
+            self._json(self._run_answer())
+        elif route == "/api/events":
+            self._events()
         elif route.startswith("/api/step/"):
             self._step(route.removeprefix("/api/step/"))
         else:
             self._static("index.html" if route == "/" else route.lstrip("/"))
+
+    def _run_answer(self) -> dict[str, Any]:
+        snapshot = self.data.snapshot()
+        return {"run": snapshot.run, "steps": list(snapshot.steps.values()), "read_at": snapshot.read_at,
+                "error": snapshot.error, "skipped": snapshot.skipped, "alerts": snapshot.alerts,
+                "charts": snapshot.charts}
+
+    def _events(self) -> None:
+        """An event ``run`` (the /api/run answer) now and whenever the run was read again or its error changed;
+        ends when the browser goes (a write fails). One thread per open page (ThreadingHTTPServer)."""
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        sent: tuple[float, str] | None = None
+        quiet_since = time.monotonic()
+        try:
+            while True:
+                answer = self._run_answer()
+                if (answer["read_at"], answer["error"]) != sent:
+                    sent = (answer["read_at"], answer["error"])
+                    self.wfile.write(b"event: run\ndata: " + json.dumps(finite_or_none(answer)).encode() + b"\n\n")
+                    self.wfile.flush()
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since >= EVENTS_KEEPALIVE_S:
+                    self.wfile.write(b": still here\n\n")
+                    self.wfile.flush()
+                    quiet_since = time.monotonic()
+                time.sleep(EVENTS_CHECK_S)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the page was closed
 
     def _step(self, text: str) -> None:
         try:

@@ -129,6 +129,29 @@ def test_it_follows_a_run_that_is_still_writing_and_never_writes_to_it(served):
     assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()} == before
 
 
+def test_the_event_stream_pushes_the_run_when_it_changes(served):
+    """/api/events: one ``run`` event at once (the /api/run answer), then one more when steps are logged after, and
+    the stream stays open between them."""
+    url, tracking, _folder = served
+
+    def next_event(stream) -> dict:
+        lines = []
+        while (line := stream.readline().decode()) != "\n":
+            lines.append(line.rstrip("\n"))
+        assert lines[0] == "event: run", lines
+        return json.loads(lines[1].removeprefix("data: "))
+
+    with urllib.request.urlopen(f"{url}/api/events", timeout=15) as stream:
+        assert stream.headers["Content-Type"] == "text/event-stream"
+        first = next_event(stream)
+        assert [s["step"] for s in first["steps"]] == [1, 2, 3] and first["run"]["experiment"] == "viewed"
+        log_steps(tracking, range(4, 6))
+        second = next_event(stream)
+        while [s["step"] for s in second["steps"]] != [1, 2, 3, 4, 5]:  # a read may catch step 4 alone
+            second = next_event(stream)
+        assert second["read_at"] > first["read_at"]
+
+
 def test_a_spool_that_keeps_its_batches_is_viewed_as_the_file_is(tmp_path, monkeypatch, ray_session):
     """An async run's spool (spool_retention_s keeps what the trackers acknowledged) gives the same steps and
     rollouts as the run's file tracker."""
@@ -281,7 +304,7 @@ def test_the_api_serves_the_runs_alerts_and_charted_metrics(tmp_path, monkeypatc
 def test_the_page_marks_the_alerts_on_its_charts_and_follows_new_ones(tmp_path, monkeypatch, browser):
     """In Chromium: the alert list names each alert with its step and why, every chart marks both alert steps, the
     step table flags step 4; then, while the page is open, the run goes on and a later alert (a NaN at step 13)
-    arrives on the page without a reload (at 13). Screenshot view-alerts.png."""
+    arrives on the page without a reload (at 13), pushed by the server (server-sent events). Screenshot view-alerts.png."""
     tracking = write_unhealthy_run(tmp_path, monkeypatch, range(1, 9))
     shots = Path(os.environ.get("TRACKLANE_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
@@ -310,6 +333,9 @@ def test_the_page_marks_the_alerts_on_its_charts_and_follows_new_ones(tmp_path, 
         page.wait_for_function("[...document.querySelectorAll('#alerts .alert')].some(a => a.dataset.step === '13')",
                                timeout=20000)
         assert page.locator("#charts svg[data-key='actor/kl_loss'] line.alert-mark").count() == 3
+        # pushed (server-sent events, /api/events), not asked for: the page never requested /api/run
+        assert int(page.evaluate("document.body.dataset.pushes")) >= 2
+        assert page.evaluate("performance.getEntriesByType('resource').filter(e => e.name.endsWith('/api/run')).length") == 0
     finally:
         page.close()
         server.shutdown()

@@ -38,6 +38,24 @@ async function refreshRun() {
     $("live").className = "error";
     return;
   }
+  await showRun(answer);
+}
+
+// The server pushes the run each time it was read again (server-sent events); if the stream cannot be opened the
+// page asks every 2 s instead.
+function follow() {
+  if (!window.EventSource) { setInterval(refreshRun, 2000); return; }
+  const events = new EventSource("/api/events");
+  events.addEventListener("run", (event) => showRun(JSON.parse(event.data)));
+  events.onerror = () => {
+    $("live").textContent = "lost the viewer; trying again";
+    $("live").className = "error";
+  };
+}
+
+async function showRun(answer) {
+  state.pushes = (state.pushes || 0) + 1;
+  document.body.dataset.pushes = state.pushes;
   state.run = answer.run;
   $("run-title").textContent = `${answer.run.project || ""} / ${answer.run.experiment || ""}`;
   $("run-where").textContent = answer.run.where || "";
@@ -341,5 +359,4 @@ function fillGenerations(pane, data) {
 
 for (const id of ["search", "min-score", "max-score", "source", "sort", "show"]) $(id).addEventListener("input", render);
 $("compare").addEventListener("change", async () => { await loadOther(); render(); });
-refreshRun();
-setInterval(refreshRun, 2000);
+follow();
