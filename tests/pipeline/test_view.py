@@ -206,9 +206,9 @@ def browser():
 def test_the_page_shows_what_the_main_job_stored(main_job_run, browser, tmp_path):
     """Open step 2 (or the first step where a rollout called the tool): every rollout the file holds is on the
     screen with its reward; a tool call expands to its arguments and result; a reward filter leaves exactly the
-    rollouts at or above it; best and worst side by side, then another step beside it; a text search; step 2's
-    validation generations. Screenshots go to $TRACKLANE_SCREENSHOTS (or
-    tmp)."""
+    rollouts at or above it; best and worst side by side, then another step beside it; a text search; the GRPO
+    groups (each prompt's rollouts with the advantages the trainer logged, flat groups flagged); step 2's validation
+    generations. Screenshots go to $TRACKLANE_SCREENSHOTS (or tmp)."""
     rollouts = next(main_job_run.glob("*_rollouts"))
     by_step = {int(path.stem): [json.loads(line) for line in path.read_text().splitlines()] for path in rollouts.glob("*.jsonl")}
     # The policy samples (its rollouts differ run to run): open a step where a rollout called the tool.
@@ -264,6 +264,21 @@ def test_the_page_shows_what_the_main_job_stored(main_job_run, browser, tmp_path
         page.wait_for_function(f"document.querySelectorAll('#pane-a .trajectory').length === {len(expected)}")
         assert [int(cards.nth(i).get_attribute("data-index")) for i in range(cards.count())] == expected
         page.fill("#search", "")
+        page.select_option("#show", "groups")  # GRPO groups: each prompt's rollouts side by side
+        by_sample: dict[int, list[dict]] = {}
+        for row in stored:
+            by_sample.setdefault(row["meta"]["sample_index"], []).append(row)
+        page.wait_for_function(f"document.querySelectorAll('#pane-a .group').length === {len(by_sample)}")
+        for sample, rows in by_sample.items():
+            group = page.locator(f"#pane-a .group[data-group='sample {sample}']")
+            assert int(group.get_attribute("data-size")) == len(rows)
+            members = group.locator(".member")
+            advantages = [float(members.nth(i).get_attribute("data-advantage")) for i in range(members.count())]
+            assert advantages == pytest.approx([row["meta"]["advantage"] for row in rows], abs=1e-6)  # as the trainer logged
+            rewards = [row["rewards"]["score"] for row in rows]
+            assert ("flat" in group.get_attribute("class")) == (len(rows) > 1 and max(rewards) - min(rewards) <= 1e-9)
+        page.screenshot(path=str(shots / "view-groups.png"))
+        page.select_option("#show", "trajectories")
         page.locator("#steps tbody tr[data-step='2']").click()  # a validation step (test_freq=2)
         page.select_option("#show", "generations")
         generations = next(main_job_run.glob("*_generations")).joinpath("2.jsonl").read_text().splitlines()
@@ -284,7 +299,10 @@ def write_unhealthy_run(folder: Path, monkeypatch, steps: range, tracking: Track
         tracking.log({"critic/score/mean": step / 10, "actor/entropy": 1.0, "actor/grad_norm": 0.5,
                       "actor/pg_loss": float("nan") if step == 4 else 0.5,
                       "actor/kl_loss": 5.0 if step >= 6 else 0.01}, step=step)
-        tracking.log_trajectories([trajectory(step, i) for i in range(2)], step=step)
+        rows = [trajectory(step, i) for i in range(4)]
+        for i, row in enumerate(rows):  # two GRPO groups of two rollouts each (rewards 0, 0.25 and 0.5, 0.75)
+            row["meta"].update(sample_index=i // 2, rollout_index=i % 2)
+        tracking.log_trajectories(rows, step=step)
     return tracking
 
 
@@ -328,6 +346,13 @@ def test_the_page_marks_the_alerts_on_its_charts_and_follows_new_ones(tmp_path, 
         page.locator("#steps tbody tr[data-step='7']").click()
         page.locator("#pane-a .trajectory").first.wait_for()
         page.screenshot(path=str(shots / "view-alerts.png"))
+        page.select_option("#show", "groups")  # no advantage logged: GRPO's (reward - mean) / std, here -1 and 1
+        page.wait_for_function("document.querySelectorAll('#pane-a .group').length === 2")
+        for sample in (0, 1):
+            members = page.locator(f"#pane-a .group[data-group='sample {sample}'] .member")
+            assert [float(members.nth(i).get_attribute("data-advantage")) for i in range(2)] == [-1.0, 1.0]
+        page.screenshot(path=str(shots / "view-groups.png"))
+        page.select_option("#show", "trajectories")
         write_unhealthy_run(tmp_path, monkeypatch, range(9, 13), tracking)  # finite losses since 4: non_finite re-armed
         tracking.log({"actor/pg_loss": float("nan"), "actor/grad_norm": 0.5}, step=13)
         page.wait_for_function("[...document.querySelectorAll('#alerts .alert')].some(a => a.dataset.step === '13')",

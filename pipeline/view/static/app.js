@@ -196,6 +196,12 @@ function render() {
     return;
   }
   const shown = ordered(state.data.trajectories.filter(matches));
+  if ($("show").value === "groups") {
+    fillGroups($("pane-a"), `step ${state.step}`, shown);
+    if (state.other) fillGroups(paneB, `step ${state.other.step}`, ordered(state.other.trajectories.filter(matches)));
+    else paneB.hidden = true;
+    return;
+  }
   if (compare === "best-worst") {
     const byScore = [...shown].sort((a, b) => (b.score ?? -Infinity) - (a.score ?? -Infinity));
     fillTrajectories($("pane-a"), `step ${state.step}: best`, byScore.slice(0, 1));
@@ -212,6 +218,48 @@ function render() {
 function fillTrajectories(pane, title, rows, data = state.data) {
   const traces = data.traces || [];
   pane.replaceChildren(el("h2", { text: title }), ...rows.map((t) => trajectoryCard(t, traces.filter((x) => x.trajectory === t.index), traces)));
+}
+
+// GRPO groups: the rollouts of one prompt (same sample_index) side by side, with the group's reward spread and each
+// rollout's advantage: the logged one (meta "advantage") where the trainer logged it, else GRPO's (reward - group
+// mean) / group std. A group with no spread teaches nothing (no advantage): it is flagged, as the flat_groups rule counts.
+function groups(rows) {
+  const byPrompt = new Map();
+  for (const t of rows) {
+    const key = t.meta && t.meta.sample_index !== undefined ? `sample ${t.meta.sample_index}`
+      : `prompt ${String((t.messages.find((m) => m.role === "user") || {}).content ?? "")}`;
+    if (!byPrompt.has(key)) byPrompt.set(key, []);
+    byPrompt.get(key).push(t);
+  }
+  return [...byPrompt.entries()].map(([key, members]) => {
+    const scores = members.map((t) => t.score).filter(known);
+    const mean = scores.reduce((a, b) => a + b, 0) / Math.max(1, scores.length);
+    const std = Math.sqrt(scores.reduce((a, b) => a + (b - mean) ** 2, 0) / Math.max(1, scores.length));
+    const advantage = (t) => (known(t.meta && t.meta.advantage) ? Number(t.meta.advantage)
+      : known(t.score) ? (std > 1e-9 ? (t.score - mean) / std : 0) : null);
+    // one stored rollout of a group (a tracker keeps a sample of the step's) shows no spread: not flagged
+    return { key, members: members.map((t) => ({ t, advantage: advantage(t) })), mean, std,
+      flat: members.length > 1 && std <= 1e-9 };
+  });
+}
+
+function fillGroups(pane, title, rows) {
+  const all = groups(rows);
+  const flat = all.filter((g) => g.flat).length;
+  pane.replaceChildren(el("h2", { text: `${title}: ${all.length} groups, ${flat} of those with 2 or more rollouts stored have no reward spread` }),
+    ...all.map((g) => {
+      const prompt = String((g.members[0].t.messages.find((m) => m.role === "user") || {}).content ?? "");
+      return el("div", { class: `group${g.flat ? " flat" : ""}`, "data-group": g.key, "data-size": g.members.length },
+        el("div", { class: "head", text: `${g.key} · ${g.members.length} rollouts · reward mean ${fmt(g.mean)}, std ${fmt(g.std)}${g.flat ? " · no spread: no advantage" : ""}` }),
+        el("pre", { class: "prompt", text: prompt }),
+        el("div", { class: "members" }, ...g.members.map(({ t, advantage }) => {
+          const answer = [...t.messages].reverse().find((m) => m.role === "assistant");
+          return el("div", { class: "member", "data-index": t.index, "data-advantage": advantage ?? "" },
+            el("div", { class: "head", text: `#${t.index} · rollout ${t.meta.rollout_index ?? "?"} · reward ${fmt(t.score)} · advantage ${fmt(advantage)}` }),
+            el("div", { class: "rewards" }, ...Object.entries(t.rewards).map(([k, v]) => el("span", { text: `${k} ${fmt(v)}` }))),
+            el("pre", { text: String(answer ? answer.content : "") }));
+        })));
+    }));
 }
 
 function trajectoryCard(t, traces = [], all = []) {
