@@ -34,7 +34,6 @@ from .batch import Batch, log_probs, values
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, TrainerConfig, load_config, to_yaml
 from .environment import offline_environment, where_summary
-from .episode import Episode
 from .gradients import GradientProbe
 from .heatmap import batch_kl_heatmap
 from .metrics import data_metrics, seqlen_balance_metrics, throughput_metrics, timer, timing_metrics
@@ -47,6 +46,7 @@ from .sample_text import markdown_samples
 from .state import Models, set_lr
 from .task import Problem, Task
 from .tasks import make_task
+from .token_strip import STRIP_KEY, token_strips
 from .update import update_actor, update_critic
 from .validation import validate
 from .warmup import warm_up
@@ -320,8 +320,7 @@ def _log_step(run: _Run, step: int, done: _Step, val_logger: ValidationGeneratio
                                                               done.scored, n), step)
     if done.saved is not None:  # versioned: one artifact name, a version per checkpoint
         tracking.log_artifact(done.saved, name="checkpoint", type="checkpoint", step=step)
-    tracking.log_trajectories(_trajectories(run.task, done.problems, done.episodes.episodes, done.scored,
-                                            done.advantages, done.batch.response_mask, n, t.log_rollouts), step)
+    tracking.log_trajectories(_trajectories(run.task, done, n, t.log_rollouts), step)
     if done.rows:
         val_logger.log(t.logger, done.rows, step)
     return log_us
@@ -400,19 +399,23 @@ def _score_shape(scored: Scored, n: int) -> dict[str, float]:
             "critic/score/flat_group_ratio": float((groups.max(-1).values == groups.min(-1).values).float().mean())}
 
 
-def _trajectories(task: Task, problems: list[Problem], episodes: list[Episode], scored: Scored,
-                  advantages: torch.Tensor, mask: torch.Tensor, n: int, count: int) -> list[dict]:
+def _trajectories(task: Task, done: _Step, n: int, count: int) -> list[dict]:
     """``count`` episodes, evenly spaced over the batch, as the pipeline's trajectory dicts: every message (user,
-    assistant, tool), every tool call with its arguments and result, the reward by component, per-turn tokens."""
-    total = len(episodes)
+    assistant, tool), every tool call with its arguments and result, the reward by component, per-turn tokens, and
+    the per-token strip (token_strip.py)."""
+    problems, episodes, scored, advantages = done.problems, done.episodes.episodes, done.scored, done.advantages
+    mask, batch, total = done.batch.response_mask, done.batch, len(episodes)
     picks = sorted({round(i * (total - 1) / max(count - 1, 1)) for i in range(count)}) if count else []
+    strips = token_strips(task.tokenizer, batch.responses, done.old_logp, done.entropy, mask, batch.response_valid,
+                          picks) if picks else {}
     out = []
     for i in picks:
         episode, problem = episodes[i], problems[i // n]
         messages = [{"role": "user", "content": problem.prompt}]
         meta: dict = {"data_source": scored.sources[i], "sample_index": i // n, "rollout_index": i % n,
                       "answer": problem.answer, "num_turns": len(episode.assistant_turns()), "ended": episode.ended,
-                      "advantage": float(advantages[i].sum() / max(float(mask[i].sum()), 1.0))}
+                      "advantage": float(advantages[i].sum() / max(float(mask[i].sum()), 1.0)),
+                      STRIP_KEY: strips[i]}
         calls = iter(episode.calls)
         turn_number = 0
         for turn in episode.turns:

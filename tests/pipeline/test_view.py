@@ -205,10 +205,10 @@ def browser():
 @pytest.mark.slow  # the main job runs first (~10 s)
 def test_the_page_shows_what_the_main_job_stored(main_job_run, browser, tmp_path):
     """Open step 2 (or the first step where a rollout called the tool): every rollout the file holds is on the
-    screen with its reward; a tool call expands to its arguments and result; a reward filter leaves exactly the
-    rollouts at or above it; best and worst side by side, then another step beside it; a text search; the GRPO
-    groups (each prompt's rollouts with the advantages the trainer logged, flat groups flagged); step 2's validation
-    generations. Screenshots go to $TRACKLANE_SCREENSHOTS (or tmp)."""
+    screen with its reward and its per-token strip (log-probabilities and loss mask as logged); a tool call expands
+    to its arguments and result; a reward filter leaves exactly the rollouts at or above it; best and worst side by
+    side, then another step beside it; a text search; the GRPO groups (each prompt's rollouts with the advantages
+    the trainer logged, flat groups flagged); step 2 validation generations. Screenshots go to $TRACKLANE_SCREENSHOTS (or tmp)."""
     rollouts = next(main_job_run.glob("*_rollouts"))
     by_step = {int(path.stem): [json.loads(line) for line in path.read_text().splitlines()] for path in rollouts.glob("*.jsonl")}
     # The policy samples (its rollouts differ run to run): open a step where a rollout called the tool.
@@ -237,6 +237,16 @@ def test_the_page_shows_what_the_main_job_stored(main_job_run, browser, tmp_path
         call.locator("summary").click()
         assert call.locator("pre.arguments").inner_text() == stored[with_call]["tool_calls"][0]["arguments"]
         assert call.locator("pre.result").inner_text() == stored[with_call]["tool_calls"][0]["result"]
+        strip = json.loads(first["meta"]["token_strip"])  # the per-token strip the trainer logged (token_strip.py)
+        tokens = cards.first.locator(".token-strip .tok")
+        assert tokens.count() == len(strip["tokens"]) == len(strip["logprob"]) == len(strip["loss_mask"]) > 0
+        assert [float(tokens.nth(i).get_attribute("data-logprob")) for i in range(tokens.count())] == strip["logprob"]
+        assert cards.first.locator(".token-strip .tok.masked").count() == strip["loss_mask"].count("0")
+        assert all(lp <= 0 for lp in strip["logprob"]) and all(e >= 0 for e in strip["entropy"])
+        page.select_option("#shade", "entropy")
+        assert cards.first.locator(".token-strip").get_attribute("data-shade") == "entropy"
+        page.screenshot(path=str(shots / "view-tokens.png"))
+        page.select_option("#shade", "logprob")
         page.screenshot(path=str(shots / "view-step.png"))
         threshold = sorted(scores)[len(scores) // 2]
         page.fill("#min-score", str(threshold))

@@ -262,6 +262,28 @@ function fillGroups(pane, title, rows) {
     }));
 }
 
+// The per-token strip (trainer/token_strip.py: meta "token_strip", a JSON string): the response's tokens, each
+// shaded by its log-probability (red: unlikely) or its entropy (blue: uncertain), as the toolbar chooses; tokens
+// outside the loss mask (a tool's reply) are grey and struck through. Hover: the token's figures.
+function tokenStrip(text) {
+  if (typeof text !== "string") return null;
+  let strip;
+  try { strip = JSON.parse(text); } catch { return null; }
+  const by = $("shade").value;
+  const top = Math.max(1e-6, ...strip.entropy);
+  const box = el("div", { class: "token-strip", "data-shade": by });
+  strip.tokens.forEach((token, i) => {
+    const logprob = strip.logprob[i], entropy = strip.entropy[i], trained = strip.loss_mask[i] === "1";
+    const weight = by === "entropy" ? entropy / top : Math.min(1, -logprob / 5);
+    const span = el("span", { class: trained ? "tok" : "tok masked", "data-logprob": logprob, "data-entropy": entropy,
+      title: `${JSON.stringify(token)} · logprob ${logprob} · entropy ${entropy}${trained ? "" : " · not trained on"}`,
+      text: token });
+    if (trained) span.style.background = by === "entropy" ? `rgba(21,101,192,${weight.toFixed(3)})` : `rgba(198,40,40,${weight.toFixed(3)})`;
+    box.append(span);
+  });
+  return box;
+}
+
 function trajectoryCard(t, traces = [], all = []) {
   const meta = t.meta || {};
   const where = [`#${t.index}`];
@@ -285,7 +307,10 @@ function trajectoryCard(t, traces = [], all = []) {
     card.append(turn);
   }
   for (; toolIndex < t.tool_calls.length; toolIndex++) card.append(toolCall(t.tool_calls[toolIndex]));
-  const metaText = Object.entries(meta).filter(([k]) => !k.startsWith("turn_")).map(([k, v]) => `${k}: ${JSON.stringify(v)}`);
+  const strip = tokenStrip(meta.token_strip);
+  if (strip) card.append(strip);
+  const metaText = Object.entries(meta).filter(([k]) => !k.startsWith("turn_") && k !== "token_strip")
+    .map(([k, v]) => `${k}: ${JSON.stringify(v)}`);
   card.append(el("div", { class: "meta", text: metaText.join(" · ") }));
   if (traces.length) {
     const errors = traces.filter((x) => x.error).length;
@@ -405,6 +430,6 @@ function fillGenerations(pane, data) {
       el("div", { class: "role", text: "output" }), el("pre", { text: g.output }))));
 }
 
-for (const id of ["search", "min-score", "max-score", "source", "sort", "show"]) $(id).addEventListener("input", render);
+for (const id of ["search", "min-score", "max-score", "source", "sort", "show", "shade"]) $(id).addEventListener("input", render);
 $("compare").addEventListener("change", async () => { await loadOther(); render(); });
 follow();
