@@ -11,6 +11,7 @@ plain values only (the wire's rule), so the strip is one compact JSON string, ``
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import torch
@@ -29,8 +30,13 @@ def token_strips(tokenizer: Any, responses: torch.Tensor, logp: torch.Tensor, en
     for k, row in enumerate(rows):
         keep = [j for j, v in enumerate(ok[k]) if v]
         out[row] = json.dumps({"tokens": [tokenizer.decode([ids[k][j]]) or "·" for j in keep],
-                               "logprob": [round(lp[k][j], 3) for j in keep],
-                               "entropy": [round(ent[k][j], 3) for j in keep],
+                               "logprob": [_figure(lp[k][j]) for j in keep],
+                               "entropy": [_figure(ent[k][j]) for j in keep],
                                "loss_mask": "".join("1" if mask[k][j] else "0" for j in keep)},
                               separators=(",", ":"), ensure_ascii=False)
     return out
+
+
+def _figure(x: float) -> float | None:
+    """Rounded for the page; a non-finite figure as null (strict JSON, which the page parses)."""
+    return round(x, 3) if math.isfinite(x) else None
