@@ -320,7 +320,7 @@ def _log_step(run: _Run, step: int, done: _Step, val_logger: ValidationGeneratio
                                                               done.scored, n), step)
     if done.saved is not None:  # versioned: one artifact name, a version per checkpoint
         tracking.log_artifact(done.saved, name="checkpoint", type="checkpoint", step=step)
-    tracking.log_trajectories(_trajectories(run.task, done, n, t.log_rollouts), step)
+    tracking.log_trajectories(_trajectories(run.task, done, n, t.log_rollouts, policy_version=step - 1), step)
     if done.rows:
         val_logger.log(t.logger, done.rows, step)
     return log_us
@@ -399,10 +399,11 @@ def _score_shape(scored: Scored, n: int) -> dict[str, float]:
             "critic/score/flat_group_ratio": float((groups.max(-1).values == groups.min(-1).values).float().mean())}
 
 
-def _trajectories(task: Task, done: _Step, n: int, count: int) -> list[dict]:
+def _trajectories(task: Task, done: _Step, n: int, count: int, policy_version: int) -> list[dict]:
     """``count`` episodes, evenly spaced over the batch, as the pipeline's trajectory dicts: every message (user,
-    assistant, tool), every tool call with its arguments and result, the reward by component, per-turn tokens, and
-    the per-token strip (token_strip.py)."""
+    assistant, tool), every tool call with its arguments and result, the reward by component, per-turn tokens, the
+    per-token strip (token_strip.py), and the policy version that generated it (the updates applied before it: this
+    trainer generates with the weights it then updates, so its rollouts are never stale)."""
     problems, episodes, scored, advantages = done.problems, done.episodes.episodes, done.scored, done.advantages
     mask, batch, total = done.batch.response_mask, done.batch, len(episodes)
     picks = sorted({round(i * (total - 1) / max(count - 1, 1)) for i in range(count)}) if count else []
@@ -415,7 +416,7 @@ def _trajectories(task: Task, done: _Step, n: int, count: int) -> list[dict]:
         meta: dict = {"data_source": scored.sources[i], "sample_index": i // n, "rollout_index": i % n,
                       "answer": problem.answer, "num_turns": len(episode.assistant_turns()), "ended": episode.ended,
                       "advantage": float(advantages[i].sum() / max(float(mask[i].sum()), 1.0)),
-                      STRIP_KEY: strips[i]}
+                      STRIP_KEY: strips[i], "policy_version": policy_version}
         calls = iter(episode.calls)
         turn_number = 0
         for turn in episode.turns:

@@ -237,6 +237,9 @@ def test_the_page_shows_what_the_main_job_stored(main_job_run, browser, tmp_path
         call.locator("summary").click()
         assert call.locator("pre.arguments").inner_text() == stored[with_call]["tool_calls"][0]["arguments"]
         assert call.locator("pre.result").inner_text() == stored[with_call]["tool_calls"][0]["result"]
+        # staleness: the main job generates with the weights it then updates (policy version step - 1)
+        assert [cards.nth(i).get_attribute("data-staleness") for i in range(cards.count())] == ["0"] * len(stored)
+        assert all(row["meta"]["policy_version"] == step - 1 for row in stored)
         strip = json.loads(first["meta"]["token_strip"])  # the per-token strip the trainer logged (token_strip.py)
         tokens = cards.first.locator(".token-strip .tok")
         assert tokens.count() == len(strip["tokens"]) == len(strip["logprob"]) == len(strip["loss_mask"]) > 0

@@ -217,7 +217,8 @@ function render() {
 
 function fillTrajectories(pane, title, rows, data = state.data) {
   const traces = data.traces || [];
-  pane.replaceChildren(el("h2", { text: title }), ...rows.map((t) => trajectoryCard(t, traces.filter((x) => x.trajectory === t.index), traces)));
+  pane.replaceChildren(el("h2", { text: title }),
+    ...rows.map((t) => trajectoryCard(t, traces.filter((x) => x.trajectory === t.index), traces, data.step)));
 }
 
 // GRPO groups: the rollouts of one prompt (same sample_index) side by side, with the group's reward spread and each
@@ -284,13 +285,18 @@ function tokenStrip(text) {
   return box;
 }
 
-function trajectoryCard(t, traces = [], all = []) {
+function trajectoryCard(t, traces = [], all = [], step = state.step) {
   const meta = t.meta || {};
   const where = [`#${t.index}`];
   if (meta.sample_index !== undefined) where.push(`sample ${meta.sample_index}`);
   if (meta.rollout_index !== undefined) where.push(`rollout ${meta.rollout_index}`);
   if (t.data_source) where.push(t.data_source);
-  const card = el("div", { class: "trajectory", "data-index": t.index, "data-score": t.score ?? "" },
+  // staleness: how many updates the policy had moved on from the one that generated the rollout when the step
+  // trained on it (the step trains weights version step - 1); only where the trainer logged meta policy_version
+  const staleness = known(meta.policy_version) && known(step) ? step - 1 - meta.policy_version : null;
+  if (known(staleness)) where.push(`policy v${meta.policy_version} · ${staleness} stale`);
+  const card = el("div", { class: "trajectory", "data-index": t.index, "data-score": t.score ?? "",
+    "data-staleness": staleness ?? "" },
     el("div", { class: "head", text: `${where.join(" · ")} · reward ${fmt(t.score)} · ${t.tokens} tokens` }),
     el("div", { class: "rewards" }, ...Object.entries(t.rewards).map(([k, v]) => el("span", { text: `${k} ${fmt(v)}` }))));
   let assistantTurn = 0;
