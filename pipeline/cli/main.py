@@ -14,7 +14,8 @@
         --from trackio --project P [--run NAME]            ($TRACKIO_DIR; --source-project P to read P and
                                                            write into --project)
         --from spool --spool DIR                           what a tracklane spool still holds
-    tracklane view PATH [--host H] [--port P]   a run's rollouts in a local web page, live while it writes
+    tracklane view PATH [PATH ...] [--host H] [--port P]
+                                                a run's rollouts in a local web page, live while it writes
                                                 (PATH: a spool, or the file tracker's .jsonl or its folder;
                                                 default 127.0.0.1:8765; it never writes to the run)
     tracklane alert-rules                       the path of the shipped Prometheus alerting rules (add it to
@@ -60,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay.add_argument("--no-progress", action="store_true", help="no progress bar")
     _migrate_parser(commands)
     view = commands.add_parser("view", help="a run's rollouts in a local web page")
-    view.add_argument("path", help="a spool folder, or the file tracker's .jsonl or its folder")
+    view.add_argument("path", nargs="+", help="a spool folder, or the file tracker's .jsonl or its folder; up to 3 more "
+                                              "runs after it are compared with it (curves overlaid, same prompts)")
     view.add_argument("--host", default="127.0.0.1", help="address to serve on (default: loopback only)")
     view.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
     commands.add_parser("alert-rules", help="the path of the shipped Prometheus alerting rules")

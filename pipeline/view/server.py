@@ -4,6 +4,8 @@
     GET /api/run            the run, its steps' summaries, its health alerts and charted step metrics (re-read
                             when the run's files changed)
     GET /api/step/<step>    that step's trajectories, validation generations and rollout traces
+    GET /api/runs           every run served (the first, browsed, and up to 3 compared): its name, charted step
+                            metrics and alerts, for the overlaid curves
     GET /api/events         server-sent events: the /api/run answer once, then again each time the run changed
                             (the page follows a run being written without asking every second)
 
@@ -21,7 +23,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from tracklane.core.values import finite_or_none
 from tracklane.view.run_data import RunData
@@ -33,9 +35,11 @@ STATIC = Path(__file__).with_name("static")
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 
 
-def make_server(data: RunData, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    """A server for ``data`` bound to host:port (0: a free one, ``server.server_port``); call ``serve_forever``."""
-    handler = type("ViewHandler", (_Handler,), {"data": data})
+def make_server(data: RunData | list[RunData], host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """A server for ``data`` (a run, or runs: the first browsed, the others compared with it; ``?run=K`` picks one
+    for /api/step) bound to host:port (0: a free one, ``server.server_port``); call ``serve_forever``."""
+    runs = data if isinstance(data, list) else [data]
+    handler = type("ViewHandler", (_Handler,), {"data": runs[0], "runs": runs})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server
@@ -43,11 +47,17 @@ def make_server(data: RunData, host: str = "127.0.0.1", port: int = 0) -> Thread
 
 class _Handler(BaseHTTPRequestHandler):
     data: RunData
+    runs: list[RunData]
     server_version = "tracklane-view"
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        route = urlsplit(self.path).path
-        if route == "/api/run":
+        parts = urlsplit(self.path)
+        route = parts.path
+        if route == "/api/runs":
+            self._json([self._overlay(index, run) for index, run in enumerate(self.runs)])
+        elif route.startswith("/api/step/") and parts.query:
+            self._other_step(route.removeprefix("/api/step/"), parse_qs(parts.query).get("run", ["0"])[0])
+        elif route == "/api/run":
             self._json(self._run_answer())
         elif route == "/api/events":
             self._events()
@@ -87,12 +97,23 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             return  # the page was closed
 
-    def _step(self, text: str) -> None:
+    @staticmethod
+    def _overlay(index: int, data: RunData) -> dict[str, Any]:
+        snapshot = data.snapshot()
+        return {"index": index, "run": snapshot.run, "charts": snapshot.charts, "alerts": snapshot.alerts,
+                "steps": sorted(snapshot.steps)}
+
+    def _other_step(self, text: str, run: str) -> None:
+        if not run.isdigit() or int(run) >= len(self.runs):
+            return self._error(HTTPStatus.NOT_FOUND, f"no run {run!r}: {len(self.runs)} served")
+        self._step(text, self.runs[int(run)])
+
+    def _step(self, text: str, data: RunData | None = None) -> None:
         try:
             step = int(text)
         except ValueError:
             return self._error(HTTPStatus.BAD_REQUEST, f"not a step: {text!r}")
-        snapshot = self.data.snapshot()
+        snapshot = (data or self.data).snapshot()
         if step not in snapshot.steps:
             return self._error(HTTPStatus.NOT_FOUND, f"step {step} holds no rollouts, generations or traces")
         self._json({"step": step, "summary": snapshot.steps[step], "trajectories": snapshot.trajectories.get(step, []),

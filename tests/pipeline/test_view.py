@@ -381,6 +381,46 @@ def test_the_page_marks_the_alerts_on_its_charts_and_follows_new_ones(tmp_path, 
         tracking.finish()
 
 
+def test_two_runs_compared_overlay_their_curves_and_show_the_same_prompts(tmp_path, monkeypatch, browser):
+    """``tracklane view A B``: each chart holds both runs' curves (B's points where B logged the key), a legend names
+    them, and "the same prompts in B" puts B's rollouts of the prompts A shows at that step beside A's.
+    Screenshot view-compare.png."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    write_unhealthy_run(tmp_path / "a", monkeypatch, range(1, 6)).finish()
+    write_run(tmp_path / "b", monkeypatch, range(1, 4)).finish()
+    shots = Path(os.environ.get("TRACKLANE_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    server = make_server([RunData(str(tmp_path / "a")), RunData(str(tmp_path / "b"))], "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert [r["run"]["experiment"] for r in get(f"{url}/api/runs")] == ["unhealthy", "viewed"]
+        page.goto(f"{url}/")
+        page.wait_for_function("document.querySelectorAll('#charts .legend span').length === 2")
+        score = page.locator("#charts svg[data-key='critic/score/mean']")
+        assert score.locator("polyline").count() == 2
+        assert len(score.locator("polyline[data-run='1']").get_attribute("points").split()) == 3  # B's steps 1-3
+        assert len(score.locator("polyline[data-run='0']").get_attribute("points").split()) == 5
+        page.locator("#steps tbody tr[data-step='2']").click()
+        page.locator("#pane-a .trajectory").first.wait_for()
+        page.select_option("#compare", "run:1")
+        page.wait_for_function("document.querySelectorAll('#pane-b .trajectory').length === 4")
+        assert page.locator("#pane-b h2").inner_text().startswith("viewed step 2: 4 rollouts of the same prompts")
+        prompts_a = [page.locator("#pane-a .trajectory").nth(i).locator(".role-user pre").inner_text() for i in range(4)]
+        prompts_b = [page.locator("#pane-b .trajectory").nth(i).locator(".role-user pre").inner_text() for i in range(4)]
+        assert prompts_a == prompts_b == [f"what is 2+{i}?" for i in range(4)]
+        page.screenshot(path=str(shots / "view-compare.png"))
+        assert get(f"{url}/api/step/2?run=1")["step"] == 2
+        with pytest.raises(urllib.error.HTTPError):
+            get(f"{url}/api/step/2?run=5")
+    finally:
+        page.close()
+        server.shutdown()
+        server.server_close()
+
+
 def test_the_command_serves_until_interrupted(tmp_path, monkeypatch):
     """``tracklane view PATH --port 0`` prints where it serves, answers there, and ends with 0 on Ctrl-C; a PATH
     that is no run is exit code 2 with the reason."""
@@ -405,3 +445,11 @@ def test_the_command_serves_until_interrupted(tmp_path, monkeypatch):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_command_compares_at_most_four_runs(tmp_path, monkeypatch):
+    """Five runs named: exit 2 with the limit said, before anything is served."""
+    write_run(tmp_path, monkeypatch, range(1, 2)).finish()
+    done = subprocess.run([sys.executable, "-m", "tracklane", "view", *[str(tmp_path)] * 5], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "compares 1 to 4 runs, got 5" in done.stderr

@@ -4,7 +4,9 @@
 // never as HTML.
 "use strict";
 
-const state = { run: null, steps: [], step: null, data: null, other: null, alerts: [], charts: {} };
+const state = { run: null, steps: [], step: null, data: null, other: null, alerts: [], charts: {}, runs: [] };
+const RUN_COLOURS = ["#1565c0", "#ef6c00", "#2e7d32", "#6a1b9a"];  // the browsed run, then the compared ones
+const promptOf = (t) => String((t.messages.find((m) => m.role === "user") || {}).content ?? "");
 const SVG = "http://www.w3.org/2000/svg";
 const $ = (id) => document.getElementById(id);
 
@@ -66,6 +68,9 @@ async function showRun(answer) {
   state.steps = answer.steps;
   state.alerts = answer.alerts || [];
   state.charts = answer.charts || {};
+  if (state.runs.length !== 1) {  // runs compared (or not known yet): their curves as they are now
+    try { state.runs = await getJSON("/api/runs"); } catch { state.runs = []; }
+  }
   renderAlerts();
   renderCharts();
   renderSteps();
@@ -112,11 +117,16 @@ function svg(tag, attrs) {
 // Each charted step metric as a line over the steps, every alert a red mark at its step (hover: which and why).
 function renderCharts() {
   const W = 300, H = 96, P = 4;
-  $("charts").replaceChildren(...Object.entries(state.charts).map(([key, points]) => {
-    const finite = points.filter(([, y]) => known(y) && Number.isFinite(y));
-    const steps = points.map(([x]) => x).concat(state.alerts.map((a) => a.step));
+  const legend = state.runs.length > 1 ? [el("div", { class: "legend" }, ...state.runs.map((r, k) =>
+    el("span", { style: `color: ${RUN_COLOURS[k]}`, text: `■ ${r.run.experiment || `run ${k}`}${k ? "" : " (browsed)"}` })))] : [];
+  $("charts").replaceChildren(...legend, ...Object.entries(state.charts).map(([key, points]) => {
+    // the browsed run's points, then each compared run's (same key), on one scale
+    const series = [points, ...state.runs.slice(1).map((r) => (r.charts || {})[key] || [])]
+      .map((ps) => ps.filter(([, y]) => known(y) && Number.isFinite(y)));
+    const finite = series[0];
+    const steps = series.flat().map(([x]) => x).concat(state.alerts.map((a) => a.step));
     const x0 = Math.min(...steps), x1 = Math.max(x0 + 1, ...steps);
-    const ys = finite.map(([, y]) => y), y0 = Math.min(...ys), y1 = Math.max(y0 + 1e-9, ...ys);
+    const ys = series.flat().map(([, y]) => y), y0 = Math.min(...ys), y1 = Math.max(y0 + 1e-9, ...ys);
     const X = (x) => P + ((x - x0) / (x1 - x0)) * (W - 2 * P), Y = (y) => H - P - ((y - y0) / (y1 - y0)) * (H - 2 * P);
     const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, "data-key": key });
     for (const a of state.alerts) {
@@ -124,7 +134,8 @@ function renderCharts() {
       mark.append(Object.assign(svg("title", {}), { textContent: `${a.rule} at step ${a.step}${a.text ? `: ${a.text}` : ""}` }));
       chart.append(mark);
     }
-    chart.append(svg("polyline", { points: finite.map(([x, y]) => `${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join(" "), class: "series" }));
+    series.forEach((ps, k) => chart.append(svg("polyline", { points: ps.map(([x, y]) => `${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join(" "),
+      class: "series", "data-run": k, style: `stroke: ${RUN_COLOURS[k]}` })));
     const last = finite.length ? finite[finite.length - 1][1] : null;
     return el("figure", { class: "chart" }, chart, el("figcaption", { text: `${key}  ${fmt(last)}` }));
   }));
@@ -134,9 +145,11 @@ function renderCompareChoices() {
   const select = $("compare");
   const chosen = select.value;
   const fixed = [...select.options].slice(0, 2);
+  const runs = state.runs.slice(1).map((r) => el("option", { value: `run:${r.index}`,
+    text: `the same prompts in ${r.run.experiment || `run ${r.index}`}` }));
   const others = state.steps.filter((s) => s.step !== state.step)
     .map((s) => el("option", { value: `step:${s.step}`, text: `step ${s.step}` }));
-  select.replaceChildren(...fixed, ...others);
+  select.replaceChildren(...fixed, ...runs, ...others);
   select.value = [...select.options].some((o) => o.value === chosen) ? chosen : "";
 }
 
@@ -158,7 +171,11 @@ async function openStep(step) {
 
 async function loadOther() {
   const compare = $("compare").value;
-  state.other = compare.startsWith("step:") ? await getJSON(`/api/step/${compare.slice(5)}`) : null;
+  state.other = null;
+  if (compare.startsWith("step:")) state.other = await getJSON(`/api/step/${compare.slice(5)}`);
+  if (compare.startsWith("run:") && known(state.step)) {  // that run's rollouts of this step; none: nothing beside
+    try { state.other = await getJSON(`/api/step/${state.step}?run=${compare.slice(4)}`); } catch { state.other = null; }
+  }
 }
 
 function matches(t) {
@@ -209,6 +226,15 @@ function render() {
     return;
   }
   fillTrajectories($("pane-a"), `step ${state.step}: ${shown.length} of ${state.data.trajectories.length} rollouts`, shown);
+  if (compare.startsWith("run:")) {  // another run's rollouts of the prompts shown here, in their order
+    const run = state.runs.find((r) => `run:${r.index}` === compare);
+    const order = new Map(shown.map((t, i) => [promptOf(t), i]));
+    const same = state.other ? state.other.trajectories.filter((t) => order.has(promptOf(t)))
+      .sort((a, b) => order.get(promptOf(a)) - order.get(promptOf(b))) : [];
+    fillTrajectories(paneB, `${run ? run.run.experiment : compare} step ${state.step}: ${same.length} rollouts of the same prompts`,
+      same, state.other || { step: state.step, traces: [] });
+    return;
+  }
   if (state.other) {
     const other = ordered(state.other.trajectories.filter(matches));
     fillTrajectories(paneB, `step ${state.other.step}: ${other.length} of ${state.other.trajectories.length} rollouts`, other, state.other);
