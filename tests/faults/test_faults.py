@@ -87,10 +87,11 @@ def test_trainer_sigkilled_mid_dump_then_resumed_has_every_row_once(tmp_path, ml
 
 @pytest.mark.slow
 def test_mlflow_down_then_back_loses_and_duplicates_nothing(tmp_path, mlflow_server_uri):
-    """MLflow unreachable for 6 s (its connections refused; longer than the sink's own 3.5 s of retries, so the lane
-    holds the batches and retries them) then back: MLflow holds every point once, the file lane too, and nothing
-    was counted failed."""
-    result = faults.mlflow_outage(tmp_path, mlflow_server_uri, down_s=6.0, steps=300, keys=20)
+    """MLflow unreachable for 10 s (its connections refused; longer than the sink's own 3.5 s of retries plus one
+    request's 5 s timeout, so the lane holds the batches and retries them; with 6 s, a loaded CI machine once saw
+    the sink's own retries outlast the outage and the lane never held) then back: MLflow holds every point once,
+    the file lane too, and nothing was counted failed."""
+    result = faults.mlflow_outage(tmp_path, mlflow_server_uri, down_s=10.0, steps=300, keys=20)
     assert result["complete"], result["summary"]
     assert result["refused_connections"] > 0  # the outage happened
     _exactly_once(result)
