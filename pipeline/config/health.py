@@ -2,7 +2,7 @@
 
     trainer:
       health:
-        enabled: true               # false (the default for now): no health lane, no alerts
+        enabled: true               # false by default (a drop-in starts no actor unasked): no health lane, no alerts
         rules:
           kl_blowup: {threshold: 2.0}
           flat_groups: {enabled: false}
@@ -25,8 +25,8 @@ from tracklane.core.health_rules import rule_settings
 class HealthConfig:
     enabled: bool = False
     """Judge the run's step metrics by the health rules, in a lane actor of their own (nothing on the trainer's
-    thread), and send what fires to the console, every tracker and the report. Off by default for now: the main
-    job turns it on (trainer/config.py)."""
+    thread), and send what fires to the console, every tracker and the report. Off by default (a drop-in for verl's
+    Tracking starts no actor unasked); the main job turns it on (trainer/config.py)."""
     rules: dict[str, Any] = field(default_factory=dict)
     """Per rule, what differs from its defaults: ``enabled``, ``threshold``, ``for_steps``, ``ratio``,
     ``warmup``, ``points`` (docs/health.md)."""
