@@ -88,7 +88,7 @@ function renderSteps() {
     const row = el("tr", { "data-step": s.step, class: s.step === state.step ? "selected" : "" },
       el("td", { text: s.step }), el("td", { text: s.trajectories }), el("td", { text: fmt(s.score_mean) }),
       el("td", { text: fmt(s.score_min) }), el("td", { text: fmt(s.score_max) }), el("td", { text: s.generations || "" }),
-      el("td", { class: s.trace_errors ? "error" : "", text: s.traces ? `${s.traces}${s.trace_errors ? ` (${s.trace_errors} err)` : ""}` : "" }),
+      el("td", { class: s.trace_errors ? "traces error" : "traces", text: s.traces ? `${s.traces}${s.trace_errors ? ` (${s.trace_errors} err)` : ""}` : "" }),
       el("td", { class: "alerted", text: state.alerts.filter((a) => a.step === s.step).map((a) => a.rule).join(", ") }));
     row.addEventListener("click", () => openStep(s.step));
     return row;
