@@ -108,7 +108,10 @@ def test_a_tracker_far_slower_than_the_producer_stays_within_its_bounds(tmp_path
     logging here; 10 s leaves margin for a loaded machine."""
     result = faults.slow_tracker(tmp_path, seconds=10.0, finish_timeout_s=5.0)
     assert result["duplicated"] == 0
-    assert result["accounted"] == result["steps"], result
+    # Every step arrived or was counted. A batch the actor was still writing when finish()'s deadline passed is
+    # counted left over and may land after it (a loaded CI machine once saw 2 such records): accounted may exceed
+    # the steps by those, never fall short.
+    assert result["arrived_steps"] + result["dropped_records"] <= result["steps"] <= result["accounted"], result
     assert result["dropped_records"] > 0 and result["evicted_records"] > 0  # the disk bound was reached
     assert result["max_unacked_bytes"] <= result["lane_max_bytes"] + 3 * 16 * 1024, result  # + batches in flight
     assert result["max_spool_bytes"] <= result["spool_max_bytes"] + 16 * 1024 + 16 * 1024, result  # + a segment
