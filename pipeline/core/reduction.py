@@ -12,7 +12,7 @@ A step is complete (the lowest open one first, so the points leave in step order
     its declaration, no longer (a handle given to a process that never logs, or logs only on an axis of its own);
   - or rank 0 is finishing (``FINISH``: every step open then; a resumed run opens new ones after it);
   - or it has been open ``timeout_s`` (a producer that stopped logging without dying).
-A contribution to a step already complete is late: counted, never applied. The points stay ``pending`` (and are
+A contribution to a step already complete is late: counted, never reduced. The points stay ``pending`` (and are
 sent to rank 0 with every answer of a new actor) until rank 0's ``CONFIRM`` for the step arrives: rank 0 spooled
 them, into every tracker, once (shipping/reduced.py).
 """
@@ -66,7 +66,7 @@ class Reducer:
         self.timeout_s = timeout_s
         self._clock = clock
         self.seq: dict[str, int] = {}
-        """source -> its last batch applied (a batch sent again is skipped: exactly once)."""
+        """source -> its last batch reduced (a batch sent again is skipped: exactly once)."""
         self.reached: dict[str, int] = {}
         """source -> the latest trainer step it logged anything at."""
         self.contributors: set[str] = set()
@@ -90,13 +90,13 @@ class Reducer:
         """Complete steps' points that rank 0 has not confirmed yet."""
         self.emitted = 0
         self.late = 0
-        """Values that came for a step already complete (or after the finish): not applied."""
+        """Values that came for a step already complete (or after the finish): not reduced."""
         self.conflicts = 0
-        """Values whose op differed from the op the key's first value at that step named: not applied."""
+        """Values whose op differed from the op the key's first value at that step named: not reduced."""
 
     # -- what arrives -------------------------------------------------------------------------------------
     def begin(self, source: str, seq: int) -> bool:
-        """Batch ``seq`` of ``source`` starts; False if it was applied already (then skip it whole)."""
+        """Batch ``seq`` of ``source`` starts; False if it was reduced already (then skip it whole)."""
         if seq <= self.seq.get(source, 0):
             return False
         self.seq[source] = seq

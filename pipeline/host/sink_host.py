@@ -173,7 +173,7 @@ class SinkHost:
         return clean
 
     def written(self) -> Any:
-        """The sink's durability point for what it was handed so far (``LaggingStore.written``; None: durable)."""
+        """The sink's durability point for what it was handed so far (``LaggingStore.written``; None: stored once handed)."""
         if self._lagging is None:
             return None
         try:

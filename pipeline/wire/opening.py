@@ -23,7 +23,7 @@ class LaneOpening:
     settings: dict[str, Any]
     """The sink's resolved settings (plain values)."""
     state_dir: str
-    """Folder of the lane's durable acknowledgement state."""
+    """Folder of the lane's saved state (its stored watermark)."""
     sink_retries: int
     retry_backoff_s: float
     trainer_node: str = ""

@@ -271,16 +271,33 @@ class PrometheusAlerts:
         self._thread.join()
 
 
-def test_a_nan_injected_at_a_step_is_an_alert_everywhere(tmp_path):
-    """``trainer.inject_nan_step=5``: the non_finite rule fires at step 5 on the actor's loss and grad norm; the
-    console says so, every tracker holds the point tracklane/alert/non_finite at step 5 and the text, those with
-    alerts of their own hold it there (wandb's alert record, trackio's alerts, the MLflow tag, the ClearML tag),
-    a real Prometheus loaded with the shipped rules fires TracklaneHealthAlert (rule non_finite) while the job
-    runs, the viewer lists it, the summary lists it, and the run goes on (the NaN update is skipped, counted in
-    actor/skipped_updates)."""
+PATHOLOGIES = {
+    "nan": (["trainer.total_steps=16", "trainer.inject_nan_step=5"], "non_finite"),
+    "learning_rate": (["trainer.total_steps=30", "actor_rollout_ref.actor.optim.lr=0.01"], "entropy_collapse"),
+}
+"""The README's two overrides that make the main job go wrong, and the rule each must fire."""
+
+
+def _entropy_collapse_step(scalars: dict[int, dict[str, float]]) -> int | None:
+    """Where entropy_collapse must fire by its documented defaults, worked out from the logged entropy alone: the
+    third step in a row below 0.1 x the median of the first 5 steps' entropy."""
+    series = [scalars[step]["actor/entropy"] for step in sorted(scalars) if "actor/entropy" in scalars[step]]
+    steps = [step for step in sorted(scalars) if "actor/entropy" in scalars[step]]
+    floor = 0.1 * float(np.median(series[:5]))
+    run = 0
+    for step, value in zip(steps[5:], series[5:], strict=True):
+        run = run + 1 if value < floor else 0
+        if run == 3:
+            return step
+    return None
+
+
+def _run_the_main_job(tmp_path: Path, overrides: list[str]) -> tuple[Job, set[tuple[str, str]]]:
+    """The main job with every tracker plus prometheus, a real Prometheus with the shipped rules scraping it:
+    the job, and every (alertname, rule) Prometheus had firing while it ran."""
     ours = ("WANDB_", "SWANLAB_", "MLFLOW_", "TRACKIO_", "TENSORBOARD_", "VERL_", "CLEARML_")
     env = {key: value for key, value in os.environ.items() if not key.startswith(ours)}
-    port = free_port()  # the prometheus tracker serves there; a real Prometheus with the shipped rules scrapes it
+    port = free_port()
     env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TRACKLANE_SYSTEM_METRICS_S="0", HOME=str(tmp_path / "home"),
                TRACKLANE_PROMETHEUS_PORT=str(port))
     proc, url = prometheus_server.start_server(tmp_path / "prometheus", [f"127.0.0.1:{port}"], [RULES_FILE])
@@ -288,45 +305,74 @@ def test_a_nan_injected_at_a_step_is_an_alert_everywhere(tmp_path):
         with PrometheusAlerts(url) as seen:
             done = subprocess.run([sys.executable, "-m", "tracklane.trainer",
                                    f"trainer.logger=[{','.join([*EVERY_LOGGER, 'prometheus'])}]",
-                                   "trainer.total_steps=16", "trainer.test_freq=0", "trainer.save_freq=0",
-                                   "trainer.inject_nan_step=5"], cwd=tmp_path, env=env, capture_output=True,
-                                  text=True, timeout=600)
+                                   "trainer.test_freq=0", "trainer.save_freq=0", *overrides],
+                                  cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     finally:
         prometheus_server.stop_server(proc)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert ("TracklaneHealthAlert", "non_finite") in seen.firing, seen.firing
-    job = Job(tmp_path, done)
-    assert "tracklane ALERT non_finite: actor/pg_loss = nan at step 5" in done.stdout
-    assert "ALERT non_finite at step 5" in done.stderr  # the summary
-    points = {(line["step"], key) for line in job.lines() for key in line["data"] if key.startswith("tracklane/alert/")}
-    assert points == {(5, "tracklane/alert/non_finite")}
-    assert job.scalars()[5]["actor/skipped_updates"] > 0 and job.scalars()[6]["actor/skipped_updates"] == 0
-    board = job.runs / "tensorboard" / PROJECT / EXPERIMENT
-    assert [(s, k) for s, k, _ in read_tensorboard_dir(board).points if k.startswith("tracklane/alert/")] == \
-        [(5, "tracklane/alert/non_finite")]
-    texts = read_tensorboard_rich(board).texts
-    assert any("actor/grad_norm = nan" in text for text in next(v for k, v in texts.items()
-                                                               if k.startswith("alert/non_finite"))[5])
-    expected = {(5, "tracklane/alert/non_finite")}
+    return Job(tmp_path, done), seen.firing
+
+
+@pytest.mark.parametrize("pathology", list(PATHOLOGIES))
+def test_an_injected_pathology_is_an_alert_everywhere(tmp_path, pathology):
+    """Each documented override fires its rule, read back from everywhere a user looks. ``inject_nan_step=5``:
+    non_finite at step 5 on the actor's loss and grad norm, and nothing else (the NaN update is skipped, counted
+    in actor/skipped_updates, and the run goes on). ``optim.lr=0.01`` (20x the default): the policy's entropy
+    collapses and entropy_collapse fires where its defaults say, worked out here from the logged entropy (the KL
+    and the flat groups may fire too: they go wrong with it). Everywhere: the console line and the summary, every
+    tracker's points tracklane/alert/<rule> and texts, the alerts of their own (wandb's alert record, trackio's
+    alerts, the MLflow tag on the run, the ClearML tag), a real Prometheus loaded with the shipped rules firing
+    TracklaneHealthAlert for the rule while the job runs, and the viewer."""
+    overrides, rule = PATHOLOGIES[pathology]
+    job, firing = _run_the_main_job(tmp_path, overrides)
+    done = job.done
+    step = 5 if rule == "non_finite" else _entropy_collapse_step(job.scalars())
+    assert step is not None, "the entropy did not collapse: the override no longer shows the rule"
+    key = f"tracklane/alert/{rule}"
+    expected = {(s, k) for line in job.lines() for k in line["data"] if k.startswith("tracklane/alert/")
+                for s in [line["step"]]}
+    assert (step, key) in expected, expected
+    if rule == "non_finite":
+        assert expected == {(5, key)}
+        assert "tracklane ALERT non_finite: actor/pg_loss = nan at step 5" in done.stdout
+        assert job.scalars()[5]["actor/skipped_updates"] > 0 and job.scalars()[6]["actor/skipped_updates"] == 0
+    said = [line for line in done.stdout.splitlines() if line.startswith("tracklane ALERT ")]
+    assert {(int(line.split(" at step ")[1].split(":")[0]), f"tracklane/alert/{line.split()[2].rstrip(':')}")
+            for line in said} == expected, said
+    assert f"ALERT {rule} at step {step}" in done.stderr  # the summary
+    assert ("TracklaneHealthAlert", rule) in firing, firing
+    _assert_every_store_holds(job, expected, rule, step)
+    viewed = RunData(str(job.file)).snapshot()
+    assert {(s, f"tracklane/alert/{a['rule']}") for a in viewed.alerts for s in [a["step"]]} == expected
+    assert any(a["rule"] == rule and a["step"] == step and "=" in a["text"] for a in viewed.alerts)
+
+
+def _assert_every_store_holds(job: Job, expected: set[tuple[int, str]], rule: str, step: int) -> None:
+    """Every tracker's points tracklane/alert/* are ``expected``; the rule's text at its step names the key it
+    fired on; the trackers with alerts of their own hold it there."""
+    level = "ERROR" if rule == "non_finite" else "WARN"
+    fired_on = "actor/pg_loss" if rule == "non_finite" else "actor/entropy"
 
     def alert_points(points) -> set[tuple[int, str]]:
-        return {(step, key) for step, key, _ in points if key.startswith("tracklane/alert/")}
+        return {(s, k) for s, k, _ in points if k.startswith("tracklane/alert/")}
 
+    board = job.runs / "tensorboard" / PROJECT / EXPERIMENT
+    assert alert_points(read_tensorboard_dir(board).points) == expected
+    texts = read_tensorboard_rich(board).texts
+    assert any(f"{fired_on} = " in text for text in next(v for k, v in texts.items()
+                                                       if k.startswith(f"alert/{rule}"))[step])
     assert alert_points(read_wandb_run(job.runs / "wandb").points) == expected
-    wandb_alerts = read_wandb_media(job.runs / "wandb").alerts
-    assert [(a["title"], a["level"]) for a in wandb_alerts] == [("tracklane: non_finite", "ERROR")]
-    assert wandb_alerts[0]["text"].startswith("step 5: ")
+    wandb_alerts = [a for a in read_wandb_media(job.runs / "wandb").alerts if a["title"] == f"tracklane: {rule}"]
+    assert [(a["level"], a["text"].split(":")[0]) for a in wandb_alerts] == [(level, f"step {step}")]
     trackio = read_trackio_run(job.runs / "trackio", PROJECT)
     assert alert_points(trackio.points) == expected
-    assert [(a["title"], a["level"], a["step"]) for a in trackio.alerts if a["title"] == "tracklane: non_finite"] == \
-        [("tracklane: non_finite", "error", 5)]
+    assert [(a["level"], a["step"]) for a in trackio.alerts if a["title"] == f"tracklane: {rule}"] == \
+        [(level.lower(), step)]
     [run_id] = find_mlflow_run_ids(job.mlflow_uri, PROJECT, EXPERIMENT)
     assert alert_points(read_mlflow_run(job.mlflow_uri, run_id).points) == expected
     tags = MlflowClient(tracking_uri=job.mlflow_uri).get_run(run_id).data.tags
-    assert tags["tracklane.alert.non_finite"].startswith("ERROR at step 5: ")
+    assert tags[f"tracklane.alert.{rule}"].startswith(f"{level} at step {step}: ")
     assert alert_points(read_swanlab_run(job.runs / "swanlog").points) == expected
-    assert "= nan" in read_swanlab_media(job.runs / "swanlog").texts("alert/non_finite")[5]
+    assert f"{fired_on} = " in read_swanlab_media(job.runs / "swanlog").texts(f"alert/{rule}")[step]
     clearml = read_clearml_run(job.runs / "clearml")
-    assert alert_points(clearml.points) == expected and "tracklane.alert=non_finite" in clearml.tags
-    viewed = RunData(str(job.file)).snapshot()
-    assert [(a["rule"], a["step"]) for a in viewed.alerts] == [("non_finite", 5)] and "= nan" in viewed.alerts[0]["text"]
+    assert alert_points(clearml.points) == expected and f"tracklane.alert={rule}" in clearml.tags

@@ -1,5 +1,6 @@
-"""The health rules on a real run: what fires reaches the console, the file tracker and TensorBoard (read back with
-their readers) and the report, on both paths; a healthy run fires nothing."""
+"""The health rules on a real run: every rule fires at the step its defaults say; what fires reaches the console,
+every tracker (read back with their readers or server) and the report, on both paths; a healthy run fires
+nothing."""
 
 from __future__ import annotations
 
@@ -72,13 +73,56 @@ def test_a_healthy_run_fires_nothing(offline_trackers, capfd):
     assert not [key for _, key, _ in file_points(offline_trackers["file"]) if key.startswith("tracklane/alert/")]
 
 
+_EVERY_METRIC_RULE = {"kl_blowup": 11, "clip_saturated": 14, "flat_groups": 19, "entropy_collapse": 22,
+                      "reward_val_diverge": 25, "length_clipped": 27, "rollout_mismatch": 30, "non_finite": 33}
+"""Where each per-metric rule fires in ``_pathologies`` with its defaults: the step its condition began plus
+``for_steps`` - 1 (reward_val_diverge: the fourth validation in a row that fell while the reward rose)."""
+
+
+def _pathologies(step: int) -> dict[str, float]:
+    """verl's metric names, each going wrong from a step of its own (40 steps, a validation every 5th)."""
+    values = {"actor/entropy": 1.0 if step < 20 else 0.05, "actor/kl_loss": 0.01 if step < 10 else 5.0,
+              "actor/pg_loss": -0.1, "actor/grad_norm": math.inf if step == 33 else 0.5,
+              "actor/pg_clipfrac": 0.1 if step < 12 else 0.5,
+              "critic/score/flat_group_ratio": 0.2 if step < 15 else 0.95,
+              "response_length/clip_ratio": 0.0 if step < 25 else 0.5,
+              "training/rollout_probs_diff_mean": 0.01 if step < 28 else 0.3, "critic/score/mean": 0.1 * step}
+    if step % 5 == 0:
+        values["val-core/gsm8k/reward/mean@1"] = {5: 0.8, 10: 0.8, 15: 0.75, 20: 0.7}.get(step, 0.65)
+    return values
+
+
+def test_every_metric_rule_fires_at_its_step_on_a_real_run(offline_trackers, capfd):
+    """Each per-metric rule with its defaults, on an async run whose metrics go wrong one after the other: every
+    rule fires once, at the step its condition has held for its for_steps (none fires twice while its condition
+    goes on holding); the console, the file tracker and the report say so."""
+    tracking = Tracking("health", "every-rule", ["console", "file"], config={"trainer": {
+        "log_async": True, "async_log": {"flush_interval_s": 0.05}, "health": {"enabled": True}}})
+    for step in range(1, 41):
+        tracking.log(_pathologies(step), step=step)
+    report = tracking.finish()
+    assert report.complete, report.summary()
+    expected = {(rule, step) for rule, step in _EVERY_METRIC_RULE.items()}
+    fired = [(line.split(" at step ")[0], int(line.split(" at step ")[1].split(":")[0])) for line in report.alerts]
+    assert sorted(fired) == sorted(expected), report.alerts
+    lines = [line for line in capfd.readouterr().out.splitlines() if line.startswith("tracklane ALERT ")]
+    said = {(line.split()[2].rstrip(":"), line) for line in lines}
+    assert len(lines) == len(expected) and {rule for rule, _ in said} == set(_EVERY_METRIC_RULE), lines
+    assert all(f"step {_EVERY_METRIC_RULE[rule]}" in line for rule, line in said), lines
+    points = sorted((step, key) for step, key, _ in file_points(offline_trackers["file"])
+                    if key.startswith("tracklane/alert/"))
+    assert points == sorted((step, f"tracklane/alert/{rule}") for rule, step in expected)
+
+
 def test_rank_zero_sees_a_stalled_trainer_and_a_tracker_down(offline_trackers, tmp_path):
     """The trainer stops logging for 2.5 s after steps 0.1 s apart, while the memory tracker is down: stalled
-    (at the last step, key "trainer") and tracker_down (key "memory") reach the file tracker and the report."""
+    (at the last step, key "trainer"), tracker_down and lane_behind (key "memory": its records wait) reach the
+    file tracker and the report."""
     down = tmp_path / "memory-down"
     down.touch()
     config = _config(True)
-    config["trainer"]["health"]["rules"].update(stalled={"threshold": 0.5}, tracker_down={"threshold": 1.0})
+    config["trainer"]["health"]["rules"].update(stalled={"threshold": 0.5}, tracker_down={"threshold": 1.0},
+                                                     lane_behind={"threshold": 1.0})
     config["trainer"]["memory_sink"] = {"down_while": str(down)}
     config["trainer"]["async_log"].update(max_retry_backoff_s=0.2, sink_retries=0, retry_backoff_s=0.01)
     tracking = Tracking("health", "rank0", ["file", "memory"], config=config)
@@ -92,9 +136,9 @@ def test_rank_zero_sees_a_stalled_trainer_and_a_tracker_down(offline_trackers, t
     report = tracking.finish()
     assert report.complete, report.summary()
     rules = {line.split(" at step ")[0] for line in report.alerts}
-    assert {"stalled", "tracker_down"} <= rules, report.alerts
+    assert {"stalled", "tracker_down", "lane_behind"} <= rules, report.alerts
     points = {key for _, key, _ in file_points(offline_trackers["file"]) if key.startswith("tracklane/alert/")}
-    assert {"tracklane/alert/stalled", "tracklane/alert/tracker_down"} <= points
+    assert {"tracklane/alert/stalled", "tracklane/alert/tracker_down", "tracklane/alert/lane_behind"} <= points
 
 
 def test_each_tracker_keeps_the_alert_its_own_way(offline_trackers, mlflow_server_uri, monkeypatch):
