@@ -1,6 +1,7 @@
 """The shipper thread's one wait: until whichever comes first of every reason it has to wake.
 
-The reasons: records logged or a flush/finish posted (the buffer's condition is notified), an actor answering a
+The reasons: a batch's worth of records logged or a flush/finish posted (the buffer's condition is notified;
+fewer records wake no one, so log() stays lock-free, and are due within ``flush_interval_s``), an actor answering a
 call the loop awaits (each awaited Ray answer's future wakes it when it completes), and the earliest timed reason
 (records due by ``flush_interval_s``, a lane's backoff or probe deadline, a barrier's deadline, the health
 figures' age), which is the wait's timeout. One condition, as aiokafka's sender waits once for all of its own.
@@ -15,7 +16,8 @@ from typing import Any
 
 class Wakeup:
     def __init__(self, ready: threading.Condition) -> None:
-        """``ready``: the buffer's condition, notified by log() and by a flush or finish being posted."""
+        """``ready``: the buffer's condition, notified by log() once a batch's worth is buffered (or the bound is
+        reached) and by a flush or finish being posted."""
         self._ready = ready
         self._futures: dict[Any, Any] = {}  # awaited Ray answer -> its future (kept: it holds the callback)
         self._answered = False  # an answer came since the last wait
