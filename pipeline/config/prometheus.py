@@ -4,8 +4,10 @@
       prometheus:
         host: 127.0.0.1   # the address the lane actor's endpoint binds
         port: 9464        # 0: any free port (the run's summary says which)
+        final_scrape_s: 10  # at the close, serve the last values until scraped twice, this long at most
 
-Each unset field falls back to ``TRACKLANE_PROMETHEUS_HOST`` / ``TRACKLANE_PROMETHEUS_PORT``, then to the default.
+Each unset field falls back to ``TRACKLANE_PROMETHEUS_HOST`` / ``TRACKLANE_PROMETHEUS_PORT`` /
+``TRACKLANE_PROMETHEUS_FINAL_SCRAPE_S``, then to the default.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from tracklane.core.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter took; free of Prometheus' own 9090
+DEFAULT_FINAL_SCRAPE_S = 10.0  # two scrapes at a 5 s interval; within the close's share of finish_timeout_s (15 s)
 HOST_ENV, PORT_ENV = "TRACKLANE_PROMETHEUS_HOST", "TRACKLANE_PROMETHEUS_PORT"
+FINAL_SCRAPE_ENV = "TRACKLANE_PROMETHEUS_FINAL_SCRAPE_S"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -29,12 +33,21 @@ class PrometheusConfig:
     on a trusted network: the endpoint serves every scalar of the run."""
     port: int = DEFAULT_PORT
     """Its port, 0-65535 (0: any free one; ``TRACKLANE_PROMETHEUS_PORT`` where the config does not say)."""
+    final_scrape_s: float = DEFAULT_FINAL_SCRAPE_S
+    """At the close, how long at most the endpoint keeps serving the run's last values until two scrapes have read
+    them (``TRACKLANE_PROMETHEUS_FINAL_SCRAPE_S`` where the config does not say): without it a short run's last
+    steps, and an alert fired near the end, close before Prometheus reads them. Two, because Prometheus evaluates
+    its rules on a clock of its own: the second scrape shows a whole interval passed with the values in place. A
+    run nobody scraped closes at once; 0: never wait. It counts against the close's share of finish_timeout_s."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
             raise ConfigError(f"trainer.prometheus.host must be a host name or address, got {self.host!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"trainer.prometheus.port must be a port number (0-65535), got {self.port!r}")
+        wait = self.final_scrape_s
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < float("inf"):
+            raise ConfigError(f"trainer.prometheus.final_scrape_s must be a number of seconds >= 0, got {wait!r}")
 
 
 def prometheus_config(section: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> PrometheusConfig:
@@ -46,10 +59,17 @@ def prometheus_config(section: Mapping[str, Any] | None, env: Mapping[str, str] 
         section["host"] = env.get(HOST_ENV) or DEFAULT_HOST
     if section.get("port") is None:
         section["port"] = env.get(PORT_ENV) or DEFAULT_PORT
-    if isinstance(section["port"], str):  # from the environment, or a YAML string
-        try:
-            section["port"] = int(section["port"])
-        except ValueError:
-            raise ConfigError(f"trainer.prometheus.port must be a port number (0-65535), got {section['port']!r}") \
-                from None
+    if section.get("final_scrape_s") is None:
+        section["final_scrape_s"] = env.get(FINAL_SCRAPE_ENV) or DEFAULT_FINAL_SCRAPE_S
+    _number_from_text(section, "port", int, "a port number (0-65535)")
+    _number_from_text(section, "final_scrape_s", float, "a number of seconds >= 0")
     return PrometheusConfig(**section)
+
+
+def _number_from_text(section: dict[str, Any], key: str, kind: type, what: str) -> None:
+    """A value from the environment, or a YAML string, read as ``kind``; a clear error where it is not one."""
+    if isinstance(section[key], str):
+        try:
+            section[key] = kind(section[key])
+        except ValueError:
+            raise ConfigError(f"trainer.prometheus.{key} must be {what}, got {section[key]!r}") from None

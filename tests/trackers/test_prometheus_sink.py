@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -55,7 +56,7 @@ def test_a_bad_port_is_a_config_error():
 
 def test_the_endpoint_serves_each_keys_latest_value_and_the_step(offline_trackers):
     """In-process: keys that sanitise alike stay two series, NaN and ints arrive, a step logged late does not hide
-    the newer value, and the endpoint closes at finish()."""
+    the newer value, and the endpoint closes at finish() once a second scrape has read the last values."""
     port = free_port()
     tracking = Tracking("proj", "exp", ["prometheus"],
                         config={"trainer": {"log_async": False, "prometheus": {"port": port}}})
@@ -68,8 +69,41 @@ def test_the_endpoint_serves_each_keys_latest_value_and_the_step(offline_tracker
     assert got[("_0start", "0start")] == 1.0
     assert math.isnan(got[("x_nan", "x/nan")])
     assert got[("tracklane_step", "step")] == 2
-    report = tracking.finish()
-    assert report.complete
+    finished = _finish_on_a_thread(tracking)
+    finished.join(1.0)
+    assert finished.is_alive(), "closed after one scrape of the last values: Prometheus may not have evaluated them"
+    again = scrape(port)  # the second scrape of the last values
+    assert again.keys() == got.keys() and all(same_value(again[name], got[name]) for name in got)
+    finished.join(30)
+    assert not finished.is_alive() and finished.report.complete
+    with pytest.raises(urllib.error.URLError):
+        scrape(port)
+
+
+class _finish_on_a_thread(threading.Thread):
+    """``tracking.finish()`` on a thread of its own, its report kept."""
+
+    def __init__(self, tracking: Tracking) -> None:
+        super().__init__(daemon=True)
+        self.tracking, self.report = tracking, None
+        self.start()
+
+    def run(self) -> None:
+        self.report = self.tracking.finish()
+
+
+@pytest.mark.parametrize("scraped, final_scrape_s", [(False, 60), (True, 0)])
+def test_the_close_waits_for_no_scrape_nobody_is_making(offline_trackers, scraped, final_scrape_s):
+    """A run nobody scraped closes at once, whatever final_scrape_s says; final_scrape_s 0 never waits."""
+    port = free_port()
+    tracking = Tracking("proj", "exp", ["prometheus"], config={"trainer": {
+        "log_async": False, "prometheus": {"port": port, "final_scrape_s": final_scrape_s}}})
+    tracking.log({"actor/pg_loss": 0.5}, step=1)
+    if scraped:
+        assert scrape(port)[("actor_pg_loss", "actor/pg_loss")] == 0.5
+    finished = _finish_on_a_thread(tracking)
+    finished.join(30)
+    assert not finished.is_alive() and finished.report.complete
     with pytest.raises(urllib.error.URLError):
         scrape(port)
 
@@ -77,8 +111,8 @@ def test_the_endpoint_serves_each_keys_latest_value_and_the_step(offline_tracker
 def test_rl_insight_is_served_by_the_prometheus_backend_where_its_package_is_absent(offline_trackers, caplog):
     """verl's rl_insight names (no rl_insight package here) run the prometheus backend, said once, and in the report."""
     port = free_port()
-    tracking = Tracking("p", "e", ["file", "rl_insight"],
-                        config={"trainer": {"log_async": False, "prometheus": {"port": port}}})
+    tracking = Tracking("p", "e", ["file", "rl_insight"],  # final_scrape_s 0: this test scrapes once, no more
+                        config={"trainer": {"log_async": False, "prometheus": {"port": port, "final_scrape_s": 0}}})
     assert tracking.backends == ["file", "prometheus"]
     tracking.log({"critic/score/mean": 0.75}, step=3)
     assert scrape(port)[("critic_score_mean", "critic/score/mean")] == 0.75

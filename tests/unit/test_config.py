@@ -87,11 +87,14 @@ def test_bad_async_key_fails_before_anything_starts():
 
 
 @pytest.mark.parametrize("section, message", [
-    ({"prot": 9100}, r"unknown key\(s\) trainer.prometheus.prot; valid keys: host, port"),
+    ({"prot": 9100}, r"unknown key\(s\) trainer.prometheus.prot; valid keys: host, port, final_scrape_s"),
     ({"port": 70000}, r"port must be a port number \(0-65535\), got 70000"),
     ({"port": "http"}, r"port must be a port number \(0-65535\), got 'http'"),
     ({"port": True}, r"port must be a port number"),
     ({"host": ""}, r"host must be a host name or address"),
+    ({"final_scrape_s": -1}, r"final_scrape_s must be a number of seconds >= 0, got -1"),
+    ({"final_scrape_s": "soon"}, r"final_scrape_s must be a number of seconds >= 0, got 'soon'"),
+    ({"final_scrape_s": float("nan")}, r"final_scrape_s must be a number of seconds >= 0, got nan"),
 ])
 def test_bad_prometheus_settings_are_refused_before_anything_starts(section, message):
     with pytest.raises(ConfigError, match=message):
@@ -101,10 +104,12 @@ def test_bad_prometheus_settings_are_refused_before_anything_starts(section, mes
 
 
 def test_prometheus_settings_fall_back_to_the_environment_then_the_defaults():
-    env = {"TRACKLANE_PROMETHEUS_HOST": "0.0.0.0", "TRACKLANE_PROMETHEUS_PORT": "9500"}
-    assert prometheus_config(None) == PrometheusConfig(host="127.0.0.1", port=9464)
-    assert prometheus_config({}, env) == PrometheusConfig(host="0.0.0.0", port=9500)
-    assert prometheus_config({"port": 0}, env) == PrometheusConfig(host="0.0.0.0", port=0)  # 0: any free port
+    env = {"TRACKLANE_PROMETHEUS_HOST": "0.0.0.0", "TRACKLANE_PROMETHEUS_PORT": "9500",
+           "TRACKLANE_PROMETHEUS_FINAL_SCRAPE_S": "2.5"}
+    assert prometheus_config(None) == PrometheusConfig(host="127.0.0.1", port=9464, final_scrape_s=10.0)
+    assert prometheus_config({}, env) == PrometheusConfig(host="0.0.0.0", port=9500, final_scrape_s=2.5)
+    assert prometheus_config({"port": 0, "final_scrape_s": 0}, env) == \
+        PrometheusConfig(host="0.0.0.0", port=0, final_scrape_s=0)  # port 0: any free one; 0 s: never wait
     assert prometheus_config(OmegaConf.create({"host": "::1"}), env).host == "::1"
 
 

@@ -10,13 +10,16 @@ as ordinary keys.
 
 Where it serves: ``trainer.prometheus.host`` / ``.port``, else ``TRACKLANE_PROMETHEUS_HOST`` /
 ``TRACKLANE_PROMETHEUS_PORT``, else 127.0.0.1:9464 (pipeline/config/prometheus.py). The endpoint lives as long as
-the lane: after ``finish()`` there is nothing to scrape. A lane actor that is restarted serves again from the next
-batch on (the values before it are in whatever Prometheus scraped).
+the lane, and a little longer: at the close it keeps serving the last values until two scrapes have read them
+(``trainer.prometheus.final_scrape_s`` at most; a run nobody scraped closes at once), so a short run's last steps
+and an alert fired near its end reach Prometheus and its rules. After that there is nothing to scrape. A lane actor
+that is restarted serves again from the next batch on (the values before it are in whatever Prometheus scraped).
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -42,7 +45,7 @@ class PrometheusSink(Sink):
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
         chosen = prometheus_config(trainer.get("prometheus"), env)
-        return {"host": chosen.host, "port": chosen.port}
+        return {"host": chosen.host, "port": chosen.port, "final_scrape_s": chosen.final_scrape_s}
 
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         super().__init__(run, settings)
@@ -50,6 +53,7 @@ class PrometheusSink(Sink):
         self._step: int | None = None
         self._server: Any = None
         self.port: int = self.settings["port"]
+        self._scrapes = _ScrapeCount()
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         client = import_sdk(type(self))
@@ -73,9 +77,11 @@ class PrometheusSink(Sink):
             # The step after its values: a scrape that sees the step sees what was logged at it.
             if record.axis is None and (self._step is None or record.step >= self._step):
                 self._step = record.step
+        self._scrapes.changed()
 
     def samples(self) -> Iterator[tuple[str, str, float]]:
-        """(gauge name, original key, value) for every key held, and the step."""
+        """(gauge name, original key, value) for every key held, and the step: what a scrape reads."""
+        self._scrapes.scraped()
         if self._step is not None:
             yield STEP_GAUGE, "step", float(self._step)
         for key, (_axis, _step, value) in list(self._latest.items()):
@@ -83,12 +89,40 @@ class PrometheusSink(Sink):
 
     def close(self, exit_code: int) -> None:
         if self._server is not None:
+            self._scrapes.wait_for_two(self.settings.get("final_scrape_s", 0.0))
             self._server.shutdown()
             self._server.server_close()
             self._server = None
 
     def where(self) -> str:
         return f"prometheus: http://{self.settings['host']}:{self.port}/metrics (scrape it while the run lives)"
+
+
+class _ScrapeCount:
+    """How many scrapes have read the values since they last changed (the HTTP server's thread scrapes, the lane's
+    thread writes), and a wait for two at the close."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._any = False  # has anyone scraped this run at all
+        self._since_change = 0
+
+    def changed(self) -> None:
+        with self._ready:
+            self._since_change = 0
+
+    def scraped(self) -> None:
+        with self._ready:
+            self._any = True
+            self._since_change += 1
+            self._ready.notify_all()
+
+    def wait_for_two(self, timeout_s: float) -> None:
+        """Until two scrapes have read the values since their last change, ``timeout_s`` at most; at once where
+        nobody has scraped: nobody is waiting for them."""
+        with self._ready:
+            if self._any:
+                self._ready.wait_for(lambda: self._since_change >= 2, timeout=timeout_s)
 
 
 class _LatestValues:
