@@ -102,7 +102,7 @@ def test_every_metric_rule_fires_at_its_step_on_a_real_run(offline_trackers, cap
         tracking.log(_pathologies(step), step=step)
     report = tracking.finish()
     assert report.complete, report.summary()
-    expected = {(rule, step) for rule, step in _EVERY_METRIC_RULE.items()}
+    expected = set(_EVERY_METRIC_RULE.items())
     fired = [(line.split(" at step ")[0], int(line.split(" at step ")[1].split(":")[0])) for line in report.alerts]
     assert sorted(fired) == sorted(expected), report.alerts
     lines = [line for line in capfd.readouterr().out.splitlines() if line.startswith("tracklane ALERT ")]
@@ -122,7 +122,7 @@ def test_rank_zero_sees_a_stalled_trainer_and_a_tracker_down(offline_trackers, t
     down.touch()
     config = _config(True)
     config["trainer"]["health"]["rules"].update(stalled={"threshold": 0.5}, tracker_down={"threshold": 1.0},
-                                                     lane_behind={"threshold": 1.0})
+                                                lane_behind={"threshold": 1.0})
     config["trainer"]["memory_sink"] = {"down_while": str(down)}
     config["trainer"]["async_log"].update(max_retry_backoff_s=0.2, sink_retries=0, retry_backoff_s=0.01)
     tracking = Tracking("health", "rank0", ["file", "memory"], config=config)
