@@ -203,6 +203,12 @@ def async_log_config(section: Mapping[str, Any] | None, env: Mapping[str, str] |
     return AsyncLogConfig(**section)
 
 
+def closing_share_s(timeout: float) -> float:
+    """Of a finish() deadline of ``timeout`` seconds, what is kept for the trackers to close properly (the rest
+    drains the lanes): a quarter, 15 s at most."""
+    return min(0.25 * timeout, 15.0)
+
+
 def trainer_section(config: Any) -> dict[str, Any]:
     """``config["trainer"]`` as a plain dict ({} when absent), for dicts and OmegaConf alike."""
     if config is None:

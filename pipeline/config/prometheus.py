@@ -38,7 +38,8 @@ class PrometheusConfig:
     them (``TRACKLANE_PROMETHEUS_FINAL_SCRAPE_S`` where the config does not say): without it a short run's last
     steps, and an alert fired near the end, close before Prometheus reads them. Two, because Prometheus evaluates
     its rules on a clock of its own: the second scrape shows a whole interval passed with the values in place. A
-    run nobody scraped closes at once; 0: never wait. It counts against the close's share of finish_timeout_s."""
+    run nobody scraped closes at once; 0: never wait. Held to 4/5 of the close's share of ``finish_timeout_s`` (a
+    quarter, 15 s at most), so finish() still answers in time."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:

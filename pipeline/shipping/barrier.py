@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
+from tracklane.config.async_log import closing_share_s
 from tracklane.core.report import PipelineReport
 from tracklane.shipping.hub import REPORT_EVERY_S, HubWatch, Targets, behind
 
@@ -132,9 +133,8 @@ class Requests:
         """A flush drains until its whole deadline; a close keeps a quarter of it (up to 15 s) for the trackers
         to close properly."""
         now = time.monotonic()
-        share = 1.0 - min(0.25, 15.0 / max(timeout, 1e-9)) if closing else 1.0
-        barrier = Barrier(closing=closing, exit_code=exit_code, drain_deadline=now + timeout * share,
-                          deadline=now + timeout)
+        drain_s = timeout - closing_share_s(timeout) if closing else timeout
+        barrier = Barrier(closing=closing, exit_code=exit_code, drain_deadline=now + drain_s, deadline=now + timeout)
         with self._ready:
             self._pending.append(barrier)
             self._ready.notify_all()

@@ -14,9 +14,10 @@ import pytest
 
 from tests.conftest import log_verl_steps, same_value
 from tracklane import ConfigError, Tracking
+from tracklane.core.records import RunSpec
 from tracklane.testing import prometheus_server
 from tracklane.testing.server_process import free_port
-from tracklane.workers.sinks.prometheus import prometheus_name
+from tracklane.workers.sinks.prometheus import PrometheusSink, prometheus_name
 from tracklane.workers.testing.readers.file_reader import file_points
 
 client_parser = pytest.importorskip("prometheus_client.parser")
@@ -124,6 +125,19 @@ def test_rl_insight_is_served_by_the_prometheus_backend_where_its_package_is_abs
     from tracklane.trainer.config import load_config
 
     assert load_config(["trainer.logger=[console,rl_insight]"]).trainer.logger == ["console", "rl_insight"]
+
+
+def test_the_wait_for_the_last_scrapes_fits_in_finishs_close():
+    """final_scrape_s as set, or env, held to 4/5 of the close's share of finish_timeout_s (a quarter, <= 15 s)."""
+    run = RunSpec(project="p", experiment="e")
+
+    def wait(trainer, env=None):
+        return PrometheusSink.resolve(run, env or {}, trainer)["final_scrape_s"]
+
+    assert wait({}) == 10.0  # finish_timeout_s 60: 15 s to close
+    assert wait({}, {"TRACKLANE_PROMETHEUS_FINAL_SCRAPE_S": "4"}) == 4.0
+    assert wait({"async_log": {"finish_timeout_s": 10}}) == pytest.approx(2.0)
+    assert wait({"async_log": {"finish_timeout_s": 600}, "prometheus": {"final_scrape_s": 30}}) == pytest.approx(12.0)
 
 
 @pytest.fixture(scope="module")
