@@ -18,6 +18,7 @@ from tracklane.core.errors import ConfigError
 log = logging.getLogger("tracklane")
 
 OVERFLOW_POLICIES = ("spill", "drop_oldest", "block")
+DEFAULT_FINISH_TIMEOUT_S = 60.0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -56,7 +57,7 @@ class AsyncLogConfig:
     4.0 ms/MB to compress and 0.93 ms/MB to decompress, more than orjson's whole encoding of the rows (~1 ms/MB);
     stored costs 0.36 and 0.15 ms/MB. A dump is written once to the spool and read once by each lane on the same
     disk: set 1..22 where that disk is scarcer than CPU."""
-    finish_timeout_s: float = 60.0
+    finish_timeout_s: float = DEFAULT_FINISH_TIMEOUT_S
     """Deadline for finish(): draining every lane and closing every tracker."""
     system_metrics_s: float = 10.0
     """Every this many seconds, one sampler per node hosting the trainer or a producer logs
@@ -207,6 +208,12 @@ def closing_share_s(timeout: float) -> float:
     """Of a finish() deadline of ``timeout`` seconds, what is kept for the trackers to close properly (the rest
     drains the lanes): a quarter, 15 s at most."""
     return min(0.25 * timeout, 15.0)
+
+
+def configured_closing_share_s(section: Mapping[str, Any] | None) -> float:
+    """``closing_share_s`` of the ``finish_timeout_s`` a ``trainer.async_log`` section says (or its default),
+    without checking the section again: ``Tracking`` checked it, and warned once about what it holds."""
+    return closing_share_s(float((section or {}).get("finish_timeout_s", DEFAULT_FINISH_TIMEOUT_S)))
 
 
 def trainer_section(config: Any) -> dict[str, Any]:

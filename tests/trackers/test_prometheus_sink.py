@@ -70,7 +70,7 @@ def test_the_endpoint_serves_each_keys_latest_value_and_the_step(offline_tracker
     assert got[("_0start", "0start")] == 1.0
     assert math.isnan(got[("x_nan", "x/nan")])
     assert got[("tracklane_step", "step")] == 2
-    finished = _finish_on_a_thread(tracking)
+    finished = _FinishingThread(tracking)
     finished.join(1.0)
     assert finished.is_alive(), "closed after one scrape of the last values: Prometheus may not have evaluated them"
     again = scrape(port)  # the second scrape of the last values
@@ -81,7 +81,7 @@ def test_the_endpoint_serves_each_keys_latest_value_and_the_step(offline_tracker
         scrape(port)
 
 
-class _finish_on_a_thread(threading.Thread):
+class _FinishingThread(threading.Thread):
     """``tracking.finish()`` on a thread of its own, its report kept."""
 
     def __init__(self, tracking: Tracking) -> None:
@@ -102,7 +102,7 @@ def test_the_close_waits_for_no_scrape_nobody_is_making(offline_trackers, scrape
     tracking.log({"actor/pg_loss": 0.5}, step=1)
     if scraped:
         assert scrape(port)[("actor_pg_loss", "actor/pg_loss")] == 0.5
-    finished = _finish_on_a_thread(tracking)
+    finished = _FinishingThread(tracking)
     finished.join(30)
     assert not finished.is_alive() and finished.report.complete
     with pytest.raises(urllib.error.URLError):

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from tracklane.config.async_log import async_log_config, closing_share_s
+from tracklane.config.async_log import configured_closing_share_s
 from tracklane.config.prometheus import prometheus_config
 from tracklane.core.records import Alert, Metrics, RunSpec
 from tracklane.host.sink import Sink, import_sdk
@@ -47,7 +47,7 @@ class PrometheusSink(Sink):
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
         chosen = prometheus_config(trainer.get("prometheus"), env)
         # The wait for the last scrapes fits in the close's share of finish(), with room for the answer.
-        close_s = closing_share_s(async_log_config(trainer.get("async_log"), env).finish_timeout_s)
+        close_s = configured_closing_share_s(trainer.get("async_log"))
         return {"host": chosen.host, "port": chosen.port, "final_scrape_s": min(chosen.final_scrape_s, 0.8 * close_s)}
 
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
@@ -92,7 +92,7 @@ class PrometheusSink(Sink):
 
     def close(self, exit_code: int) -> None:
         if self._server is not None:
-            self._scrapes.wait_for_two(self.settings.get("final_scrape_s", 0.0))
+            self._scrapes.wait_for_two(self.settings["final_scrape_s"])
             self._server.shutdown()
             self._server.server_close()
             self._server = None
