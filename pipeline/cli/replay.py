@@ -40,9 +40,8 @@ def deliver_spool(directory: str, run: RunSpec, backends: dict[str, tuple[type, 
                          finish_timeout_s=max(timeout, 1.0), spool_max_bytes=2**62)
     pipe = AsyncPipeline(cfg, RecordLimits(), run, backends, os.environ)
     deadline = time.monotonic() + timeout
-    # Barriers only once every lane's actor answered: one that times out while a tracker opens marks its lane
-    # with "did not answer before the deadline" for good, though it goes on to deliver everything.
-    pipe.wait_ready(min(cfg.startup_timeout_s, timeout))
+    # Barriers only once every lane's actor answered (each opened its tracker): the progress bar counts deliveries.
+    pipe.wait_ready(timeout)
     _wait_with_progress(pipe, deadline, progress, desc)
     report = pipe.close(exit_code, max(5.0, deadline - time.monotonic()))
     print(report.summary(), file=sys.stderr)

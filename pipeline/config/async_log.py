@@ -62,8 +62,6 @@ class AsyncLogConfig:
     system_metrics_s: float = 10.0
     """Every this many seconds, one sampler per node hosting the trainer or a producer logs
     ``system/<node>/...`` (CPU, memory, disk, network, GPUs) on the axis ``system/elapsed_s``; 0: off."""
-    startup_timeout_s: float = 120.0
-    """Deadline for the lane actors to open their trackers at start."""
     sink_retries: int = 3
     """Attempts after a tracker write fails, with doubling backoff, before the batch is counted failed."""
     retry_backoff_s: float = 0.5
@@ -116,7 +114,7 @@ class AsyncLogConfig:
         for name in ("queue_max_bytes", "lane_max_bytes", "max_batch_bytes", "max_inflight_batches"):
             _positive(name, getattr(self, name))
         for name in ("flush_interval_s", "busy_flush_interval_s", "block_timeout_s", "finish_timeout_s",
-                     "startup_timeout_s", "retry_backoff_s"):
+                     "retry_backoff_s"):
             _positive(name, getattr(self, name),
                       allow_zero=name in ("busy_flush_interval_s", "block_timeout_s", "retry_backoff_s"))
         _positive("system_metrics_s", self.system_metrics_s, allow_zero=True)
@@ -175,6 +173,9 @@ REMOVED_KEYS = {
              "(0.992 with and without, docs/reliability.md), and it kept a second mode in every hot class",
     "state_dir": "it only placed the lane actors' state with the spool off; they keep it in the spool's lanes/ "
                  "folder",
+    "startup_timeout_s": "a lane no longer gives up on a clock: an actor that is pending (resources, a node that "
+                         "joins late, its runtime_env) or slow to open its tracker is waited for, and only one Ray "
+                         "reports dead is given up on, its records kept in the spool (docs/reliability.md)",
 }
 """Settings that existed and were taken out, with why: a config naming one still runs (warned, ignored)."""
 

@@ -19,7 +19,8 @@ per step, and none for a value wavering around its threshold.
 Three more are judged on rank 0, which knows the steps' timing and the lanes (``RunRules``, on the shipper thread):
 
     stalled              no new trainer step for ``ratio`` x the median time between steps, and ``threshold`` s
-    tracker_down         a tracker down (its lane retrying) for ``threshold`` s
+    tracker_down         a tracker out of reach for ``threshold`` s: down (its lane retrying), its lane's actor not
+                         started or restarting yet, or the lane given up (its records kept in the spool)
     lane_behind          a lane's oldest record not handed to its tracker for ``threshold`` s
 """
 
@@ -33,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 from tracklane.core.errors import CodecError, ConfigError
 
@@ -216,6 +217,17 @@ def _matching(patterns: Iterable[str], values: Mapping[str, Any]) -> list[str]:
     return out
 
 
+class LaneHealth(NamedTuple):
+    """What rank 0's rules look at in a lane (shipping/streams.py ``down``, ``lag_s``)."""
+
+    down_s: float
+    """How long its tracker has been out of reach (0: it takes batches)."""
+    lag_s: float
+    """Age of its oldest record not handed to its tracker."""
+    down: str = ""
+    """Why, in words: "not started after 95 s (pending: waiting for resource logging_node)"."""
+
+
 @dataclass(slots=True)
 class RunRules:
     """The rules rank 0 judges: the trainer's pace and the lanes, looked at every round of the shipper thread."""
@@ -226,13 +238,15 @@ class RunRules:
     _gaps: deque[float] = field(default_factory=lambda: deque(maxlen=50))
     _fired: set[tuple[str, str]] = field(default_factory=set)
 
-    def look(self, now: float, step: int | None, lanes: Mapping[str, tuple[float, float]]) -> list[Alert]:
-        """``now`` (time.monotonic), the trainer's latest step, and each lane's (outage_s, lag_s)."""
+    def look(self, now: float, step: int | None, lanes: Mapping[str, LaneHealth | tuple[float, float]]) -> list[Alert]:
+        """``now`` (time.monotonic), the trainer's latest step, and each lane's ``LaneHealth``."""
         alerts = self._stalled(now, step)
-        for name, (outage_s, lag_s) in lanes.items():
-            alerts += self._over("tracker_down", name, outage_s, step, "its tracker has been down (retried, the "
-                                 "records waiting in the spool)")
-            alerts += self._over("lane_behind", name, lag_s, step, "its oldest record waits to be handed to its "
+        for name, figures in lanes.items():
+            lane = LaneHealth(*figures)
+            why = f"{lane.down} (its records wait in the spool)" if lane.down else \
+                "its tracker has been down (retried, the records waiting in the spool)"
+            alerts += self._over("tracker_down", name, lane.down_s, step, why, said=bool(lane.down))
+            alerts += self._over("lane_behind", name, lane.lag_s, step, "its oldest record waits to be handed to its "
                                  "tracker")
         return alerts
 
@@ -255,7 +269,8 @@ class RunRules:
                       message=f"no step after step {step} for {idle:.0f} s ({on.ratio:g} x the median "
                               f"{statistics.median(self._gaps):.2f} s between steps): the trainer looks stuck")]
 
-    def _over(self, rule: str, lane: str, seconds: float, step: int | None, why: str) -> list[Alert]:
+    def _over(self, rule: str, lane: str, seconds: float, step: int | None, why: str, said: bool = False) -> list[Alert]:
+        """``said``: ``why`` tells how long already."""
         on = self.settings[rule]
         if seconds < on.threshold:
             self._fired.discard((rule, lane))
@@ -264,4 +279,4 @@ class RunRules:
             return []
         self._fired.add((rule, lane))
         return [Alert(rule=rule, step=step or 0, key=lane, value=seconds,
-                      message=f"lane {lane}: {why} for {seconds:.0f} s")]
+                      message=f"lane {lane}: {why}" if said else f"lane {lane}: {why} for {seconds:.0f} s")]

@@ -51,6 +51,14 @@ class LaneReport:
     """Seconds the tracker was down over the run: the recovered outages and the current one."""
     retries: int = 0
     """Batches sent again because the tracker was down or an actor call failed."""
+    down_s: float = 0.0
+    down: str = ""
+    """How long, and why in words, the tracker has been out of the lane's reach at the moment of the report ("": it
+    takes batches): "not started after 95 s (pending: waiting for resource logging_node)", "restarting after 12 s
+    (...)", "tracker down for 30 s: ...", "gave up: actor died: ..."."""
+    gave_up: bool = False
+    """The lane gave up on its actor (Ray reports it dead, or its calls kept failing): what its tracker lacks is
+    kept in the spool (``unstored_records``) for ``tracklane replay`` and the next resume."""
     error: str | None = None
     """What is wrong now: the lane gave up, or its tracker is down or failing. None for a lane that recovered."""
     last_error: str | None = None
@@ -114,12 +122,14 @@ class LaneReport:
             text += f", recovered from {self.recovered_outages} outage(s), {self.outage_total_s:.0f} s down in all"
         if self.retries:
             text += f", {self.retries} batch(es) sent again"
-        if self.outage_s:
-            text += f", tracker down for {self.outage_s:.0f} s"
+        if self.down and not self.gave_up:
+            text += f", {self.down}"
         if self.state_unsaved_since:
             since = time.strftime("%H:%M:%S", time.localtime(self.state_unsaved_since))
             text += f", acknowledgement state not saved since {since} (its disk)"
-        if self.error:
+        if self.gave_up:
+            text += f", GAVE UP: {self.error}"
+        elif self.error:
             text += f", error: {self.error}"
         elif self.last_error:
             when = time.strftime("%H:%M:%S", time.localtime(self.last_error_at))
@@ -225,9 +235,14 @@ class PipelineReport:
         lines += [f"  ALERT {alert}" for alert in self.alerts]
         if self.spool is not None:
             lines.append(f"  {self.spool.line()}")
-            behind = [name for name, lane in self.lanes.items() if lane.unstored_records]
+            behind = {name: f"{name} {lane.unstored_records} records" + (f" ({lane.down})" if lane.down else "")
+                      for name, lane in self.lanes.items() if lane.unstored_records}
+            behind.update({name: f"{name} {n} records (not delivered by this process)"
+                           for name, n in self.spool.held_for.items() if name not in behind})
             if behind:
-                lines.append(f"  not delivered yet, kept in the spool; deliver with: {self.spool.replay_command(behind)}")
+                lines.append(f"  not delivered yet, kept in the spool: {', '.join(behind.values())}; deliver with: "
+                             f"{self.spool.replay_command(list(behind))} (a resumed run with this run id delivers "
+                             f"them too)")
             if self.spooled:
                 kept = ", ".join(f"{name} {n}" for name, n in self.spooled.items())
                 lines.append(f"  records the trackers did not take, kept in the spool ({kept}); deliver with: "
@@ -309,6 +324,9 @@ class SpoolReport:
     spool's files before every tracker had them. A crash or an actor restart meanwhile could not bring them back."""
     disk_error: str | None = None
     """The last error the spool's disk gave."""
+    held_for: dict[str, int] = field(default_factory=dict)
+    """Trackers of the run this process does not deliver to (a replay ``--to`` others, a resume with fewer
+    loggers), each with the records its store lacks: kept in the spool for it."""
 
     def line(self) -> str:
         text = f"spool {self.directory}: {self.batches} batches, {self.nbytes / 2**20:.1f} MiB on disk"

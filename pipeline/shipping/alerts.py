@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tracklane.core.health_rules import ERROR_RULES, Alert, RunRules
+from tracklane.core.health_rules import ERROR_RULES, Alert, LaneHealth, RunRules
 from tracklane.core.records import Alert as AlertRecord
 from tracklane.core.records import Metrics, Record
 from tracklane.core.report import PipelineReport
@@ -81,7 +81,7 @@ class AlertsStage(Stage):
 
     def round(self, loop: Loop) -> None:
         if self._run_rules is not None and not loop.closing:  # O(lanes) a round: cheap
-            lanes = {name: (lane.outage_s, lane.lag_s()) for name, lane in loop.lanes.items()}
+            lanes = {name: _health(lane) for name, lane in loop.lanes.items()}
             self._take(self._run_rules.look(time.monotonic(), loop.last_step if loop.seq else None, lanes))
         if self._out and not loop.closing:
             loop.send(self.drain())
@@ -99,3 +99,9 @@ class AlertsStage(Stage):
 
     def report(self, report: PipelineReport, barrier: Barrier, loop: Loop) -> None:
         report.alerts = self.lines()
+
+
+def _health(lane: Any) -> LaneHealth:
+    """What rank 0's rules look at in one lane (a ``TrackerLane``)."""
+    down_s, why = lane.down()
+    return LaneHealth(down_s=down_s, lag_s=lane.lag_s(), down=why)

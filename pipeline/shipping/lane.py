@@ -6,6 +6,11 @@ probes until it answers, then sends again every batch its tracker has not stored
 the actor answers "held" and the lane sends the batch again after a capped, doubling backoff; after
 ``max_outage_s`` of one outage the actor counts failures instead of holding.
 
+Pending is not dead. An actor that has not answered yet may wait for resources, a node, its runtime_env or a CPU;
+while an answer is overdue the lane asks Ray how the actor is (actor_view.py) and waits on, saying what it waits
+for. It gives up only when Ray reports the actor dead, or after repeated failed calls; then its window keeps on
+disk what the tracker's store lacks, for ``tracklane replay`` and the next resume.
+
 The window knows which batches wait and the two watermarks (handed, stored); this class knows the actor: its calls
 in flight, the probe, the backoff and the outage, and when to give up on it.
 """
@@ -25,7 +30,9 @@ from ray.exceptions import ActorDiedError, RayActorError
 from tracklane.config.async_log import AsyncLogConfig
 from tracklane.core.acks import Ack
 from tracklane.core.report import LaneInfo, LaneReport
+from tracklane.shipping.actor_view import LOOK_EVERY_S
 from tracklane.shipping.lane_window import Entry, LaneWindow, Reload
+from tracklane.shipping.liveness import Liveness, Outage
 from tracklane.wire.ack import unpack_ack
 
 log = logging.getLogger("tracklane")
@@ -42,10 +49,9 @@ class LaneSettings:
     """Encoded bytes of batches not stored yet held in Ray for this lane (beyond it they wait in the spool)."""
     max_inflight: int
     """Batches submitted to the actor and not answered yet."""
-    dead_after_s: float
-    """An actor silent this long (its calls unanswered) is taken for dead and the lane recovers."""
-    startup_timeout_s: float
-    """How long the actor may take to open its tracker before the lane gives up on it."""
+    look_every_s: float = LOOK_EVERY_S
+    """While an answer of the actor is overdue by this much, and every as long again, the lane asks Ray how the actor
+    is (actor_view.py); it gives up only if Ray says dead."""
     backoff_s: float = 0.5
     """First wait before sending again to a tracker that is down (doubling)."""
     max_backoff_s: float = 30.0
@@ -55,43 +61,8 @@ class LaneSettings:
     @classmethod
     def of(cls, cfg: AsyncLogConfig) -> LaneSettings:
         return cls(max_bytes=cfg.lane_max_bytes, max_inflight=cfg.max_inflight_batches,
-                   dead_after_s=max(30.0, cfg.startup_timeout_s / 2), startup_timeout_s=cfg.startup_timeout_s,
                    backoff_s=max(cfg.retry_backoff_s, 0.05), max_backoff_s=cfg.max_retry_backoff_s,
                    max_outage_s=cfg.max_outage_s)
-
-
-class _Outage:
-    """How long the tracker has been down, and when to send to it again (a capped, doubling backoff)."""
-
-    def __init__(self, settings: LaneSettings) -> None:
-        self._settings = settings
-        self.hold_s = 0.0  # current backoff
-        self.until = 0.0  # monotonic time before which nothing is submitted
-        self.since: float | None = None  # monotonic time of the first "held" of this outage
-        self.before_s = 0.0  # seconds of the outages the tracker recovered from
-
-    def held(self) -> None:
-        now = time.monotonic()
-        if self.since is None:
-            self.since = now
-        self.hold_s = min(self._settings.max_backoff_s, max(self._settings.backoff_s, self.hold_s * 2))
-        self.until = now + self.hold_s
-
-    def over(self) -> float | None:
-        """The tracker took a batch again: how long it was down (None: it was not)."""
-        down_s = None if self.since is None else time.monotonic() - self.since
-        self.before_s += down_s or 0.0
-        self.since, self.hold_s, self.until = None, 0.0, 0.0
-        return down_s
-
-    @property
-    def down_s(self) -> float:
-        return 0.0 if self.since is None else time.monotonic() - self.since
-
-    def final(self, now: float) -> bool:
-        """Past ``max_outage_s`` of one outage: the actor counts failures instead of holding."""
-        limit = self._settings.max_outage_s
-        return limit is not None and self.since is not None and now - self.since >= limit
 
 
 class Lane:
@@ -105,7 +76,7 @@ class Lane:
         self._on_answer = dict(on_answer or {})
         self.report = LaneReport(name=name)
         self.window = LaneWindow(settings.max_bytes, self.report, reload)
-        self._outage = _Outage(settings)
+        self._outage = Outage(settings.backoff_s, settings.max_backoff_s, settings.max_outage_s)
         # result ref -> seq. A recovery forgets every call: their batches are sent again in order
         # and the actor skips what it was handed already, so an older answer is never needed.
         self._calls: dict[Any, int] = {}
@@ -113,7 +84,7 @@ class Lane:
         self._task_errors = 0  # consecutive apply() calls that raised inside the actor
         self._pid, self._node_id = 0, ""  # of the actor, from its latest answer
         self._probe: Any = self._ready()  # the first answer we wait for is the actor opening its tracker
-        self._probe_deadline = time.monotonic() + settings.startup_timeout_s
+        self._liveness = Liveness(actor, settings.look_every_s)
         # As of the actor's latest answer, the last batch of each source ("": the trainer's) its tracker was handed,
         # and the last its store holds.
         self.handed_by_source: dict[str, int] = {}
@@ -122,17 +93,14 @@ class Lane:
 
     # -- feeding -------------------------------------------------------------------------
     def fits(self, nbytes: int) -> bool:
-        """Whether a batch of ``nbytes`` fits in the memory bound now."""
-        return not self._dead and self.window.fits(nbytes)
+        """Whether a batch of ``nbytes`` fits in the memory bound now (a lane that gave up holds none)."""
+        return self.window.fits(nbytes)
 
     def has_room(self, nbytes: int) -> bool:
-        return self._dead or self.window.has_room(nbytes)
+        return self.window.has_room(nbytes)
 
     def offer(self, entry: Entry) -> None:
-        if self._dead:
-            self.report.dropped_records += entry.records
-        else:
-            self.window.offer(entry)
+        self.window.offer(entry)  # a lane that gave up keeps it on disk (lane_window.py)
 
     # -- progress ------------------------------------------------------------------------
     def waitables(self) -> list[Any]:
@@ -171,17 +139,12 @@ class Lane:
             self.report.retries += 1
             self.report.note_error(f"tracker down, retrying in {self._outage.hold_s:.1f} s: {ack.error}")
             self._send_again()
-        elif progressed or not ack.gap:
-            self._up()
+        elif (progressed or not ack.gap) and (down_s := self._outage.over()) is not None:  # the tracker is back
+            self.report.recovered_outages += 1
+            log.warning("tracklane: lane %s: the tracker is back after %.1f s down", self.name, down_s)
         if ack.gap:
             self._send_again()
             self._catch_up(ack)
-
-    def _up(self) -> None:
-        down_s = self._outage.over()
-        if down_s is not None:  # the tracker took a batch again: the outage is over
-            self.report.recovered_outages += 1
-            log.warning("tracklane: lane %s: the tracker is back after %.1f s down", self.name, down_s)
 
     def _task_failed(self, exc: Exception) -> None:
         self._task_errors += 1
@@ -189,7 +152,7 @@ class Lane:
         self.report.retries += 1
         self.report.note_error(f"actor call failed: {type(cause).__name__}: {str(cause)[:200]}")
         if self._task_errors > _TASK_ERRORS_TOLERATED:
-            self._die(f"{self._task_errors} failed actor calls in a row; last: {self.report.error}")
+            self.give_up(f"{self._task_errors} failed actor calls in a row; last: {self.report.error}")
         else:
             self._send_again()
 
@@ -200,6 +163,7 @@ class Lane:
                 self._on_answer[capability](answer)
         self.window.take(ack.handed, ack.stored_seq)
         self._pid, self._node_id = ack.pid, ack.node_id
+        self._liveness.answered()
         self.handed_by_source = ack.handed_by_source
         self.stored_by_source = ack.stored_by_source or self.stored_by_source
         _tell_state_disk(self.name, self.report, ack.state_unsaved_since)
@@ -207,26 +171,38 @@ class Lane:
         self.answered = True
 
     def _actor_lost(self, exc: Exception) -> None:
-        if isinstance(exc, ActorDiedError):  # Ray will not restart it: the lane is dead for good
-            self._die(f"actor died: {type(exc).__name__}")
+        if isinstance(exc, ActorDiedError) and self._dead_for_good(exc):
             return
         self.report.restarts += 1
         self.report.note_error(f"actor restarting after {type(exc).__name__}")
-        self._probe_deadline = time.monotonic() + self._settings.dead_after_s
+        self._liveness.waiting()
         self.window.actor_restarted()
         self._calls.clear()
         self._probe = self._ready()
 
+    def _dead_for_good(self, exc: Exception) -> bool:
+        """A call said the actor died: Ray's view decides whether for good (liveness.py); said again and again while
+        Ray still calls it alive, it counts as a failed call."""
+        why = self._liveness.dead_after(exc)
+        self._task_errors += why is None
+        if why is None and self._task_errors > _TASK_ERRORS_TOLERATED:
+            why = f"{self._task_errors} calls in a row said the actor died while Ray calls it {self._liveness.view}"
+        if why is not None:
+            self.give_up(why)
+        return why is not None
+
     def _check_probe(self) -> None:
         done, _ = ray.wait([self._probe], timeout=0)
-        if not done:
-            if time.monotonic() > self._probe_deadline:
-                self._die("actor did not answer before its deadline")
+        if not done:  # overdue: pending, starting, alive but busy or restarting, it is waited for; dead, given up
+            if (why := self._liveness.overdue_and_dead()) is not None:
+                self.give_up(why)
             return
         try:
             ack = unpack_ack(ray.get(self._probe))
         except ActorDiedError as exc:
-            self._die(f"actor died: {type(exc).__name__}")
+            if not self._dead_for_good(exc):
+                self._liveness.waiting()
+                self._probe = self._ready()
             return
         except RayActorError:
             self._probe = self._ready()  # still restarting: ask again
@@ -247,13 +223,13 @@ class Lane:
         if ack.handed < stored and self._probe is None and not self._dead:
             log.warning("tracklane: lane %s%s: its actor's state is behind what the tracker stored (%d < %d); told so",
                         self.name, f" ({self._source})" if self._source else "", ack.handed, stored)
-            self._probe_deadline = time.monotonic() + self._settings.dead_after_s
+            self._liveness.asked()
             self._probe = self.actor.catch_up.remote(self._source, stored)
 
     def refresh(self) -> None:
         """Ask the actor for fresh figures (how far each producer got) unless a question is out already."""
         if self._probe is None and not self._dead:
-            self._probe_deadline = time.monotonic() + self._settings.dead_after_s
+            self._liveness.asked()
             self._probe = self._ready()
 
     def _ready(self) -> Any:
@@ -265,17 +241,17 @@ class Lane:
 
     def wake_at(self) -> float:
         """When (time.monotonic) this lane next has something to do that no answer will announce: its backoff ends,
-        or its probe's deadline passes (inf: nothing)."""
+        or it asks Ray about an answer still owed (inf: nothing)."""
         if self._dead:
             return float("inf")
         if self._probe is not None:
-            return self._probe_deadline
+            return self._liveness.look_at
         return self._outage.until if self._outage.until > time.monotonic() else float("inf")
 
-    @property
-    def outage_s(self) -> float:
-        """How long the tracker has been down (0 while it answers)."""
-        return self._outage.down_s
+    def down(self) -> tuple[float, str]:
+        """How long its tracker has been out of reach, and why in words (0, "": it takes batches): the lane gave up,
+        its actor has not started (or restarted) yet, or the tracker is down (liveness.py)."""
+        return self._liveness.down(self.report.error, self._outage)
 
     def _submit(self) -> None:
         now = time.monotonic()
@@ -291,18 +267,18 @@ class Lane:
             if len(self._calls) >= self._settings.max_inflight:
                 return
 
-    def _die(self, why: str) -> None:
+    def give_up(self, why: str) -> None:
+        """Give up on the actor (Ray says it is dead, its calls keep failing, or the lane's other stream gave up):
+        nothing more is sent; what the tracker lacks stays on disk (the window's give_up)."""
+        if self._dead:
+            return
         self.answered = True  # nothing to wait for
         self._dead = True
+        self._liveness.died()
         self._probe = None
         self._calls.clear()
         self.report.note_error(why)
-        self.window.drop_all()
-
-    def give_up(self, why: str) -> None:
-        """Stop for good (the lane's other stream gave up on the actor): what waits is counted dropped."""
-        if not self._dead:
-            self._die(why)
+        self.window.give_up()  # said once per lane by the shipper's DeadLanesStage
 
     def freeze(self) -> None:
         """Submit nothing more: the tracker is about to be closed."""
@@ -319,8 +295,8 @@ class Lane:
         return self._source
 
     def settled(self, through_seq: int) -> bool:
-        """True once nothing up to ``through_seq`` waits in this lane (handed, dropped, or dead)."""
-        return self._dead or self.window.settled(through_seq)
+        """True once nothing up to ``through_seq`` waits in this lane (handed, dropped, or the lane gave up)."""
+        return self.window.settled(through_seq)
 
     def info(self) -> LaneInfo:
         return LaneInfo(name=self.name, pid=self._pid, node_id=self._node_id, unstored_bytes=self.window.nbytes)
@@ -331,9 +307,10 @@ class Lane:
         r.unstored_batches = self.window.batches()
         r.unstored_records = self.window.records()
         r.lag_s = self.window.lag_s()
-        r.outage_s = self._outage.down_s
-        r.outage_total_s = self._outage.before_s + r.outage_s
+        r.outage_s, r.outage_total_s = self._outage.down_s, self._outage.before_s + self._outage.down_s
         r.lag_p50_s, r.lag_p99_s = self.window.lag_percentiles()
+        r.down_s, r.down = self.down()
+        r.gave_up = self._dead
         return dataclasses.replace(r)
 
 

@@ -16,6 +16,10 @@ handle) and is read back when its turn comes, so an outage costs disk, not memor
 refused (durability off, spool_stage.py) needs memory: batches that are on disk give theirs up first, then the
 oldest batches not yet sent are dropped and counted. Without a spool (a producer whose disk failed) only the
 dropping applies.
+
+A lane that gives up on its tracker (``give_up``) sends nothing more and holds no memory, but keeps every batch its
+tracker's store lacks, on disk: its ``stored`` watermark stays where it was, so the spool keeps them for
+``tracklane replay`` and the next resume. Only a batch that is not on disk is lost then, counted.
 """
 
 from __future__ import annotations
@@ -71,17 +75,22 @@ class LaneWindow:
         """The last batch sent to the actor since the window last started sending again."""
         self.offered = 0
         """The last batch put in the window (what a producer's lanes must reach before rank 0 finishes)."""
+        self.given_up = False
+        """Nothing more is sent: what waits is kept on disk for a later delivery (``give_up``)."""
         self._lags: deque[float] = deque(maxlen=_LAGS_KEPT)
 
     # -- feeding -------------------------------------------------------------------------
     def fits(self, nbytes: int) -> bool:
-        """Whether a batch of ``nbytes`` fits in the memory bound now."""
-        return self._bytes + nbytes <= self._max_bytes
+        """Whether a batch of ``nbytes`` fits in the memory bound now (a lane that gave up holds none)."""
+        return not self.given_up and self._bytes + nbytes <= self._max_bytes
 
     def has_room(self, nbytes: int) -> bool:
-        return self._reload is not None or self.fits(nbytes)
+        return self._reload is not None or self.given_up or self.fits(nbytes)
 
     def offer(self, entry: Entry) -> None:
+        if self.given_up:
+            self._keep_on_disk(entry)
+            return
         if self._reload is not None and entry.spooled:  # over the bound, the batch waits on disk only
             fits = entry.ref is not None and self.fits(entry.nbytes)
             self._add(dataclasses.replace(entry, ref=entry.ref if fits else None))
@@ -146,6 +155,8 @@ class LaneWindow:
     def to_send(self) -> Iterator[Entry]:
         """The batches not sent yet, in order, each with its handle (read back from the spool if it waited there;
         one the spool lost is dropped, counted). The caller marks each it sends with ``sent_through``."""
+        if self.given_up:
+            return
         for seq, entry in list(self._unhanded.items()):
             if seq <= self.sent:
                 continue
@@ -202,15 +213,26 @@ class LaneWindow:
         self.handed = self.stored
         self.send_again()
 
-    def drop_all(self) -> int:
-        """The lane gave up: everything waiting is dropped (the dead actor's tracker may not have stored what it was
-        handed). Returns how many records, counted in the report."""
-        lost = self.records()
-        self._report.dropped_records += lost
-        self._unhanded.clear()
-        self._unstored.clear()
-        self._bytes = 0
-        return lost
+    def give_up(self) -> int:
+        """The lane gave up on its tracker: nothing more is sent, and no memory is held. Every batch its store lacks
+        (the dead actor's tracker may not have stored what it was handed) stays on disk for ``tracklane replay``
+        and the next resume; one that is only in memory is dropped. Returns the records dropped (counted)."""
+        self.given_up = True
+        waiting = sorted({**self._unstored, **self._unhanded}.items())
+        self._unhanded, self._unstored, self._bytes = OrderedDict(), OrderedDict(), 0
+        self.handed = self.sent = self.stored
+        before = self._report.dropped_records
+        for _, entry in waiting:
+            self._keep_on_disk(entry)
+        return self._report.dropped_records - before
+
+    def _keep_on_disk(self, entry: Entry) -> None:
+        """A lane that gave up keeps a batch only where it is on disk (the spool); one only in memory is lost."""
+        self.offered = max(self.offered, entry.seq)
+        if self._reload is not None and entry.spooled:
+            self._unhanded[entry.seq] = dataclasses.replace(entry, ref=None)
+        else:
+            self._report.dropped_records += entry.records
 
     # -- figures -------------------------------------------------------------------------
     def first_pending(self, stored: bool = True) -> int | None:
@@ -219,8 +241,8 @@ class LaneWindow:
         return min((seq for seq in seqs if seq is not None), default=None)
 
     def settled(self, through_seq: int) -> bool:
-        """True once nothing up to ``through_seq`` waits to be handed."""
-        return not any(seq <= through_seq for seq in self._unhanded)
+        """True once nothing up to ``through_seq`` waits to be handed (a lane that gave up hands nothing more)."""
+        return self.given_up or not any(seq <= through_seq for seq in self._unhanded)
 
     @property
     def nbytes(self) -> int:

@@ -181,9 +181,13 @@ class DeadLanesStage(Stage):
         for lane in loop.lanes.values():
             if lane.dead and lane.name not in self._told:
                 self._told.add(lane.name)
-                log.warning("tracklane: lane %s gave up: %s", lane.name, lane.report.error)
-                records.append(Text(step=loop.last_step, name=f"error/lane/{lane.name}", time=time.time(),
-                                    text=f"tracklane: the {lane.name} lane gave up: {lane.report.error}"))
+                log.warning("tracklane: lane %s gave up: %s; what its tracker lacks stays in the spool for "
+                            "`tracklane replay` and the next resume", lane.name, lane.report.error)
+                others = [name for name in loop.lanes if name != lane.name]  # its own gets what it missed, later
+                if others:
+                    records.append(Text(step=loop.last_step, name=f"error/lane/{lane.name}", time=time.time(),
+                                        text=f"tracklane: the {lane.name} lane gave up: {lane.report.error}",
+                                        only=others))
         if records and not loop.closing:
             loop.send(records)
 

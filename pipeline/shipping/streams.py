@@ -99,7 +99,7 @@ class TrackerLane:
     def pump(self) -> None:
         for stream in self.streams:
             stream.pump()
-        if self.dead:  # one stream gave up on the actor: so does the other (its records are counted dropped)
+        if self.dead:  # one stream gave up on the actor: so does the other (what it lacks stays on disk)
             for stream in self.streams:
                 if not stream.dead:
                     stream.give_up(self.report.error or "the lane's other stream gave up")
@@ -165,12 +165,17 @@ class TrackerLane:
         return self.dead or all(stream.settled(through_seq) for stream in self.streams)
 
     @property
+    def dropped_records(self) -> int:
+        """Records its streams dropped (their bounds, a full disk), both streams."""
+        return sum(stream.report.dropped_records for stream in self.streams)
+
+    @property
     def unstored_bytes(self) -> int:
         return sum(stream.window.nbytes for stream in self.streams)
 
-    @property
-    def outage_s(self) -> float:
-        return max(stream.outage_s for stream in self.streams)
+    def down(self) -> tuple[float, str]:
+        """How long and why its tracker has been out of reach (lane.py ``Lane.down``), the longer of its streams'."""
+        return max((stream.down() for stream in self.streams), key=lambda down: down[0])
 
     def info(self) -> LaneInfo:
         return dataclasses.replace(self.small.info(), unstored_bytes=self.unstored_bytes)
@@ -195,6 +200,9 @@ class TrackerLane:
         report.restarts = max(report.restarts, bulk.restarts)
         report.outage_s = max(report.outage_s, bulk.outage_s)
         report.outage_total_s = max(report.outage_total_s, bulk.outage_total_s)
+        if bulk.down_s > report.down_s:
+            report.down_s, report.down = bulk.down_s, bulk.down
+        report.gave_up = report.gave_up or bulk.gave_up
         report.bulk_lag_s, report.bulk_lag_p50_s, report.bulk_lag_p99_s = bulk.lag_s, bulk.lag_p50_s, bulk.lag_p99_s
         if report.error is None and bulk.error is not None:
             report.error = bulk.error

@@ -184,7 +184,7 @@ def test_a_lane_keeps_unspooled_batches_in_memory_and_spills_the_spooled_ones():
     """Over its bound, a lane lets spooled batches wait on disk to keep one the disk refused in memory; only when
     memory holds nothing but unspooled batches does it drop (and count) the oldest not yet sent."""
     unasked = SimpleNamespace(ready=SimpleNamespace(remote=lambda *args: None))  # offer() never calls the actor
-    lane = Lane("x", unasked, LaneSettings(max_bytes=100, max_inflight=1, dead_after_s=60, startup_timeout_s=60),
+    lane = Lane("x", unasked, LaneSettings(max_bytes=100, max_inflight=1),
                 reload=lambda seq: None)
 
     def entry(seq: int, spooled: bool) -> Entry:

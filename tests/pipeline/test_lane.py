@@ -40,10 +40,12 @@ class FakeSink:
     ``apply_sleep``/``ready_sleep``: seconds each apply()/ready() takes.
     ``failed_per_batch``: cumulative failed_records grows by this much per applied batch.
     ``down_for``: the first this many apply() calls are answered "held" (the tracker is down), with an error.
+    ``init_sleep``: seconds its constructor takes (an SDK slow to import on a busy node).
     """
 
     def __init__(self, lose=(), hold_gap_of=None, signal=None, apply_sleep=0.0, ready_sleep=0.0,
-                 failed_per_batch=0, down_for=0) -> None:
+                 failed_per_batch=0, down_for=0, init_sleep=0.0) -> None:
+        time.sleep(init_sleep)
         self._down_for = down_for
         self.applied = 0
         self.calls: list[tuple[int, int]] = []  # (seq, prev) of every apply(), in arrival order
@@ -97,9 +99,9 @@ class FakeSink:
         return os.getpid()
 
 
-def _lane(actor, max_inflight: int = 2, max_bytes: int = 1 << 20, startup_timeout_s: float = 60.0) -> Lane:
-    return Lane("fake", actor, LaneSettings(max_bytes=max_bytes, max_inflight=max_inflight, dead_after_s=60.0,
-                                            startup_timeout_s=startup_timeout_s))
+def _lane(actor, max_inflight: int = 2, max_bytes: int = 1 << 20, look_every_s: float = 5.0, reload=None) -> Lane:
+    return Lane("fake", actor, LaneSettings(max_bytes=max_bytes, max_inflight=max_inflight, look_every_s=look_every_s),
+                reload=reload)
 
 
 def _entry(seq: int, records: int = 1, nbytes: int = 10) -> Entry:
@@ -231,22 +233,58 @@ def test_full_lane_drops_oldest_unsent_only():
         _kill(actor)
 
 
-def test_probe_deadline_kills_the_lane_and_counts_its_window():
-    """An actor that never answers ready() before startup_timeout_s leaves the lane dead, its records dropped."""
-    actor = FakeSink.remote(ready_sleep=30)
-    started = time.monotonic()
-    lane = _lane(actor, startup_timeout_s=0.5)
+def test_a_slow_actor_is_waited_for_and_said_to_be_starting_not_given_up():
+    """An actor whose constructor takes long (importing its SDK, opening its tracker on a busy node) is not dead: the
+    lane asks Ray, waits on, says what it waits for, and delivers once the actor is up."""
+    actor = FakeSink.remote(init_sleep=4.0)
+    lane = _lane(actor, look_every_s=0.3)
+    try:
+        lane.offer(_entry(1, records=3))
+        _pump_until(lane, lambda: "starting" in lane.snapshot().down)
+        report = lane.snapshot()
+        assert not lane.dead and report.down.startswith("not started after") and report.down_s > 0, report.down
+        assert "opening its tracker" in report.down and report.dropped_records == 0
+        _pump_until(lane, lambda: lane.settled(1))
+        report = lane.snapshot()
+        assert report.complete and report.down == "" and ray.get(actor.log.remote())["order"] == [1]
+    finally:
+        _kill(actor)
+
+
+def test_an_actor_waiting_for_a_resource_no_node_offers_is_pending_not_dead():
+    """An actor Ray cannot place yet (its resource is on a node that has not joined) keeps its lane waiting, named."""
+    actor = FakeSink.options(resources={"node_that_never_joins": 0.01}).remote()
+    lane = _lane(actor, look_every_s=0.2)
+    try:
+        lane.offer(_entry(1, records=3))
+        _pump_until(lane, lambda: "pending" in lane.snapshot().down, timeout=10)
+        time.sleep(0.5)
+        lane.pump()
+        report = lane.snapshot()
+        assert not lane.dead and not lane.settled(1) and report.unstored_records == 3 and report.dropped_records == 0
+        assert "waiting for resource node_that_never_joins (no node offers it yet)" in report.down, report.down
+    finally:
+        _kill(actor)
+
+
+def test_an_actor_ray_reports_dead_gives_the_lane_up_and_keeps_its_batches_on_disk():
+    """Killed for good (no restart left): the lane gives up with Ray's own words, sends nothing more, and keeps what
+    the tracker lacks in the window, on disk only (its stored watermark stays): nothing is counted dropped."""
+    actor = FakeSink.remote(apply_sleep=3600)  # the first batch never comes back
+    lane = _lane(actor, max_inflight=1, reload=lambda seq: ray.put(f"batch-{seq}".encode()))
     try:
         lane.offer(_entry(1, records=3))
         lane.offer(_entry(2, records=4))
+        _pump_until(lane, lambda: lane.waitables() != [] and lane.window.sent == 1)
+        ray.kill(actor, no_restart=True)
         _pump_until(lane, lambda: lane.dead)
-        assert time.monotonic() - started >= 0.5  # not before its deadline
+        lane.offer(_entry(3, records=5))  # after giving up: kept as well
         report = lane.snapshot()
-        assert "did not answer before its deadline" in report.error
-        assert report.dropped_records == 7 and report.unstored_records == 0 and lane.window.nbytes == 0
-        assert lane.settled(2) and lane.settled(10**9) and lane.waitables() == []
-        lane.offer(_entry(3, records=5))  # a dead lane takes nothing more: counted at once
-        assert lane.snapshot().dropped_records == 12 and lane.has_room(10**12)
+        assert report.gave_up and "actor died" in report.error and "ray.kill" in report.error, report.error
+        assert report.down.startswith("gave up: actor died")
+        assert report.dropped_records == 0 and report.unstored_records == 12 and report.stored_seq == 0
+        assert lane.window.nbytes == 0 and lane.settled(3) and lane.waitables() == []
+        assert "GAVE UP" in report.line() and "12 not stored" in report.line()
     finally:
         _kill(actor)
 
@@ -289,8 +327,7 @@ def test_a_recovered_tracker_is_reported_as_recovered_not_broken():
     """A tracker down for two sends, then back: the lane has everything, no current error, and says it recovered:
     one outage, its length, two batches sent again, and the last error with its time."""
     actor = FakeSink.remote(down_for=2)
-    lane = Lane("fake", actor, LaneSettings(max_bytes=1 << 20, max_inflight=1, dead_after_s=60.0,
-                                            startup_timeout_s=60.0, backoff_s=0.05, max_backoff_s=0.1))
+    lane = Lane("fake", actor, LaneSettings(max_bytes=1 << 20, max_inflight=1, backoff_s=0.05, max_backoff_s=0.1))
     try:
         before = time.time()
         for seq in range(1, 4):
@@ -320,9 +357,10 @@ class RaisingReady:
 
 
 def test_probe_that_raises_is_retried_then_the_lane_dies():
-    """A ready() that raises never escapes pump(): it is asked again a few times, then the lane dies, records counted."""
+    """A ready() that raises never escapes pump(): it is asked again a few times, then the lane gives up; without a
+    spool behind it (no reload) its records are counted dropped."""
     actor = RaisingReady.remote()
-    lane = _lane(actor, startup_timeout_s=60.0)
+    lane = _lane(actor)
     lane.offer(_entry(1, records=3))
     try:
         _pump_until(lane, lambda: lane.dead)
@@ -407,7 +445,7 @@ def test_batches_not_durable_yet_are_sent_again_from_the_spool_after_a_crash(tmp
         reloaded.append(seq)
         return ray.put(f"batch-{seq}".encode())
 
-    settings = LaneSettings(max_bytes=1 << 20, max_inflight=1, dead_after_s=60.0, startup_timeout_s=60.0)
+    settings = LaneSettings(max_bytes=1 << 20, max_inflight=1)
     lane = Lane("lagging", actor, settings, reload=reload)
     try:
         for seq in range(1, 9):

@@ -109,7 +109,7 @@ def test_lane_gives_up_after_repeated_actor_errors(ray_session):
         def apply(self, seq, prev, blob):
             raise OSError("disk full")
 
-    settings = LaneSettings(max_bytes=1 << 20, max_inflight=1, dead_after_s=10, startup_timeout_s=30)
+    settings = LaneSettings(max_bytes=1 << 20, max_inflight=1)
     lane = Lane("broken", Broken.remote(), settings)
     lane.offer(Entry(seq=1, ref=ray.put(b"x"), nbytes=1, records=3, oldest_log_time=time.time()))
     deadline = time.monotonic() + 30

@@ -93,14 +93,12 @@ class Recorder:
 
 
 def _config(**overrides) -> AsyncLogConfig:
-    settings = {"flush_interval_s": 0.05, "max_inflight_batches": 1, "health_metrics": False,
-                "startup_timeout_s": 60.0, **overrides}
+    settings = {"flush_interval_s": 0.05, "max_inflight_batches": 1, "health_metrics": False, **overrides}
     return AsyncLogConfig(**settings)
 
 
 def _shipper(cfg: AsyncLogConfig, actors: dict) -> Shipper:
-    settings = LaneSettings(max_bytes=cfg.lane_max_bytes, max_inflight=cfg.max_inflight_batches, dead_after_s=60.0,
-                            startup_timeout_s=cfg.startup_timeout_s)
+    settings = LaneSettings(max_bytes=cfg.lane_max_bytes, max_inflight=cfg.max_inflight_batches)
     lanes = {name: TrackerLane(name, actor, settings) for name, actor in actors.items()}
     buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
     shipper = Shipper(cfg, buffer, lanes, Converter(RecordLimits(), backends=list(lanes)), tracker_calls=TrackerCalls())

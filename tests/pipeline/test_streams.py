@@ -51,8 +51,7 @@ class TwoStreamSink:
 
 
 def _pair(actor, max_inflight: int = 2) -> TrackerLane:
-    return TrackerLane("file", actor, LaneSettings(max_bytes=1 << 20, max_inflight=max_inflight, dead_after_s=60.0,
-                                                   startup_timeout_s=60.0))
+    return TrackerLane("file", actor, LaneSettings(max_bytes=1 << 20, max_inflight=max_inflight))
 
 
 def _entry(seq: int, bulk: bool = False, audience: frozenset[str] | None = None) -> Entry:
@@ -105,8 +104,7 @@ def test_a_batch_a_tracker_has_nothing_in_is_never_sent_to_it():
 def test_the_reduce_lane_has_no_bulk_stream():
     """The reducer needs the steps, never the rows: a bulk batch is skipped by its lane."""
     actor = TwoStreamSink.remote()
-    lane = TrackerLane("reduce", actor, LaneSettings(max_bytes=1 << 20, max_inflight=2, dead_after_s=60.0,
-                                                     startup_timeout_s=60.0))
+    lane = TrackerLane("reduce", actor, LaneSettings(max_bytes=1 << 20, max_inflight=2))
     assert lane.bulk is None
     lane.offer(_entry(1, bulk=True))
     lane.offer(_entry(2))

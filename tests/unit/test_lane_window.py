@@ -94,10 +94,29 @@ def test_preloaded_batches_from_an_earlier_process_wait_on_disk_in_order():
     assert window.offered == 4 and window.nbytes == 0 and window.first_pending() == 2
 
 
-def test_giving_up_counts_every_waiting_record_as_dropped():
-    """drop_all counts what was not handed and what was handed but not stored."""
+def test_giving_up_keeps_on_disk_what_the_store_lacks_and_holds_no_memory():
+    """give_up keeps every batch its tracker's store lacks, handed or not, on disk only; the stored watermark stays, so
+    the spool keeps them; nothing more is sent; a later batch is kept too. Only one that is not on disk is lost."""
     window, report = _window(spool={})
     for seq in (1, 2, 3):
         window.offer(_entry(seq))
-    window.take(handed=1, stored=0)
-    assert window.drop_all() == 6 and report.dropped_records == 6 and window.nbytes == 0
+    window.offer(_entry(4, spooled=False))  # the disk refused it: memory holds the only copy
+    window.take(handed=2, stored=1)
+    assert window.give_up() == 4 and report.dropped_records == 4  # batch 4 (4 records), not on disk
+    assert window.nbytes == 0 and window.in_memory() == [] and window.stored == 1 and window.first_pending() == 2
+    assert window.records() == 2 + 3 and window.batches() == 2 and window.settled(10**9)
+    assert list(window.to_send()) == [] and not window.fits(1) and window.has_room(10**12)
+    window.offer(_entry(5))
+    assert window.records() == 10 and window.in_memory() == [] and window.offered == 5
+    window.offer(_entry(6, spooled=False))
+    assert report.dropped_records == 10 and window.records() == 10
+    assert window.evicted({2}) == 2 and report.dropped_records == 12  # the spool's bound takes one: lost, counted
+    assert window.first_pending() == 3
+
+
+def test_giving_up_without_a_spool_drops_everything_counted():
+    """A producer whose disk refused its spool has nothing to keep: every waiting record is dropped and counted."""
+    window, report = _window(spool=None)
+    for seq in (1, 2):
+        window.offer(_entry(seq, spooled=False))
+    assert window.give_up() == 3 and report.dropped_records == 3 and window.records() == 0
