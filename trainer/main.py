@@ -160,7 +160,8 @@ class _Step:
 
 def _setup(cfg: Config, tracking_class: Callable[..., Tracking], cleanup: ExitStack) -> _Run:
     """The task, the policy and its engine, the tracker runs; then the models from a checkpoint or a short
-    supervised warm-up (RL starts from an SFT model), while the tracker actors open."""
+    supervised warm-up (RL starts from an SFT model). The tracker actors open in the background meanwhile; the
+    first step never waits for them: what it logs waits in the spool for a tracker that is not up yet."""
     t, arr = cfg.trainer, cfg.actor_rollout_ref
     device = _device(t.device)
     torch.manual_seed(t.seed)
@@ -181,7 +182,6 @@ def _setup(cfg: Config, tracking_class: Callable[..., Tracking], cleanup: ExitSt
     try:
         models, start_step = _models(cfg, task, device, actor, state, checkpoint)
         engine.sync_weights()
-        _wait_for_trackers(tracking)
     except BaseException:
         tracking.finish(exit_code=1)
         raise
@@ -201,17 +201,6 @@ def _models(cfg: Config, task: Task, device: torch.device, actor: GPT, state: di
     models.load_state_dict(state, task)
     log.info("resumed from %s at step %d", checkpoint, state["step"])
     return models, state["step"]
-
-
-def _wait_for_trackers(tracking: Tracking) -> None:
-    """The tracker actors opened during the warm-up (on 2 busy cores that takes 10-25 s: six Ray workers, each
-    importing its SDK); steps logged before they are up would wait for them."""
-    waited = time.perf_counter()
-    if not tracking.wait_ready(timeout=120.0):
-        log.warning("some trackers are still opening; their records wait for them")
-    waited = time.perf_counter() - waited
-    if waited >= 0.1:
-        log.info("waited %.1f s after the warm-up for the trackers to open", waited)
 
 
 def _train_step(run: _Run, step: int) -> _Step:

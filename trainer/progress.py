@@ -22,15 +22,36 @@ class Progress:
         if not self.enabled:
             return
         width = len(str(self.total))
-        logging = f"log() {log_us:.0f} us"
-        if "tracklane/lag_s" in health:
-            logging = f"logging lag {health['tracklane/lag_s']:.1f} s, {logging}"
-            if health.get("tracklane/dropped_records"):
-                logging += f", {health['tracklane/dropped_records']} dropped"
         line = (f"step {step:>{width}}/{self.total} | score {score:.3f} | step {step_s:.2f} s | "
-                f"{logging}{' | ' + note if note else ''}")
+                f"{logging_part(health, log_us)}{' | ' + note if note else ''}")
         TERMINAL.status(line, self.stream)
 
     def close(self) -> None:
         if self.live:
             TERMINAL.end_status()
+
+
+def logging_part(health: dict, log_us: float) -> str:
+    """The logging's share of the line: the lag and which tracker is that far behind, the trackers out of reach
+    (not started, restarting, down, given up) and for how long, what was dropped and where, and the cost of log()."""
+    parts = []
+    lanes = _per_lane(health)
+    if "tracklane/lag_s" in health:
+        slowest = max(lanes, key=lambda name: lanes[name].get("lag_s", 0.0), default=None)
+        lag = health["tracklane/lag_s"]
+        parts.append(f"logging lag {lag:.1f} s" + (f" ({slowest})" if slowest and lag >= 1.0 else ""))
+    parts += [f"{name} down {figures['down_s']:.0f} s" for name, figures in lanes.items() if figures.get("down_s")]
+    if health.get("tracklane/dropped_records"):
+        where = ", ".join(f"{name} {int(f['dropped_records'])}" for name, f in lanes.items() if f.get("dropped_records"))
+        parts.append(f"{health['tracklane/dropped_records']} dropped" + (f" ({where})" if where else ""))
+    return ", ".join([*parts, f"log() {log_us:.0f} us"])
+
+
+def _per_lane(health: dict) -> dict[str, dict[str, float]]:
+    """``tracklane/lane/<name>/<figure>`` as name -> figure -> value."""
+    lanes: dict[str, dict[str, float]] = {}
+    for key, value in health.items():
+        if key.startswith("tracklane/lane/"):
+            name, _, figure = key[len("tracklane/lane/"):].rpartition("/")
+            lanes.setdefault(name, {})[figure] = value
+    return lanes

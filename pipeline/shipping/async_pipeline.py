@@ -118,7 +118,8 @@ class AsyncPipeline:
         spool), its copy of the lanes' states, the reductions and the health alerts."""
         actors = {name: lane.actor for name, lane in self._lanes.items()}
         orphans = Orphans(producers_dir(spooling.spool.directory), actors, LaneSettings.of(cfg),
-                          on_gone=self._reduced.ended if self._reduced is not None else None)
+                          on_gone=self._reduced.ended if self._reduced is not None else None,
+                          others=spooling.others_stored)
         stages: list[Stage] = [self._producers, OrphansStage(orphans), StoredCopiesStage(StoredCopies(spooling.spool.directory))]
         if self._reduced is not None:
             stages.append(ReductionsStage(self._reduced, self._producers))

@@ -6,7 +6,8 @@ belongs to a producer that is gone (it died, or closed before its lanes had ever
 process of the run rank 0 continues). Its batches go to every lane under the producer's own source id,
 through ``Lane``s like the producer's own: each actor's watermark for that source skips what its tracker
 has already, so nothing lands twice. Its segments are deleted once every lane's tracker holds all of it,
-and the folder when the run finishes (a resumed run still reports it). The producer's tally says exactly
+and the folder when the run finishes (a resumed run still reports it). A lane that gave up, and a tracker of the run
+this process does not deliver to, keep the batches they lack on disk, as in rank 0's spool. The producer's tally says exactly
 how many of its calls never reached the spool, and which of the batches its full disk refused a lane
 never got.
 """
@@ -32,6 +33,7 @@ from tracklane.shipping.lane import LaneSettings
 from tracklane.shipping.spool_stage import SpoolReloader
 from tracklane.shipping.streams import TrackerLane
 from tracklane.spool.producers import read_mark, read_tally
+from tracklane.spool.recovery import held_back
 from tracklane.spool.segments import Spool
 
 log = logging.getLogger("tracklane")
@@ -62,10 +64,14 @@ class Adopted:
 
 
 class _Adoption:
-    def __init__(self, folder: str, spool: Spool | None, figures: Adopted, lanes: dict[str, TrackerLane]) -> None:
+    def __init__(self, folder: str, spool: Spool | None, figures: Adopted, lanes: dict[str, TrackerLane],
+                 others: dict[str, dict[str, int]] | None = None) -> None:
+        """``others``: the run's trackers this process does not deliver to, with what each store holds per source."""
         self.folder, self.spool, self.lanes, self.figures = folder, spool, lanes, figures
         entries = spool.entries() if spool is not None else []
         self.last = spool.last_seq if spool is not None else 0
+        held = held_back(entries, others or {}, figures.source)
+        self._held = self.last if held is None else held  # the others hold every batch through here
         self._spooled = {e.seq for e in entries}
         self._unspooled = read_tally(folder).unspooled
         for lane in lanes.values():
@@ -80,14 +86,18 @@ class _Adoption:
                                                    if seq > lane.handed and seq not in self._spooled)
         if self.spool is None:
             return
-        live = [lane.stored for lane in self.lanes.values() if not lane.dead]
-        self.spool.release(min(live, default=self.last))
-        if not self.figures.delivered and all(lane.dead or lane.stored >= self.last for lane in self.lanes.values()) \
+        self.spool.release(min([self._held, *(lane.stored for lane in self.lanes.values())]))  # a dead one's stays
+        if not self.figures.delivered and self._held >= self.last and all(lane.stored >= self.last for lane in
+                                                                          self.lanes.values()) \
                 and all(lane.dead or lane.name in self.figures.lost for lane in self.lanes.values()):
             self.forget()
 
     def settled(self) -> bool:
         return self.figures.delivered or all(lane.settled(self.last) for lane in self.lanes.values())
+
+    def handed_everywhere(self) -> bool:
+        """Every tracker of the run was handed all of it by a live lane (the trackers' close stores it)."""
+        return self._held >= self.last and all(not lane.dead and lane.settled(self.last) for lane in self.lanes.values())
 
     def forget(self) -> None:
         """Every tracker has it all: the segments go; what it cost stays in the folder for the run's report (a
@@ -119,9 +129,12 @@ class Orphans:
     """The producers' folder of one run, watched by rank 0's shipper thread."""
 
     def __init__(self, directory: str, actors: dict[str, Any], settings: LaneSettings,
-                 on_gone: Callable[[str, int], None] | None = None) -> None:
+                 on_gone: Callable[[str, int], None] | None = None,
+                 others: dict[str, dict[str, int]] | None = None) -> None:
         """``actors``: lane name -> its lane actor; ``settings``: the lanes' bounds (rank 0's); ``on_gone(source,
-        last batch)``: told of each producer found gone (the reduce lane stops waiting for it once that arrived)."""
+        last batch)``: told of each producer found gone (the reduce lane stops waiting for it once that arrived);
+        ``others``: the run's trackers this process does not deliver to (recovery.py ``others_stored``)."""
+        self._others = others or {}
         self._on_gone = on_gone
         self._directory = directory
         self._actors = actors
@@ -186,7 +199,7 @@ class Orphans:
                           dropped=tally.dropped, unshipped=tally.unshipped(spool.last_seq))
         lanes = {lane: TrackerLane(lane, actor, self._settings, reload=SpoolReloader(spool), source=mark["source"])
                  for lane, actor in self._actors.items()}
-        self._adopted[name] = _Adoption(folder, spool, figures, lanes)
+        self._adopted[name] = _Adoption(folder, spool, figures, lanes, self._others)
         if self._on_gone is not None:  # its last batch for the reduce lane (the spool forgot those it stored)
             self._on_gone(mark["source"], max((e.seq for e in entries if not e.bulk and (
                 e.audience is None or REDUCE_LANE in e.audience)), default=0))
@@ -199,7 +212,7 @@ class Orphans:
         """The run is finishing, its trackers closed: the folders of what they all hold go; the rest stay for a
         resume or ``tracklane replay``."""
         for adoption in self._adopted.values():
-            if not adoption.figures.delivered and adoption.settled():
+            if not adoption.figures.delivered and adoption.handed_everywhere():
                 adoption.forget()
             if adoption.figures.delivered:
                 shutil.rmtree(adoption.folder, ignore_errors=True)

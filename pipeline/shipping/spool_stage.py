@@ -117,8 +117,15 @@ class SpoolStage:
         self._unspooled_records += records
         return False
 
+    def _releasable(self, stored_by_all: int) -> int:
+        """Through which batch the spool may forget: what every lane's tracker stored, and every tracker of the run
+        this process does not deliver to (recovery.py ``held_back``)."""
+        held = self.spooling.held_back
+        return stored_by_all if held is None else min(stored_by_all, held)
+
     def release(self, stored_by_all: int) -> None:
         """Every lane's tracker stored the batches up to ``stored_by_all``: forget them; sync when due."""
+        stored_by_all = self._releasable(stored_by_all)
         try:
             if stored_by_all > self._released:
                 self.spool.release(stored_by_all)
@@ -143,7 +150,8 @@ class SpoolStage:
                            recovered_batches=self.spooling.recovered,
                            durability_off_since=self.durability.off_since, durability_outages=self.durability.outages,
                            durability_off_s=self.durability.off_s, unspooled_batches=self._unspooled_batches,
-                           unspooled_records=self._unspooled_records, disk_error=self.durability.last_error)
+                           unspooled_records=self._unspooled_records, disk_error=self.durability.last_error,
+                           held_for=dict(self.spooling.held_for))
 
     def close(self, exit_code: int, stored_by_all: int) -> None:
         """The runs are closed: record how, and delete what every tracker has (the last segment too)."""
@@ -155,7 +163,7 @@ class SpoolStage:
                     manifest.save(self.spool.directory)
             finally:
                 self.spool.close()
-                self.spool.release(stored_by_all)
+                self.spool.release(self._releasable(stored_by_all))
         except OSError as exc:  # a disk fault at the end costs the manifest's exit code, never the report
             self.durability.failed(exc)
 

@@ -5,6 +5,10 @@ batch it holds that some lane's tracker had not stored is offered to that lane a
 batches are numbered after everything any lane was ever handed, so one run has one sequence across
 its processes and a re-sent batch is never handed twice. Without ``resume`` a folder holding an
 earlier spool is renamed aside, never reused or deleted.
+
+A tracker the run had that this process does not deliver to (``tracklane replay --to`` another one, a resumed run
+with fewer loggers) still owns what its store lacks: the manifest keeps naming it, and the spool keeps those
+batches for it (``Spooling.held_back``) until a delivery to it takes them.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracklane.config.async_log import AsyncLogConfig
+from tracklane.core.errors import ConfigError
 from tracklane.core.records import RunSpec
 from tracklane.spool.lane_state import LaneState, bulk_source
 from tracklane.spool.manifest import RunManifest, holds_a_spool, lanes_dir, state_path, stored_copy_path
@@ -39,6 +44,14 @@ class Spooling:
     """Batches some lane still lacked when the spool was opened."""
     stored_copies: dict[str, dict[str, int]] = field(default_factory=dict)
     """Per lane, rank 0's copy of what its tracker's store held (source -> last batch): handed to its actor."""
+    held_back: int | None = None
+    """The run's trackers this process does not deliver to lack batches from here on (None: they lack none): the
+    spool keeps them."""
+    held_for: dict[str, int] = field(default_factory=dict)
+    """Per such tracker, the records it lacks (kept for it)."""
+    others_stored: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per such tracker, what its store holds of each source (rank 0's streams and the producers'): a dead
+    producer's spool is kept for it too (orphans.py)."""
 
     @property
     def state_dir(self) -> str:
@@ -49,24 +62,60 @@ def open_spooling(cfg: AsyncLogConfig, run: RunSpec, backends: dict[str, dict[st
     directory = cfg.spool_dir
     assert directory, "the spool folder is resolved before the pipeline starts"
     set_aside_stale(directory, run)
+    others = {name: settings for name, settings in _earlier_backends(directory).items() if name not in backends}
     spool = Spool(directory, max_bytes=cfg.spool_max_bytes, segment_bytes=cfg.spool_segment_bytes,
                   fsync_s=cfg.spool_fsync_s, retention_s=cfg.spool_retention_s)
     os.makedirs(lanes_dir(directory), mode=0o700, exist_ok=True)
-    manifest = RunManifest(run=run, backends=backends)
+    manifest = RunManifest(run=run, backends={**others, **backends})
     manifest.save(directory)
-    copies = {name: LaneState.load(stored_copy_path(directory, name)).stored for name in backends}
-    stored = {name: _stored(LaneState.load(state_path(directory, name)).stored, copies[name]) for name in backends}
+    copies = {name: LaneState.load(stored_copy_path(directory, name)).stored for name in manifest.backends}
+    states = {name: LaneState.load(state_path(directory, name)).stored for name in manifest.backends}
+    stored = {name: _stored(states[name], copies[name]) for name in manifest.backends}
     entries = list(spool.entries())
     _forgive_delivered_gaps(spool, entries, min((min(s.values()) for s in stored.values()), default=0))
-    pending = {name: [e for e in entries if e.seq > stored[name].get(bulk_source("") if e.bulk else "", 0)
-                      and (e.audience is None or name in e.audience)] for name in backends}
+    pending = {name: lacking(entries, name, stored[name]) for name in manifest.backends}
     first_seq = max([spool.last_seq, *(seq for s in stored.values() for seq in s.values())])
-    recovered = len({e.seq for lane in pending.values() for e in lane})
+    recovered = len({e.seq for name in backends for e in pending[name]})
     if recovered:
         log.warning("tracklane: resuming run %s: %d spooled batch(es) not yet in every tracker are delivered first",
                     run.run_id, recovered)
-    return Spooling(spool=spool, manifest=manifest, first_seq=first_seq, pending=pending, recovered=recovered,
-                    stored_copies={name: stored for name, stored in copies.items() if any(stored.values())})
+    held = {name: pending[name] for name in others if pending[name]}
+    if held:
+        log.warning("tracklane: the spool %s keeps what %s lack%s (not delivered by this process); deliver with: "
+                    "tracklane replay %s --to %s", directory, ", ".join(held), "s" if len(held) == 1 else "",
+                    directory, ",".join(held))
+    return Spooling(spool=spool, manifest=manifest, first_seq=first_seq,
+                    pending={name: pending[name] for name in backends}, recovered=recovered,
+                    stored_copies={name: copies[name] for name in backends if any(copies[name].values())},
+                    held_back=min((entries[0].seq - 1 for entries in held.values()), default=None),
+                    held_for={name: sum(e.records for e in entries) for name, entries in held.items()},
+                    others_stored={name: _newer(states[name], copies[name]) for name in others})
+
+
+def lacking(entries: list[SpoolEntry], name: str, stored: dict[str, int], source: str = "") -> list[SpoolEntry]:
+    """The batches of ``source``'s spool ("": rank 0's) tracker ``name`` lacks, given what its store holds of each
+    source (``LaneState.stored``): those past its watermark for their stream that hold records for it."""
+    small, bulk = stored.get(source, 0), stored.get(bulk_source(source), 0)
+    return [e for e in entries if e.seq > (bulk if e.bulk else small) and (e.audience is None or name in e.audience)]
+
+
+def held_back(entries: list[SpoolEntry], others: dict[str, dict[str, int]], source: str = "") -> int | None:
+    """Through which batch the trackers ``others`` (name -> what its store holds of each source) hold every batch
+    of ``entries`` meant for them (None: all of them)."""
+    firsts = [missing[0].seq for name, stored in others.items() if (missing := lacking(entries, name, stored, source))]
+    return min(firsts) - 1 if firsts else None
+
+
+def _earlier_backends(directory: str) -> dict[str, dict[str, Any]]:
+    """The trackers an earlier process of this run delivered to, as its manifest names them ({}: none)."""
+    try:
+        return RunManifest.load(directory).backends
+    except ConfigError:  # no manifest (a new run), or a damaged one (said when it is read for a replay)
+        return {}
+
+
+def _newer(state: dict[str, int], copy: dict[str, int]) -> dict[str, int]:
+    return {source: max(state.get(source, 0), copy.get(source, 0)) for source in {*state, *copy}}
 
 
 def _stored(state: dict[str, int], copy: dict[str, int]) -> dict[str, int]:

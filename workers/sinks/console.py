@@ -99,7 +99,7 @@ class ConsoleSink(Sink):
                        f"mean {figures.mean:.4g}, min {figures.min:.4g}, max {figures.max:.4g}"])
 
     def write_text(self, records: Sequence[Text]) -> None:
-        self._say(f"step:{r.step} - {r.name}: text of {len(r.text)} characters" for r in records)
+        self._say(f"step:{r.step} - {r.name}: {_text_line(r.text)}" for r in records)
 
     def write_image(self, records: Sequence[Image]) -> None:
         self._say(f"step:{r.step} - {r.name}: image of {len(r.png)} PNG bytes" for r in records)
@@ -162,3 +162,14 @@ def _fixed(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, float):
         return f"{value!s:>{_WIDTH}}"
     return f"{value:>{_WIDTH}.4g}"
+
+
+_TEXT_SHOWN = 300  # a text this short on one line (an error, a note) is shown; a longer one (samples) is summed up
+
+
+def _text_line(text: str) -> str:
+    """What the console shows of a text record: the text itself when it is one short line, else its size and start."""
+    if len(text) <= _TEXT_SHOWN and "\n" not in text:
+        return text
+    first = text.strip().split("\n", 1)[0][:80]
+    return f"text of {len(text)} characters: {first}{'...' if len(first) < len(text.strip()) else ''}"
