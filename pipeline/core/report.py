@@ -56,6 +56,12 @@ class LaneReport:
     """How long, and why in words, the tracker has been out of the lane's reach at the moment of the report ("": it
     takes batches): "not started after 95 s (pending: waiting for resource logging_node)", "restarting after 12 s
     (...)", "tracker down for 30 s: ...", "gave up: actor died: ..."."""
+    started_s: float = 0.0
+    """Seconds from the lane's start to its actor's first answer in this process (0: none yet): how long it took Ray
+    to place it and its SDK to open the tracker."""
+    first_stored_s: float = 0.0
+    """Seconds from the lane's start (``Tracking()``) to its tracker's first stored batch in this process (0: none
+    yet): how long a run's first points took to reach it (an actor waiting for resources, its SDK's import)."""
     gave_up: bool = False
     """The lane gave up on its actor (Ray reports it dead, or its calls kept failing): what its tracker lacks is
     kept in the spool (``unstored_records``) for ``tracklane replay`` and the next resume."""

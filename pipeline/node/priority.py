@@ -9,9 +9,13 @@
     "normal"  unchanged (0 also means unchanged).
 
 Linux schedules threads, not processes: the setting is applied to every thread the process already has
-(Ray's own among them), and threads and processes started afterwards (wandb-core, gRPC's) inherit it.
-Raising priority back needs privileges, so it is lowered only once, in a process tracklane owns. The
-setting is checked where the config is read (config/async_log.py).
+(Ray's own among them) and to every thread of the processes it started (wandb-core), and threads and processes
+started afterwards inherit it. Raising priority back needs privileges, so it is lowered only once, in a process
+tracklane owns. The setting is checked where the config is read (config/async_log.py).
+
+A lane actor lowers itself once its tracker is open (lane_actor.py): importing an SDK and opening a run is a
+one-time cost of seconds of CPU, and at SCHED_IDLE on a saturated node it took minutes (measured with
+``tracklane.benchmarks.busy``: at 4 busy processes per core, no SDK lane had opened 2 minutes after ``Tracking()``).
 """
 
 from __future__ import annotations
@@ -24,13 +28,13 @@ log = logging.getLogger("tracklane")
 
 
 def lower_priority(setting: str | int) -> None:
-    """Lower this whole process (every thread) to ``setting``.
+    """Lower this whole process (every thread) and the processes it started to ``setting``.
 
     Never raises: a platform without SCHED_IDLE falls back to nice 19, and a refusal leaves it as it was.
     """
     if setting == "normal":
         return
-    tids = _threads()
+    tids = [tid for pid in (0, *_children()) for tid in _threads(pid)]
     if setting == "idle" and hasattr(os, "SCHED_IDLE"):
         try:
             for tid in tids:
@@ -46,12 +50,22 @@ def lower_priority(setting: str | int) -> None:
         log.debug("tracklane: cannot lower this process's priority (%s)", exc)
 
 
-def _threads() -> list[int]:
-    """This process's thread ids (Linux: /proc/self/task); elsewhere only the process itself (0)."""
+def _threads(pid: int = 0) -> list[int]:
+    """A process's thread ids (0: this one; Linux: /proc/<pid>/task); elsewhere only the process itself."""
     try:
-        return [int(t) for t in os.listdir("/proc/self/task")]
+        return [int(t) for t in os.listdir(f"/proc/{pid or 'self'}/task")]
     except OSError:
-        return [0]
+        return [pid]
+
+
+def _children() -> list[int]:
+    """The processes this one started, and theirs (an SDK's service: wandb-core)."""
+    import psutil
+
+    try:
+        return [child.pid for child in psutil.Process().children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def _quietly(call: Any, *args: Any) -> None:

@@ -310,6 +310,8 @@ class Lane:
         r.outage_s, r.outage_total_s = self._outage.down_s, self._outage.before_s + self._outage.down_s
         r.lag_p50_s, r.lag_p99_s = self.window.lag_percentiles()
         r.down_s, r.down = self.down()
+        r.first_stored_s = self._liveness.seconds_to(self.window.first_stored_at)
+        r.started_s = self._liveness.seconds_to(self._liveness.first_answer_at)
         r.gave_up = self._dead
         return dataclasses.replace(r)
 

@@ -61,12 +61,13 @@ class LaneActor:
         self._fresh_cpu = False  # the next answer looks at the live children (a flush's, a close's)
         if self._host.open():
             self._save()
+        if _in_ray_actor():  # open: from now on logging yields the CPU (priority.py says why not before)
+            lower_priority(spec.priority)
 
     def _set_up_process(self, lane: str, spec: LaneOpening) -> None:
         """The actor's own process, before the SDK starts its threads and processes (they inherit it all): the
-        trainer's tracker settings, the background priority, and the SDK's chatter in a file of the lane's."""
+        trainer's tracker settings and the SDK's chatter in a file of the lane's."""
         os.environ.update(spec.env)  # the trainer's tracker settings, which Ray's own environment may predate
-        lower_priority(spec.priority)
         forget_process_bound(os.environ)  # the trainer's tracker sessions are not this lane's (placement.py)
         # the SDK's own chatter (banners, its warnings) into a file, not the trainer's terminal
         try:

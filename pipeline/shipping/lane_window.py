@@ -77,6 +77,8 @@ class LaneWindow:
         """The last batch put in the window (what a producer's lanes must reach before rank 0 finishes)."""
         self.given_up = False
         """Nothing more is sent: what waits is kept on disk for a later delivery (``give_up``)."""
+        self.first_stored_at: float | None = None
+        """When (time.monotonic) ``stored`` first moved in this process: the time to the first stored point."""
         self._lags: deque[float] = deque(maxlen=_LAGS_KEPT)
 
     # -- feeding -------------------------------------------------------------------------
@@ -198,6 +200,8 @@ class LaneWindow:
                 keep = self._reload is None or not entry.spooled
                 self._unstored[seq] = entry if keep else dataclasses.replace(entry, ref=None)
         self.handed = max(self.handed, handed)
+        if stored > self.stored and self.first_stored_at is None:
+            self.first_stored_at = time.monotonic()
         self.stored = max(self.stored, stored)
         while self._unstored and next(iter(self._unstored)) <= self.stored:
             self._unstored.popitem(last=False)

@@ -27,8 +27,17 @@ class Liveness:
         """What Ray said of it while that answer was overdue."""
         self._answered_once = False  # a wait after its first answer is a restart
         self.dead_at: float | None = None
+        self._started = now
+        self.first_answer_at: float | None = None
+        """When (time.monotonic) its actor first answered: it had started."""
+
+    def seconds_to(self, when: float | None) -> float:
+        """Seconds from the lane's start to ``when`` (time.monotonic; None: 0, not yet)."""
+        return 0.0 if when is None else when - self._started
 
     def answered(self) -> None:
+        if self.first_answer_at is None:
+            self.first_answer_at = time.monotonic()
         self.since, self.view, self._answered_once = None, None, True
 
     def waiting(self) -> None:

@@ -19,7 +19,16 @@ import sys
 import time
 from types import TracebackType
 
-_SPIN = "while True:\n    pass\n"
+# Spins; every ~10 M turns (about half a second) it looks whether its parent is still the one that started it, and
+# ends when not: a load whose owner was killed does not outlive it.
+_SPIN = """
+import os, sys
+parent, turns = int(sys.argv[1]), 0
+while True:
+    turns += 1
+    if turns % 10_000_000 == 0 and os.getppid() != parent:
+        break
+"""
 
 
 class CpuLoad:
@@ -30,7 +39,8 @@ class CpuLoad:
 
     def start(self) -> CpuLoad:
         for _ in range(self.processes):
-            self._children.append(subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL))
+            self._children.append(subprocess.Popen([sys.executable, "-c", _SPIN, str(os.getpid())],
+                                                   stdin=subprocess.DEVNULL))
         time.sleep(0.2)  # running before what comes next starts
         return self
 
@@ -63,6 +73,7 @@ class CpuLoad:
 
 
 def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # ends its load too (a shell's `kill`)
     load = CpuLoad(float(argv[0]) if argv else 4.0).start()
     print(f"{load.processes} busy processes; Ctrl-C ends them", flush=True)
     try:
