@@ -1,14 +1,14 @@
 """The main job on a saturated CPU: busy processes at 4x the cores, started first, as on a training node.
 
-    python -m tracklane.benchmarks.busy [--rounds 2] [--steps 30] [--per-core 4] [--modes ...] [--out DIR] [--quick]
+    python -m tracklane.benchmarks.busy [--rounds 2] [--steps 30] [--per-core 4] [--modes ...] [--replay] [--out DIR]
 
 Each round runs the main job (``python -m tracklane.trainer``: its six trackers offline in a fresh folder, MLflow
 on sqlite) once per mode, in turn, all under the same load: ``logger=[]``, then its trackers with the lane actors
 at each CPU priority (``background_priority``: ``idle``, the default, SCHED_IDLE; ``normal``). Per run: the median
 step time and its ratio to ``logger=[]`` of the same round, the lanes' lag p50/p99, the time from ``Tracking()`` to
 each lane's first stored point, what ``finish()`` left in the spool, ``finish()``'s time, the peak RSS of the
-trainer's process and of the lane actors, and how long the replay command the summary printed took to deliver the
-rest. Writes ``busy.json``.
+trainer's process and of the lane actors, and (``--replay``) how long the replay command the summary printed took to
+deliver the rest, still under the load. Writes ``busy.json``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ MODES = {
 DEFAULT_MODES = ["logger=[]", "idle", "normal"]
 
 
-def run_once(mode: str, steps: int, folder: Path) -> dict[str, Any]:
+def run_once(mode: str, steps: int, folder: Path, replay: bool) -> dict[str, Any]:
     """One main job in ``folder`` under the load already running; its step times and finish() figures."""
     times, figures = folder / "step_times.json", folder / "figures.json"
     env = {**os.environ, "TRACKLANE_STEP_TIMES": str(times), "TRACKLANE_RUN_FIGURES": str(figures),
@@ -55,7 +55,7 @@ def run_once(mode: str, steps: int, folder: Path) -> dict[str, Any]:
     run: dict[str, Any] = {"mode": mode, "wall_s": wall_s, "median_step_ms": statistics.median(step_s[1:]) * 1e3}
     if figures.exists():
         run.update(json.loads(figures.read_text()))
-        run["replay_s"] = _replay(run, env, folder)
+        run["replay_s"] = _replay(run, env, folder) if replay else None
     return run
 
 
@@ -110,6 +110,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--per-core", type=float, default=4.0, help="busy processes per CPU core")
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--replay", action="store_true", help="run the replay command each summary printed, timed")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.steps = 1, 8
@@ -123,7 +124,7 @@ def main(argv: list[str]) -> int:
             for mode in modes:
                 folder = root / f"{round_}-{mode.replace('=[]', '-none')}"
                 folder.mkdir()
-                runs.append({**run_once(mode, args.steps, folder), "round": round_})
+                runs.append({**run_once(mode, args.steps, folder, args.replay), "round": round_})
                 print(f"[{clock.elapsed():6.0f} s] {mode}, round {round_ + 1}: median step "
                       f"{runs[-1]['median_step_ms']:.0f} ms", flush=True)
         load_cpu_s = load.cpu_s()

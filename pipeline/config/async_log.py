@@ -98,10 +98,13 @@ class AsyncLogConfig:
     reduced over what it has; what comes later for it is counted late."""
     health_metrics: bool = True
     """Log the pipeline's own figures as ``tracklane/*`` metrics."""
-    background_priority: str | int = "idle"
-    """The CPU priority of the lane actors' processes, so logging yields to the trainer: "idle" (Linux
-    SCHED_IDLE: they run when a core is free; a saturated machine still gives them a sliver), a nice level
-    1..19, or "normal" (0: unchanged). The console's lane (the user's terminal) stays at normal priority. See
+    background_priority: str | int = 10
+    """The CPU priority of the lane actors' processes once their trackers are open, so logging yields to the
+    trainer: a nice level 1..19 (default 10: a tenth of a normal task's share where both want a CPU), "idle" (Linux
+    SCHED_IDLE: they run when a core is free, and on a saturated machine barely at all), or "normal" (0: unchanged).
+    Measured under busy processes at 4x the cores (docs/performance.md): the trainer's step the same at 10 and at
+    "idle" (within the rounds' noise), the lanes' lag 4-5 s at 10 and 53-68 s, growing, at "idle"; "normal" cost
+    the trainer a quarter more. The console's lane (the user's terminal) stays at normal priority. See
     pipeline/node/priority.py."""
     actor_options: dict[str, Any] = field(default_factory=dict)
     """Extra Ray actor options for the lane actors (e.g. {"num_cpus": 0, "resources": {...}})."""

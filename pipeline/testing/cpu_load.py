@@ -33,15 +33,16 @@ while True:
 
 class CpuLoad:
     def __init__(self, per_core: float = 4.0) -> None:
-        """``per_core``: busy processes per CPU core (``os.cpu_count()``), at least one in all."""
-        self.processes = max(1, round(per_core * (os.cpu_count() or 1)))
+        """``per_core``: busy processes per CPU core (``os.cpu_count()``); 0: none (a quiet machine, to compare)."""
+        self.processes = round(per_core * (os.cpu_count() or 1))
         self._children: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> CpuLoad:
         for _ in range(self.processes):
             self._children.append(subprocess.Popen([sys.executable, "-c", _SPIN, str(os.getpid())],
                                                    stdin=subprocess.DEVNULL))
-        time.sleep(0.2)  # running before what comes next starts
+        if self._children:
+            time.sleep(0.2)  # running before what comes next starts
         return self
 
     def stop(self) -> None:

@@ -254,16 +254,17 @@ def _thread_priorities(pid: int) -> set[tuple[int, int]]:
     return out
 
 
-@pytest.mark.parametrize("setting, expected", [("idle", (os.SCHED_IDLE, 0)), (7, (os.SCHED_OTHER, 7)),
-                                               ("normal", (os.SCHED_OTHER, 0))])
+@pytest.mark.parametrize("setting, expected", [(None, (os.SCHED_OTHER, 10)), ("idle", (os.SCHED_IDLE, 0)),
+                                               (7, (os.SCHED_OTHER, 7)), ("normal", (os.SCHED_OTHER, 0))])
 def test_lane_actors_run_at_the_background_priority(offline_trackers, setting, expected):
     """Once its tracker is open, every thread of a lane actor's process (Ray's and the tracker's own) and of the
-    processes its SDK started (wandb-core) runs at background_priority ("idle" by default: SCHED_IDLE), so it takes
-    no CPU a trainer wants; "normal" leaves it alone. The console's lane (the user's terminal) stays at normal
+    processes its SDK started (wandb-core) runs at background_priority (nice 10 by default; "idle": SCHED_IDLE), so
+    it yields the CPU a trainer wants; "normal" leaves it alone. The console's lane (the user's terminal) stays at normal
     priority."""
     import psutil
 
-    tracking = Tracking("proj", "exp", ["file", "console", "wandb"], config=_config(background_priority=setting))
+    config = _config() if setting is None else _config(background_priority=setting)  # None: the default
+    tracking = Tracking("proj", "exp", ["file", "console", "wandb"], config=config)
     try:
         tracking.log({"x": 1.0}, step=1)
         tracking.flush()

@@ -13,7 +13,7 @@ import pytest
 
 from tracklane.config.console import console_config
 from tracklane.core.errors import ConfigError
-from tracklane.core.records import Metrics, RunSpec
+from tracklane.core.records import Metrics, RunSpec, Text
 from tracklane.node.terminal import Terminal
 from tracklane.workers.sinks.console import ConsoleSink
 
@@ -116,6 +116,19 @@ def test_compact_format_aligns_the_chosen_keys_and_prints_the_rest_every_n_steps
     ends = [line.split(" | ")[1] for line in (lines[0], lines[1], lines[3])]
     assert len({len(end) for end in ends}) == 1  # fixed-width values
     assert sink.take_output() == ""  # taken once
+
+
+def test_a_short_text_is_shown_and_a_long_one_summed_up():
+    """A one-line text (a lane's error: error/lane/<name>) is printed as it is, not as its length; a long or
+    multi-line one (samples, a traceback) as its size and the start of its first line."""
+    sink = ConsoleSink(RunSpec(project="p", experiment="e"), console_config(None).to_plain())
+    sink.capture_output()
+    error = "tracklane: the mlflow lane gave up: actor died: The actor is dead because its worker process has died."
+    sink.write([Text(step=3, name="error/lane/mlflow", text=error, time=0.0),
+                Text(step=4, name="rollout/samples", text="## sample 1\n" + "x" * 500, time=0.0)])
+    lines = sink.take_output().splitlines()
+    assert lines[0] == f"step:3 - error/lane/mlflow: {error}"
+    assert lines[1] == "step:4 - rollout/samples: text of 512 characters: ## sample 1..."
 
 
 def test_verl_format_is_the_default_and_bad_console_settings_are_refused():
