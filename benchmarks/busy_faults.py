@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
@@ -148,17 +147,16 @@ def late_child(out: str, experiment: str, join_after_s: float, log_for_s: float,
         started = time.monotonic()
         tracking = Tracking(PROJECT, experiment, LATE_TRACKERS, config=config)
         joined: dict[str, Any] = {}
-        joiner = threading.Timer(join_after_s, lambda: joined.update(
-            node=cluster.add_node(num_cpus=1, resources={"logging_node": 1}).node_id, at=time.monotonic() - started))
-        joiner.start()
         step, before_join = 0, ""
         while time.monotonic() - started < log_for_s:
             step += 1
             tracking.log(values(step, keys), step=step)
             if not before_join and time.monotonic() - started > join_after_s - 5:  # what the lanes say while they wait
                 before_join = tracking.flush(timeout=0.1).lanes["mlflow"].down
+            if not joined and time.monotonic() - started >= join_after_s:  # on this thread: Ray starts its processes
+                joined.update(node=cluster.add_node(num_cpus=1, resources={"logging_node": 1}).node_id,
+                              at=time.monotonic() - started)
             time.sleep(pause)
-        joiner.join()
         report = tracking.finish()
         Path(out).write_text(json.dumps({
             "run_id": tracking.run_id, "steps": step, "joined_after_s": joined.get("at"), "logged_for_s": log_for_s,

@@ -100,7 +100,7 @@ class AsyncPipeline:
         actor = ray.remote(LaneActor).options(**options).remote(name, opening.pack())
         lane = TrackerLane(name, actor, LaneSettings.of(cfg), reload=SpoolReloader(spooling.spool),
                            on_answer=self._on_answer())
-        lane.preload(spooling.pending.get(name, ()))
+        lane.preload(spooling.pending.get(name, ()), through=spooling.first_seq)
         return lane
 
     def _on_answer(self) -> dict[str, Callable[[Any], None]]:

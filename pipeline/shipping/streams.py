@@ -61,14 +61,16 @@ class TrackerLane:
         if stream is not None and self._mine(entry.audience):
             stream.offer(entry)
 
-    def preload(self, entries: Iterable[SpoolEntry]) -> None:
-        """Batches an earlier process spooled, each to its stream (those it has nothing in are skipped)."""
+    def preload(self, entries: Iterable[SpoolEntry], through: int = 0) -> None:
+        """Batches an earlier process spooled, each to its stream (those it has nothing in are skipped). ``through``:
+        the last batch an earlier process numbered; those not in ``entries`` this tracker's store holds already (a
+        lane with nothing to deliver again lets the spool forget them)."""
         entries = list(entries)
         for bulk in (False, True):
             stream = self._stream(bulk)
             if stream is not None:
                 stream.window.preload(e for e in entries if e.bulk == bulk and self._mine(e.audience))
-        self._offered = max([self._offered] + [e.seq for e in entries])
+        self._offered = max([self._offered, through] + [e.seq for e in entries])
 
     def holds(self, entry: Entry) -> bool:
         """Whether it would keep ``entry`` in memory (it is for this tracker and fits the stream's bound)."""
