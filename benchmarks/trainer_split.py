@@ -147,6 +147,7 @@ def run_mode(env: BenchEnv, name: str, steps: int, warmup: int, trackers: list[s
             log(data, step, *rest, **kw)
             # the step's last call (its metrics): the window opens after warm-up and closes after the last
             if step == warmup and window.first is None:
+                tracking.wait_ready(300)  # the window measures the steady state: every lane answered (its pid known)
                 window.first, window.calls_ns, window.shipper = snapshot(), (calls.ns, 0), _shipper_tid()
                 window.lanes = {info.pid: tracker for tracker, info in tracking.lanes().items() if info.pid}
             elif step == warmup + steps and window.last is None:

@@ -35,9 +35,8 @@ def main(out: str, steps: int) -> None:
         tracking = Tracking("placement", "two-nodes", ["tensorboard", "file"], config=config)
         for step in range(steps):
             tracking.log(verl_metrics(step, keys=20), step=step)
-        tracking.flush()
-        lanes = {name: info.node_id for name, info in tracking.lanes().items()}
         report = tracking.finish()
+        lanes = {name: info.node_id for name, info in tracking.lanes().items()}  # as of each lane's last answer
         print(json.dumps({
             "trainer_node": ray.get_runtime_context().get_node_id(), "logging_node": logging_node.node_id,
             "lanes": lanes, "where": {name: lane.where for name, lane in report.lanes.items()},

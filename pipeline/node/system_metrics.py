@@ -113,13 +113,12 @@ class SystemSampler:
     """
 
     def __init__(self, emit: Callable[[dict[str, float], int], None], node: str, interval_s: float,
-                 started: float, disk_path: str = ".", ready: Callable[[], bool] | None = None) -> None:
-        """``ready``: the first sample waits until it says True (the run's trackers are open: a sample
-        logged before would only wait for them)."""
+                 started: float, disk_path: str = ".") -> None:
+        """The first sample at once, though the run's trackers may not be open yet (the spool holds it): a node
+        that is slow to open them is what its samples should show."""
         if not interval_s > 0:
             raise ConfigError(f"system metrics interval_s must be > 0, got {interval_s!r}")
         self._emit = emit
-        self._ready = ready
         self._prefix = f"system/{node}/"
         self._interval = float(interval_s)
         self._started = started
@@ -181,9 +180,6 @@ class SystemSampler:
 
     # -- the thread ----------------------------------------------------------------------------
     def _run(self, stopping: threading.Event) -> None:
-        while self._ready is not None and not self._ready():
-            if stopping.wait(0.1):
-                return
         due = time.monotonic()
         while not stopping.is_set():
             self._emit_one()
@@ -323,8 +319,8 @@ class NodeSampling:
 
 
 def start_node_sampling(put: Callable[[Any], None], run_id: str, interval_s: float, started: float,
-                        node_id: str | None, ready: Callable[[], bool] | None = None) -> NodeSampling | None:
-    """Sample this node into the pipeline's buffer (``put``) every ``interval_s`` (from when ``ready()``) if no
+                        node_id: str | None) -> NodeSampling | None:
+    """Sample this node into the pipeline's buffer (``put``) every ``interval_s`` if no
     other process of the run on this node does yet; None when off (0), or when another process has the node."""
     from tracklane.capture.captured import SYSTEM_METRICS, Captured
     from tracklane.core.values import BYTES_PER_ENTRY
@@ -339,4 +335,4 @@ def start_node_sampling(put: Callable[[Any], None], run_id: str, interval_s: flo
     def emit(values: dict[str, float], elapsed_s: int) -> None:
         put(Captured(elapsed_s, values, time.time(), None, SYSTEM_METRICS, len(values) * BYTES_PER_ENTRY))
 
-    return NodeSampling(SystemSampler(emit, node, interval_s, started, ready=ready).start(), claim)
+    return NodeSampling(SystemSampler(emit, node, interval_s, started).start(), claim)

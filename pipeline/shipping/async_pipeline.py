@@ -80,8 +80,7 @@ class AsyncPipeline:
         self._cfg, self._limits, self._run_id, self._pieces = cfg, limits, run.run_id, takes_pieces(backends)
         self._hub: Any = None  # made with the first producer
         self._started = time.time()
-        self._sampling = start_node_sampling(self.put, run.run_id, cfg.system_metrics_s, self._started, trainer_node,
-                                             ready=lambda: self.wait_ready(0.0))
+        self._sampling = start_node_sampling(self.put, run.run_id, cfg.system_metrics_s, self._started, trainer_node)
 
     def _lane(self, name: str, sink_class: type, settings: dict[str, Any], cfg: AsyncLogConfig, run: RunSpec,
               spooling: Spooling, trainer_node: str, env: Mapping[str, str]) -> TrackerLane:

@@ -64,6 +64,7 @@ def test_lanes_on_a_node_that_joins_90_s_late_deliver_every_point_once(tmp_path,
     _exactly_once(result["trackers"])
 
 
+@pytest.mark.saturates_cpu  # alone: .ci/run runs it after the rest, not beside another worker
 def test_the_main_job_on_a_saturated_cpu_loses_nothing(tmp_path):
     """Busy processes at 4x the cores, started before the main job with its six trackers: after it, and the replay
     command its summary prints for what finish()'s deadline left, every point it logged is once in every tracker
