@@ -18,7 +18,6 @@ report. ``tests/faults/test_busy_node.py`` asserts on the figures.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -26,7 +25,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -38,7 +36,7 @@ from tracklane.benchmarks.faults import (
     ROOT,
     _config,
     _environment,
-    _mlflow,
+    run_scenarios,
     stored_points,
     tally,
     tracker_env,
@@ -276,23 +274,11 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["late-child"]:
         out, experiment, join_after_s, log_for_s, keys, pause, work = argv[1:]
         return late_child(out, experiment, float(join_after_s), float(log_for_s), int(keys), float(pause), work)
-    parser = argparse.ArgumentParser(prog="python -m tracklane.benchmarks.busy_faults",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--long", action="store_true", help="longer runs (minutes each)")
-    parser.add_argument("--only", default=",".join(SCENARIOS))
-    parser.add_argument("--out", default="tracklane_runs/busy_faults")
-    parser.add_argument("--mlflow-uri", default=os.environ.get("TRACKLANE_TEST_MLFLOW_URI", ""),
-                        help="a running MLflow server (default: one is started for the run)")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with _mlflow(args.mlflow_uri, out) as uri:  # the given server, or one started for the run
-        results = [run_scenario(name, Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out)), uri, args.long)
-                   for name in args.only.split(",")]
-    (out / "busy_faults.json").write_text(json.dumps(results, indent=2))
+    results, written = run_scenarios(argv, "python -m tracklane.benchmarks.busy_faults", __doc__, SCENARIOS,
+                                     run_scenario, "busy_faults", long_help="longer runs (minutes each)")
     for result in results:
         print(json.dumps(result, indent=1)[:4000])
-    print(f"wrote {out / 'busy_faults.json'}")
+    print(f"wrote {written}")
     return 0
 
 

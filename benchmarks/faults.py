@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -716,23 +716,34 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["child"]:
         return child_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="tracklane.benchmarks.faults", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--long", action="store_true", help="the README's sizes (minutes each)")
-    parser.add_argument("--only", default=",".join(SCENARIOS))
-    parser.add_argument("--out", default="tracklane_runs/faults")
+    results, written = run_scenarios(argv, "tracklane.benchmarks.faults", __doc__, SCENARIOS, run_scenario, "faults",
+                                     long_help="the README's sizes (minutes each)")
+    for result in results:
+        print(json.dumps({k: v for k, v in result.items() if k not in ("summary", "summary_at_finish")}))
+    print(f"wrote {written}")
+    return 0
+
+
+def run_scenarios(argv: list[str], prog: str, doc: str | None, scenarios: tuple[str, ...],
+                  run: Callable[[str, Path, str, bool], dict[str, Any]], name: str,
+                  long_help: str) -> tuple[list[dict[str, Any]], Path]:
+    """A fault benchmark's command line: each scenario ``--only`` names (all by default), each in a fresh folder
+    under ``--out``, against ``--mlflow-uri`` or a server started for the run; the results, and where they went."""
+    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--long", action="store_true", help=long_help)
+    parser.add_argument("--only", default=",".join(scenarios))
+    parser.add_argument("--out", default=f"tracklane_runs/{name}")
     parser.add_argument("--mlflow-uri", default=os.environ.get("TRACKLANE_TEST_MLFLOW_URI", ""),
                         help="a running MLflow server (default: one is started for the run)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with _mlflow(args.mlflow_uri, out) as uri:
-        results = [run_scenario(name, Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out)), uri, args.long)
-                   for name in args.only.split(",")]
-    (out / "faults.json").write_text(json.dumps(results, indent=2))
-    for result in results:
-        print(json.dumps({k: v for k, v in result.items() if k not in ("summary", "summary_at_finish")}))
-    print(f"wrote {out / 'faults.json'}")
-    return 0
+    with _mlflow(args.mlflow_uri, out) as uri:  # the given server, or one started for the run
+        results = [run(scenario, Path(tempfile.mkdtemp(prefix=f"{scenario}-", dir=out)), uri, args.long)
+                   for scenario in args.only.split(",")]
+    written = out / f"{name}.json"
+    written.write_text(json.dumps(results, indent=2))
+    return results, written
 
 
 def run_scenario(name: str, work: Path, mlflow_uri: str, long: bool) -> dict[str, Any]:
