@@ -40,28 +40,6 @@ for line in [*sys.argv[1].split(), *project["dependencies"],
 EOF
 )"
 STAMP_TEXT="$(printf '%s\nremove: %s\npython: %s\n' "$REQUIREMENTS" "$REMOVE" "$("$PYTHON" -c 'import sys; print(sys.version)')")"
-STAMP="$(printf '%s' "$STAMP_TEXT" | sha256sum | cut -d' ' -f1)"
-
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.tracklane-requirements.sha256" 2>/dev/null)" = "$STAMP" ]; then
-  echo "vllm venv $VENV is up to date" >&2
-else
-  echo "building the vllm venv in $VENV (requirements changed or missing)" >&2
-  rm -rf "$VENV"
-  mkdir -p "$(dirname "$VENV")"
-  "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-  printf '%s\n' "$REQUIREMENTS" > "$VENV/requirements.txt"
-  "$VENV/bin/python" -m pip install -q -r "$VENV/requirements.txt" >&2
-  # shellcheck disable=SC2086  # one word per package
-  "$VENV/bin/python" -m pip uninstall -q -y $REMOVE >&2
-  "$VENV/bin/python" -m pip install -q --no-deps -e . >&2  # this clone, as tracklane
-  "$VENV/bin/python" -c "from vllm import LLM; import torch, ray, tracklane.trainer" >&2  # fails loudly now, not in a test
-  printf '%s\n' "$STAMP_TEXT" > "$VENV/requirements.stamp.txt"
-  printf '%s\n' "$STAMP" > "$VENV/.tracklane-requirements.sha256"
-fi
-# tracklane from this clone's folders (a venv built for another clone, kept outside it by .ci/run, points there)
-if ! "$VENV/bin/python" -c "import os, sys, tracklane
-sys.exit(os.path.realpath(tracklane.__file__) != os.path.realpath('pipeline/__init__.py'))" 2>/dev/null; then
-  "$VENV/bin/python" -m pip install -q --no-deps -e . >&2
-fi
-cd "$VENV" && pwd
+# shellcheck source=.ci/cached_venv.sh
+. .ci/cached_venv.sh
+cached_venv vllm "$VENV" "$STAMP_TEXT" "" "from vllm import LLM; import torch, ray, tracklane.trainer"

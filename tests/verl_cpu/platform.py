@@ -95,8 +95,10 @@ class CpuPlatform(PlatformBase):
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
         return False  # chosen by VERL_PLATFORM=cpu only, never by verl's auto-detection
 
-    def current_device(self) -> int:
-        return 0
+    def current_device(self) -> Any:
+        """verl passes this where a device goes (``model.to(get_device_id())``, ``device=get_device_id()``): an
+        index there means an accelerator, so the answer is the device itself."""
+        return "cpu"
 
     def device_count(self) -> int:
         return 1
