@@ -47,6 +47,7 @@ from tracklane.log_calls import LogCalls
 from tracklane.pipe import open_pipe
 from tracklane.producer import Producer
 from tracklane.shipping import run_post
+from tracklane.spool import resumed_run
 from tracklane.spool.manifest import default_spool_dir
 
 log = logging.getLogger("tracklane")
@@ -60,12 +61,13 @@ class Tracking(LogCalls):
     def __init__(self, project_name: str, experiment_name: str, default_backend: str | list[str] = "console",
                  config: Any = None, run_id: str | None = None, resume: bool = False) -> None:
         """``run_id`` names the run in every tracker (random when None; keep ``tracking.run_id`` in your
-        checkpoint). ``resume=True`` with that id continues the earlier run: wandb and SwanLab resume the
+        checkpoint; verl's trainer names none: a job that verl resumes from a checkpoint continues the run recorded
+        beside it, spool/resumed_run.py). ``resume=True`` with that id continues the earlier run: wandb and SwanLab resume the
         id, MLflow reopens the run tagged with it, the file logger appends."""
         trainer = trainer_section(config)
         self.log_async, self._cfg, limits = _settings(trainer)
         self._health = health_config(trainer.get("health"))
-        self.run = _run_spec(project_name, experiment_name, config, run_id, resume)
+        self.run = _run_spec(project_name, experiment_name, config, run_id, resume, trainer)
         if not self._cfg.spool_dir:
             self._cfg = dataclasses.replace(self._cfg, spool_dir=default_spool_dir(self.run, trainer, os.environ))
         backends = self._resolve_backends(default_backend, trainer)
@@ -270,11 +272,17 @@ def _settings(trainer: dict[str, Any]) -> tuple[bool, AsyncLogConfig, RecordLimi
     return log_async, cfg, limits
 
 
-def _run_spec(project_name: str, experiment_name: str, config: Any, run_id: str | None, resume: bool) -> RunSpec:
+def _run_spec(project_name: str, experiment_name: str, config: Any, run_id: str | None, resume: bool,
+              trainer: dict[str, Any]) -> RunSpec:
     if resume and not run_id:
         raise ConfigError("Tracking(resume=True) needs the run_id of the run to continue")
-    return RunSpec(project=project_name, experiment=experiment_name, params=plain_config(config),
-                   run_id=_checked_run_id(run_id) if run_id else secrets.token_hex(6), resume=resume)
+    if run_id is None:  # verl's trainer names no run: a job resuming its checkpoint continues the run recorded there
+        run_id = resumed_run.continued_run_id(trainer, project_name, experiment_name)
+        resume = run_id is not None
+    run = RunSpec(project=project_name, experiment=experiment_name, params=plain_config(config),
+                  run_id=_checked_run_id(run_id) if run_id else secrets.token_hex(6), resume=resume)
+    resumed_run.remember_run(trainer, project_name, experiment_name, run.run_id)
+    return run
 
 
 def _checked_run_id(run_id: str) -> str:

@@ -317,6 +317,11 @@ class SpoolReport:
     """Bytes of an interrupted last write cut off at reopening."""
     recovered_batches: int = 0
     """Batches an earlier process spooled that this one found and delivered where they were missing."""
+    repeated_points: int = 0
+    """Points a resumed run logged again at steps an earlier process of the run had logged (re-run after its
+    checkpoint): left out, the first value kept (spool/logged_steps.py)."""
+    repeated_steps: tuple[int, int] | None = None
+    """The lowest and highest step of those points."""
     durability_off_since: float = 0.0
     """When a disk fault (full, read-only, failing, the folder removed) turned durability off, while it is still
     off (time.time(); 0: on). New batches then live in the lanes' memory only."""
@@ -338,6 +343,11 @@ class SpoolReport:
         text = f"spool {self.directory}: {self.batches} batches, {self.nbytes / 2**20:.1f} MiB on disk"
         if self.recovered_batches:
             text += f", {self.recovered_batches} recovered from the previous process"
+        if self.repeated_points and self.repeated_steps:
+            low, high = self.repeated_steps
+            steps = f"step {low}" if low == high else f"steps {low}-{high}"
+            text += (f", {self.repeated_points} points of {steps} re-logged after the resume left out (an earlier "
+                     "process logged them)")
         if self.evicted_records:
             text += f", {self.evicted_records} records evicted by spool_max_bytes before delivery"
         if self.damaged or self.torn_bytes:

@@ -188,7 +188,9 @@ class Shipper:
                 self._bulk.add(later)
             else:
                 whole += 1
-        if records:  # the pipeline's own figures, with every batch of calls
+        if records and self._spool is not None and self._spool.logged is not None:
+            records = self._spool.logged.keep_new(records)  # rank 0: a resumed run repeats no point of the trainer's
+        if records:  # the pipeline's own figures, with every batch of calls (each process's own: not filtered)
             self.health = health_figures(self._buffer, self._converter, self._lanes.values(), self.late_drops, self._spool)
             if self._cfg.health_metrics:
                 records.append(Metrics(step=self.last_step, values=dict(self.health), time=time.time()))

@@ -21,11 +21,12 @@ import ray
 from tracklane.core.report import SpoolReport
 from tracklane.shipping.streams import TrackerLane
 from tracklane.spool.durability import Durability
+from tracklane.spool.logged_steps import LoggedSteps
 from tracklane.spool.manifest import MANIFEST
 from tracklane.spool.producers import Tally
 from tracklane.spool.recovery import Spooling
 from tracklane.spool.segments import Spool, SpoolEntry
-from tracklane.wire.batch import shared
+from tracklane.wire.batch import decode_batch, shared
 
 log = logging.getLogger("tracklane")
 _CHECK_S = 1.0  # how often to look for a removed folder: writes into one succeed and go nowhere
@@ -39,6 +40,11 @@ class SpoolStage:
         self._tally = tally
         self._max_bytes = max_bytes
         self.spool = spooling.spool
+        # rank 0's: the last step of each metric key the run shipped (a resumed run leaves out what it repeats)
+        self.logged = None if spooling.manifest is None else LoggedSteps.open(
+            self.spool, spooling.manifest.run.resume, lambda blob: decode_batch(blob).records)
+        if self.logged is not None:
+            self.spool.before_forget = self.logged.save
         self._released = 0  # every lane's tracker stored the batches up to here
         self._evicted_lost = 0  # records the spool's bound deleted before the slowest lane had them
         self.durability = Durability(what=f"the spool {self.spool.directory}",
@@ -148,6 +154,8 @@ class SpoolStage:
         return SpoolReport(directory=self.spool.directory, nbytes=self.spool.nbytes, batches=self.spool.batches,
                            evicted_records=self._evicted_lost, damaged=stats.damaged, torn_bytes=stats.torn_bytes,
                            recovered_batches=self.spooling.recovered,
+                           repeated_points=self.logged.skipped if self.logged else 0,
+                           repeated_steps=self.logged.skipped_steps if self.logged else None,
                            durability_off_since=self.durability.off_since, durability_outages=self.durability.outages,
                            durability_off_s=self.durability.off_s, unspooled_batches=self._unspooled_batches,
                            unspooled_records=self._unspooled_records, disk_error=self.durability.last_error,
@@ -161,6 +169,8 @@ class SpoolStage:
                 if manifest is not None:  # a producer's spool has none: the run's is rank 0's
                     manifest.exit_code = exit_code
                     manifest.save(self.spool.directory)
+                if self.logged is not None:  # for a resume after this close, whatever the spool still deletes
+                    self.logged.save()
             finally:
                 self.spool.close()
                 self.spool.release(self._releasable(stored_by_all))

@@ -29,6 +29,7 @@ import os
 import re
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import crc32c
@@ -132,6 +133,8 @@ class Spool:
         self._last_fsync = time.monotonic()
         self._dirty = False
         self._lock_fd: int | None = None
+        # called before a segment is deleted: what must be on disk before its batches are gone (logged_steps.py)
+        self.before_forget: Callable[[], None] | None = None
         if not readonly:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             self._lock()
@@ -262,6 +265,8 @@ class Spool:
         return deleted
 
     def _delete(self, segment: _Segment) -> None:
+        if self.before_forget is not None:
+            self.before_forget()
         self._bytes -= segment.size
         for entry in segment.entries:
             self._index.pop(entry.seq, None)
