@@ -52,6 +52,9 @@ class RunStores:
             "WANDB_MODE": "offline", "WANDB_DIR": str(self.root / "wandb"), "WANDB_SILENT": "true",
             "SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(self.root / "swanlog"),
             "TRACKIO_DIR": str(self.trackio_dir),
+            # ClearML offline, its sessions in <root>/clearml/offline/<task id>/, no config file read
+            "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": str(self.root / "clearml"),
+            "CLEARML_CONFIG_FILE": str(self.root / "clearml.conf"),
         }
 
     def prepare(self) -> None:
@@ -67,6 +70,7 @@ class RunStores:
             "wandb": lambda: _readback(_wandb(self.root / "wandb")),
             "swanlab": lambda: _readback(_swanlab(self.root / "swanlog", experiment)),
             "trackio": lambda: _readback(_trackio(self.trackio_dir, project, experiment)),
+            "clearml": lambda: _readback(_clearml(self.root / "clearml", project)),
         }[tracker]()
 
 
@@ -99,6 +103,14 @@ def _trackio(folder: Path, project: str, experiment: str) -> Any:
     from tracklane.workers.testing.readers.trackio_reader import read_trackio_run
 
     return read_trackio_run(folder, project, name=experiment)
+
+
+def _clearml(folder: Path, project: str) -> Any:
+    from tracklane.workers.testing.readers.clearml_reader import clearml_sessions, read_clearml_session
+
+    [found] = [session for session in clearml_sessions(folder)
+               if json.loads((session / "task.json").read_bytes()).get("project_name") == project]
+    return read_clearml_session(found)
 
 
 def _mlflow(uri: str, project: str, experiment: str) -> Stored:

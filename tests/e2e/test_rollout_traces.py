@@ -20,12 +20,12 @@ import signal
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import ray
 from verl.utils.rollout_trace import rollout_trace_attr, rollout_trace_op
 
+from tests.trace_stores import file_traces, mlflow_calls
 from tracklane import Tracking
 from tracklane.view.run_data import RunData
 from tracklane.workers.testing.readers.trackio_reader import read_trackio_run
@@ -176,11 +176,6 @@ def stored_traces(run) -> list[tuple[str, int, str, str]]:
     return sorted(out)
 
 
-def file_traces(metrics_path: str | os.PathLike) -> list[dict]:
-    folder = Path(str(metrics_path).removesuffix(".jsonl") + "_traces")
-    return [json.loads(line) for path in sorted(folder.glob("*.jsonl")) for line in path.read_text().splitlines()]
-
-
 def test_verls_trackio_traces_arrive_as_verl_stores_them(offline_trackers, tmp_path):
     trackio_dir = str(offline_trackers["trackio"])
     verl_worker = VerlRolloutWorker.remote("traces-verl", "exp", "trackio", trackio_dir=trackio_dir)
@@ -224,29 +219,6 @@ def test_verls_trackio_traces_arrive_as_verl_stores_them(offline_trackers, tmp_p
     snapshot = RunData(str(offline_trackers["file"])).snapshot()
     assert sum(len(rows) for rows in snapshot.traces.values()) == TRACES
     assert sorted(snapshot.traces) == list(STEPS)
-
-
-def mlflow_calls(uri: str, project: str, run_id: str | None) -> dict[tuple, dict[str, tuple]]:
-    """(step, sample, rollout) -> op name -> (status, tags of verl's, inputs, outputs) of every traced call MLflow
-    holds in ``project`` (of ``run_id``'s traces, if given): verl's are spans of one trace per sample (under its
-    ``agent_loop`` span), tracklane's one trace per call; both tagged with the sample's attributes as verl tags."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(project).experiment_id
-    stored = client.search_traces(locations=[experiment], run_id=run_id, max_results=500)
-    out: dict[tuple, dict[str, tuple]] = {}
-    for trace in stored:
-        tags = {k: v for k, v in trace.info.tags.items() if k in ("sample_index", "step", "rollout_n", "validate",
-                                                                  "experiment_name")}
-        calls = out.setdefault((tags["step"], tags["sample_index"], tags["rollout_n"]), {})
-        for span in trace.data.spans:
-            if span.name != "agent_loop":
-                calls.setdefault(span.name, ())
-                inputs = {k: v for k, v in (span.inputs or {}).items() if k != "messages"}  # (ours: chat messages)
-                calls[span.name] += ((span.status.status_code.name, tuple(sorted(tags.items())),
-                                      json.dumps(inputs, sort_keys=True), json.dumps(span.outputs, sort_keys=True)),)
-    return out
 
 
 def test_verls_mlflow_traces_arrive_with_verls_spans_and_tags(offline_trackers, tmp_path, monkeypatch):

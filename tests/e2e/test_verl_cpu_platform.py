@@ -59,3 +59,13 @@ def test_verls_own_helpers_answer_for_the_cpu():
     free, total, allocated, reserved = seen["memory"]
     assert 0 < free <= total and allocated == reserved == 0
     assert seen["flops"] == 0.448 and seen["same_draw"] is True  # verl's table: "CPU" 448e9 FLOPS, 0.448 T
+
+
+def test_the_readme_gives_the_command_ci_runs():
+    """The README's "Use it from verl" block is the command tests/e2e/test_verl_main_ppo.py runs for tracklane's
+    side (its variables, overrides and paths), so it cannot drift from what CI runs."""
+    from tests.verl_cpu.main_ppo import ci_command
+
+    readme = (ROOT / "README.md").read_text()
+    block = "\n".join("  " + line for line in ci_command().splitlines())
+    assert f"  ```bash\n{block}\n  ```" in readme

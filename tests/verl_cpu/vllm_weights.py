@@ -10,12 +10,10 @@ this project's own vLLM engine does (trainer/rollout/vllm_engine.py). This modul
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
-from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
+
+from tests.verl_cpu.after_import import after_import
 
 TARGET = "verl.workers.rollout.vllm_rollout.utils"
 
@@ -36,30 +34,4 @@ def _reload_instead(module: ModuleType) -> None:
     extension._update_weights = _update_weights
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then(module)`` right after ``name`` is first imported, in whichever process imports it."""
-
-    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # the real finders find it; this runs once
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module, then = spec.loader.exec_module, self.then
-
-        def exec_then(module: ModuleType) -> None:
-            exec_module(module)
-            then(module)
-
-        spec.loader.exec_module = exec_then  # type: ignore[method-assign]
-        return spec
-
-
-if TARGET in sys.modules:
-    _reload_instead(sys.modules[TARGET])
-elif not any(isinstance(finder, _AfterImport) and finder.name == TARGET for finder in sys.meta_path):
-    sys.meta_path.insert(0, _AfterImport(TARGET, _reload_instead))
+after_import(TARGET, _reload_instead)
