@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeGuard
 
 import msgpack
@@ -60,9 +60,7 @@ class LoggedSteps:
                 continue
             for record in records:
                 if _on_step_axis(record):
-                    for key in record.values:
-                        if record.step > earlier.get(key, -1):
-                            earlier[key] = record.step
+                    _raise_to(earlier, record.values, record.step)
         return cls(path, earlier)
 
     def keep_new(self, records: list[Record]) -> list[Record]:
@@ -98,10 +96,7 @@ class LoggedSteps:
             self.last.update(dict.fromkeys(record.values, step))
             self._top = step
         else:
-            last = self.last
-            for key in record.values:
-                if step > last.get(key, -1):
-                    last[key] = step
+            _raise_to(self.last, record.values, step)
         self._saved = False
 
     def save(self) -> None:
@@ -109,6 +104,13 @@ class LoggedSteps:
         if not self._saved:
             write_atomically(self._path, msgpack.packb(self.last, use_bin_type=True))
             self._saved = True
+
+
+def _raise_to(last: dict[str, int], keys: Iterable[str], step: int) -> None:
+    """Each of ``keys`` at ``step`` in ``last`` where that is later than what it holds."""
+    for key in keys:
+        if step > last.get(key, -1):
+            last[key] = step
 
 
 def _on_step_axis(record: Record) -> TypeGuard[Metrics]:

@@ -108,18 +108,19 @@ def report(results: list[dict[str, Any]]) -> str:
              fmt(r["loop_s"]), fmt(r["loop_s"] / base[r["round"]]["loop_s"], 3), fmt(r["rest_ms"], 1),
              fmt(r["first_step_s"], 1), fmt(r["wall_s"], 0)]
             for r in sorted(results, key=lambda r: (r["round"], MODES.index(r["mode"])))]
+    def median(mine: list[dict[str, Any]], figure: str, digits: int = 2) -> str:
+        return fmt(statistics.median(r[figure] for r in mine), digits)
+
+    def ratio(mine: list[dict[str, Any]], figure: str) -> str:
+        """The median ratio to ``none`` in the same round, and its range over the rounds."""
+        ratios = [r[figure] / base[r["round"]][figure] for r in mine]
+        return f"{fmt(statistics.median(ratios), 3)} ({fmt(min(ratios), 3)}-{fmt(max(ratios), 3)})"
+
     for mode in MODES:
         mine = [r for r in results if r["mode"] == mode]
-        ratios = [(r["step_s"] / base[r["round"]]["step_s"], r["loop_s"] / base[r["round"]]["loop_s"]) for r in mine]
-        rows.append(["all", mode, fmt(statistics.median(r["step_s"] for r in mine)),
-                     f"{fmt(statistics.median(s for s, _ in ratios), 3)} ({fmt(min(s for s, _ in ratios), 3)}-"
-                     f"{fmt(max(s for s, _ in ratios), 3)})",
-                     fmt(statistics.median(r["loop_s"] for r in mine)),
-                     f"{fmt(statistics.median(lp for _, lp in ratios), 3)} ({fmt(min(lp for _, lp in ratios), 3)}-"
-                     f"{fmt(max(lp for _, lp in ratios), 3)})",
-                     fmt(statistics.median(r["rest_ms"] for r in mine), 1),
-                     fmt(statistics.median(r["first_step_s"] for r in mine), 1),
-                     fmt(statistics.median(r["wall_s"] for r in mine), 0)])
+        rows.append(["all", mode, median(mine, "step_s"), ratio(mine, "step_s"), median(mine, "loop_s"),
+                     ratio(mine, "loop_s"), median(mine, "rest_ms", 1),
+                     median(mine, "first_step_s", 1), median(mine, "wall_s", 0)])
     return table(["round", "mode", "timing_s/step", "x none", "loop s", "x none", "rest ms", "step 1 s",
                   "job wall s"], rows)
 
