@@ -63,15 +63,14 @@ def venv(wheel, tmp_path_factory) -> tuple[Path, set[str]]:
 
 
 def test_the_wheel_has_one_top_level_import_name(wheel):
-    """The wheel's RECORD: one package at the top, ``tracklane``; besides it only the hook's .pth and metadata."""
+    """The wheel's RECORD: one package at the top, ``tracklane``; besides it only metadata (no .pth)."""
     with zipfile.ZipFile(wheel) as archive:
         record = next(n for n in archive.namelist() if n.endswith(".dist-info/RECORD"))
         paths = [line.split(",")[0] for line in archive.read(record).decode().splitlines() if line]
         top_level = archive.read(record.replace("RECORD", "top_level.txt")).decode().split()
     tops = {p.split("/")[0] for p in paths}
-    names = {t.removesuffix(".py") for t in tops if not t.endswith((".dist-info", ".data", ".pth"))}
+    names = {t.removesuffix(".py") for t in tops if not t.endswith((".dist-info", ".data"))}
     assert names == {"tracklane"}
-    assert {t for t in tops if t.endswith(".pth")} == {"tracklane-legacy-hook.pth"}
     assert top_level == ["tracklane"]
     for folder in ("workers", "trainer", "benchmarks"):  # the other folders are inside it
         assert f"tracklane/{folder}/__init__.py" in paths
@@ -79,10 +78,9 @@ def test_the_wheel_has_one_top_level_import_name(wheel):
 
 
 def test_the_install_adds_one_import_name(venv):
-    """In the fresh venv's site-packages: ``tracklane``, its metadata and the hook's .pth, nothing else."""
+    """In the fresh venv's site-packages: ``tracklane`` and its metadata, nothing else."""
     _, added = venv
-    assert {a for a in added if not a.endswith((".dist-info", ".pth")) and a != "__pycache__"} == {"tracklane"}
-    assert {a for a in added if a.endswith(".pth")} == {"tracklane-legacy-hook.pth"}
+    assert {a for a in added if not a.endswith(".dist-info") and a != "__pycache__"} == {"tracklane"}
 
 
 @pytest.fixture
@@ -136,36 +134,3 @@ def test_an_async_run_from_a_folder_with_pipeline_trainer_and_workers(venv, shad
     steps = [line for line in lines if "critic/score/mean" in line.get("data", {})]
     assert [line["step"] for line in steps] == [1, 2, 3, 4, 5]
     assert [line["data"]["critic/score/mean"] for line in steps] == [0.1, 0.2, 0.3, 0.4, 0.5]
-
-
-OLD_HOOK = textwrap.dedent('''
-    import sys, warnings
-    from ray._common.utils import load_class  # how Ray resolves worker_process_setup_hook in each worker
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for name in sys.argv[1:]:
-            hook = load_class(name)
-            import tracklane.verl.dropin
-            assert hook is tracklane.verl.dropin.install, (name, hook)
-    assert sum(issubclass(w.category, DeprecationWarning) and "tracklane.verl.install" in str(w.message)
-               for w in caught) == 2, [str(w.message) for w in caught]
-    try:
-        import pipeline.shipping  # noqa: F401  only the hook's modules are served under the old name
-    except ModuleNotFoundError:
-        print("OK")
-''')
-
-
-def test_the_hooks_old_names_still_load_where_no_pipeline_of_the_users_is(venv, tmp_path, shadowing_folder):
-    """Ray's way of loading a hook finds the old names (a DeprecationWarning each) in a plain folder; in a folder
-    with a pipeline module of the user's, that module is what ``import pipeline`` gets."""
-    python, _ = venv
-    (tmp_path / "plain").mkdir()
-    (tmp_path / "plain" / "old_hook.py").write_text(OLD_HOOK)
-    old = ["pipe" + "line.verl.dropin.install", "pipe" + "line.verl_dropin.install"]  # the kit renames no literal
-    done = _run([str(python), "old_hook.py", *old], cwd=tmp_path / "plain")
-    assert done.stdout.strip() == "OK"
-    shadowed = subprocess.run([str(python), "-c", "import pipeline"], cwd=shadowing_folder, capture_output=True,
-                              text=True)
-    assert shadowed.returncode == 1 and "the user's own pipeline" in shadowed.stderr

@@ -35,7 +35,7 @@ THEIRS = ("verl",)
 DOTTED = re.compile(r"(?<![\w./-])(?:import |from |-m )?(?:tracklane|pipeline|workers|trainer|benchmarks|tests)"
                     r"(?:\.\w+)+(?::\w+)?")
 # A dotted name's package -> the folder its modules are in (pyproject's package-dir); the folders' own names are
-# no module names any more (a doc naming one is stale), but for the verl hook's old names, still served.
+# no module names any more (a doc naming one is stale).
 FOLDER_OF = {"tracklane.workers": "workers", "tracklane.trainer": "trainer", "tracklane.benchmarks": "benchmarks",
              "tracklane": "pipeline", "tests": "tests"}
 OLD_TOPS = ("pipeline", "workers", "trainer", "benchmarks")
@@ -114,18 +114,11 @@ def dotted_problem(found: str, root: Path) -> str | None:
     return None  # every part is a package or module that exists
 
 
-def legacy_names() -> set[str]:
-    """The verl hook's old module names and what lies above and in them, still served (pipeline/_legacy_hook.py)."""
-    from tracklane._legacy_hook import ALIASES, STUBS
-
-    return {*STUBS, *ALIASES, *(f"{alias}.install" for alias in ALIASES)}
-
-
 def old_name_problem(name: str, parts: list[str], context: str, root: Path) -> str | None:
     """A name starting with a folder's name: stale where it names a module of ours by that folder (the modules are
     tracklane's now), fine where it is something else (``trainer.async_log``: verl's config section)."""
-    if name in legacy_names() or (parts[0] == "trainer" and not context):
-        return None  # the hook's old names; trainer.async_log, trainer.progress=false: verl's config section
+    if parts[0] == "trainer" and not context:
+        return None  # trainer.async_log, trainer.progress=false: verl's config section
     folder = root / parts[0]
     below = parts[1]
     if (folder / below).is_dir() or (folder / f"{below}.py").is_file() or (
@@ -363,14 +356,15 @@ def test_a_setting_the_code_lacks_is_caught():
 
 
 def test_a_doc_naming_a_module_by_its_folder_is_reported():
-    """A module named by its folder (the name it had before tracklane became the one import name) is stale; the
-    verl hook's old names (still served) and verl's config sections are not."""
+    """A module named by its folder (the name it had before tracklane became the one import name) is stale; verl's
+    config sections are not."""
     old = "pipe" + "line"  # written so, or the renaming kit would rename it here too
     text = [("doc.md", 1, f"from {old}.core.records import Metrics; {old}.Tracking; trainer.async_log, tracklane.run_id"),
-            ("doc.md", 2, f"{old}.verl.dropin.install, {old}.verl_dropin.install, import {old}.nothing_of_ours")]
+            ("doc.md", 2, f"{old}.verl.dropin.install, import {old}.nothing_of_ours")]
     assert stale_references(text, ROOT) == [
         f"doc.md:1: {old}.core.records: a module's old name; it is tracklane.core.records",
         f"doc.md:1: {old}.Tracking: a module's old name; it is tracklane.Tracking",
+        f"doc.md:2: {old}.verl.dropin.install: a module's old name; it is tracklane.verl.dropin.install",
         f"doc.md:2: {old}.nothing_of_ours: {old} is no module name (a folder's; its modules are tracklane's)",
     ]
 

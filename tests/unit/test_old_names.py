@@ -1,5 +1,4 @@
-"""One import name, ``tracklane``: nothing of ours is named by its folder, the wheel lists every package, and the
-verl hook's old names are served by the finder in ``tracklane._legacy_hook`` only where no other module takes them.
+"""One import name, ``tracklane``: nothing of ours is named by its folder, and the wheel lists every package.
 
 The folders (pipeline/, workers/, trainer/, benchmarks/) are importable by their own names from the repository's
 root (pytest puts it on the path for ``tests.*``), so a stray old name would load a second copy of a module there
@@ -10,8 +9,6 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,9 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 INSTALLED_AS = {"pipeline": "tracklane", "workers": "tracklane.workers", "trainer": "tracklane.trainer",
                 "benchmarks": "tracklane.benchmarks"}
 SOURCES = [*INSTALLED_AS, "tests", "docs", ".ci"]
-# the finder's own module names them on purpose; this file builds them
-ALLOWED = {Path("pipeline/_legacy_hook.py"), Path("tests/unit/test_old_names.py"),
-           Path("tests/e2e/test_one_import_name.py")}
+# these name them on purpose: this file builds them, the e2e test makes a user's folder of them
+ALLOWED = {Path("tests/unit/test_old_names.py"), Path("tests/e2e/test_one_import_name.py")}
 
 
 # a dotted name in a string; not a config key given a value (`trainer.logger=[]`), not verl.trainer.x
@@ -93,37 +89,3 @@ def test_the_wheel_lists_every_package_under_its_installed_name():
     folders = {".".join([INSTALLED_AS[old], *init.parent.relative_to(ROOT / old).parts])
                for old in INSTALLED_AS for init in (ROOT / old).rglob("__init__.py") if "__pycache__" not in init.parts}
     assert set(setuptools["packages"]) == folders, f"add to pyproject's packages: {sorted(folders - set(setuptools['packages']))}"
-
-
-OLD_HOOK = "pipe" + "line.verl.dropin"  # written so: the renaming kit renames literals
-
-
-def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
-
-
-@pytest.mark.parametrize("where", ["plain folder", "repository root"])
-def test_the_hooks_old_name_is_tracklanes_module_with_a_warning(tmp_path, where):
-    """With the finder on (the wheel's .pth puts it there), the hook's old module name is ``tracklane.verl.dropin``
-    itself, with a DeprecationWarning; from the checkout's root too, where the folder would load a second copy."""
-    cwd = tmp_path if where == "plain folder" else ROOT
-    code = (f"import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
-            f"import tracklane._legacy_hook as h; h.uninstall_finder(); h.install_finder()  # this source's finder\n"
-            f"try:\n    import {OLD_HOOK}\nexcept DeprecationWarning as w:\n    print('WARNED', w)\n"
-            f"warnings.simplefilter('ignore', DeprecationWarning)\n"
-            f"import importlib, sys, tracklane.verl.dropin as ours\n"
-            f"print(importlib.import_module('{OLD_HOOK}') is ours, sys.modules['{OLD_HOOK.split('.')[0]}'].__path__)\n")
-    done = _python(code, cwd)
-    assert done.returncode == 0, done.stderr
-    warned, same = done.stdout.splitlines()
-    assert warned.startswith("WARNED") and "tracklane.verl.install" in warned
-    assert same == "True []"
-
-
-def test_a_users_own_pipeline_module_wins_over_the_finder(tmp_path):
-    """A folder with its own module named pipeline: ``import pipeline`` is that module, the finder steps aside."""
-    (tmp_path / ("pipe" + "line.py")).write_text("MINE = True\n")
-    code = ("import tracklane._legacy_hook as h; h.uninstall_finder(); h.install_finder()\n"
-            f"import {OLD_HOOK.split('.')[0]} as p; print(p.MINE)\n")
-    done = _python(code, tmp_path)
-    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
