@@ -24,7 +24,7 @@ The faults (``benchmarks/chaos_schedule.py`` draws when, on what and how long, f
                    counted failed in MLflow and stored by every other tracker
 
 The end check (``benchmarks/chaos_check.py``) holds every tracker to: every point logged before a kill's grace
-window exactly once; no duplicate; no point that was not logged; each source's order kept where the store
+window exactly once; no duplicate; no point that was not logged; each sender's order kept where the store
 keeps order; and every loss the final report names equal to what is missing: a killed producer's unshipped
 tail, what a full disk cost, the poison record. The seed and the fault timeline are printed at the start and
 the end, so a failing run replays with the same seed; the exit code is 1 when a check failed. The whole
@@ -423,15 +423,15 @@ class ChaosRun:
         from tracklane.benchmarks.chaos_check import Expected, Logged, Window
 
         logged = [Logged("train", t.gen, step, when) for t in self.trainers for step, when in t.logged]
-        sources: dict[tuple[str, int], str] = {}
+        senders: dict[tuple[str, int], str] = {}
         for path in sorted(self.producer_dir.glob("p*-g*.log")):
             name, gen = path.stem.split("-g")
             for line in path.read_text(encoding="utf-8").splitlines():
                 parts = line.split()
                 if parts[0] == "log" and len(parts) == 3:
                     logged.append(Logged(name, int(gen), int(parts[1]), float(parts[2])))
-                elif parts[0] == "source" and len(parts) == 2:
-                    sources[(name, int(gen))] = parts[1]
+                elif parts[0] == "sender" and len(parts) == 2:
+                    senders[(name, int(gen))] = parts[1]
         last = self.trainers[-1] if self.trainers else None
         windows = []
         for trainer in self.trainers:
@@ -447,7 +447,7 @@ class ChaosRun:
                 windows.append(Window("trainer_kill", trainer.killed_at, trainer.killed_at - self.s.grace_s,
                                       frozenset(members), reported=False))
         return Expected(logged=logged, windows=windows, keys=self.s.keys, producer_keys=self.s.producer_keys,
-                        rich_every=self.s.rich_every, sources=sources)
+                        rich_every=self.s.rich_every, senders=senders)
 
     def _check(self, uri: str, mounted: bool, error: str | None) -> dict[str, Any]:
         from tracklane.benchmarks.chaos_check import Place, check_tracker
@@ -543,11 +543,11 @@ def print_result(result: dict[str, Any], settings: Settings) -> None:
     named = {}
     for name, row in result["trackers"].items():
         for line in row.get("named", []):
-            named.setdefault((line["what"], line.get("source")), []).append(f"{name} {line['named']}/{line['missing']}")
+            named.setdefault((line["what"], line.get("sender")), []).append(f"{name} {line['named']}/{line['missing']}")
     if named:
         print("  the report's losses against what is missing (named/missing records, per tracker):")
-        for (what, source), cells in named.items():
-            print(f"    {what}{f' [{source}]' if source else ''}: {', '.join(cells)}")
+        for (what, sender), cells in named.items():
+            print(f"    {what}{f' [{sender}]' if sender else ''}: {', '.join(cells)}")
     print(f"  phases: {json.dumps(result.get('phases', {}))}, wall {result.get('wall_s', '?')} s")
     if result.get("report_summary"):
         print("\n" + result["report_summary"])

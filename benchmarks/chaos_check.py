@@ -5,12 +5,12 @@ Kafka's transactions test, per tracker: set equality, no duplicates, order. For 
 - **points**: each (key, step) the trainer or a producer logged, its value encoding its step (``value_of``):
   present exactly once, missing, or stored twice; a point the run never logged, or with another value, is
   *unexpected*; a record (one ``log()`` call) only partly stored is *torn*.
-- **validation generations** (a record every ``rich_every`` steps of each source): the same, per record,
-  from each tracker's table (samples name their source and step).
+- **validation generations** (a record every ``rich_every`` steps of each sender): the same, per record,
+  from each tracker's table (samples name their sender and step).
 - **the poison image**: in every tracker once, except MLflow, which must not have it.
 - **order**: where the store keeps the order things arrived in (the file's lines, TensorBoard's event files,
   wandb's run file, SwanLab's store, the console's lines; not MLflow, which sorts by step and timestamp), each
-  key's steps increase within each incarnation of a source (a trainer process, a producer actor) and, for the
+  key's steps increase within each incarnation of a sender (a trainer process, a producer actor) and, for the
   trainer, across its resume. Across a producer's re-creation the order is reported, not required: the
   successor starts logging at once, while what its predecessor shipped may still be on its way.
 
@@ -22,7 +22,7 @@ not taken; a lane's memory bound); a window record may be missing. Then the repo
 what is missing, per tracker, in records (a record
 is one ``log*()`` call: a step's metrics, or a validation-generations record):
 
-- every producer incarnation the final report names (its source id: a producer killed on its own, one that died
+- every producer incarnation the final report names (its sender id: a producer killed on its own, one that died
   with a SIGKILLed trainer and that the resumed run found in its spool, one that closed normally): its
   ``unshipped`` is exactly how many of its window records are missing; a producer killed while the last
   trainer ran must be named, and so must one whose window records are missing (a tail no report names is a
@@ -52,9 +52,9 @@ OUR_KEY = re.compile(r"^(train/k\d\d|p\d+/v\d\d)$")
 
 @dataclass(frozen=True, slots=True)
 class Logged:
-    """One ``log()`` call of one source: the trainer (``train``) or a producer (``p<j>``), in one incarnation."""
+    """One ``log()`` call of one sender: the trainer (``train``) or a producer (``p<j>``), in one incarnation."""
 
-    source: str
+    sender: str
     gen: int
     step: int
     time: float
@@ -62,7 +62,7 @@ class Logged:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """A kill's grace window: records of these (source, gen) logged at or after ``start`` may be missing."""
+    """A kill's grace window: records of these (sender, gen) logged at or after ``start`` may be missing."""
 
     kind: str
     at: float
@@ -96,17 +96,17 @@ class Expected:
     keys: int
     producer_keys: int
     rich_every: int
-    sources: dict[tuple[str, int], str] = field(default_factory=dict)
-    """(producer, gen) -> its source id (as the report names it)."""
+    senders: dict[tuple[str, int], str] = field(default_factory=dict)
+    """(producer, gen) -> its sender id (as the report names it)."""
 
-    def keys_of(self, source: str) -> list[str]:
-        if source == "train":
+    def keys_of(self, sender: str) -> list[str]:
+        if sender == "train":
             return [TRAINER_KEY.format(i) for i in range(self.keys)]
-        return [f"{source}/{PRODUCER_KEY.format(i)}" for i in range(self.producer_keys)]
+        return [f"{sender}/{PRODUCER_KEY.format(i)}" for i in range(self.producer_keys)]
 
     def window_of(self, record: Logged) -> Window | None:
         for window in self.windows:
-            if (record.source, record.gen) in window.incarnations and record.time >= window.start:
+            if (record.sender, record.gen) in window.incarnations and record.time >= window.start:
                 return window
         return None
 
@@ -191,7 +191,7 @@ def _console_lines(place: Place) -> Iterable[tuple[str, tuple[int, str, float]]]
 
 
 def read_generations(tracker: str, place: Place, keys: list[str]) -> Counter:
-    """(source, step) -> how many times the tracker stored that validation-generations record (by its first
+    """(sender, step) -> how many times the tracker stored that validation-generations record (by its first
     sample; MLflow keeps one file per key and step, so it cannot show a record twice)."""
     inputs: list[str] = []
     if tracker == "file":
@@ -234,17 +234,17 @@ def read_generations(tracker: str, place: Place, keys: list[str]) -> Counter:
             for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
                 match = re.match(r"^step:(-?\d+) - ([\w./-]+): \d+ samples", line)
                 if match and match[2] in keys:
-                    found[(_source_of_key(match[2]), int(match[1]))] += 1
+                    found[(_sender_of_key(match[2]), int(match[1]))] += 1
         return found
     out: Counter = Counter()
     for text in inputs:
-        source, step, index = str(text).split("|")
+        sender, step, index = str(text).split("|")
         if index == "0":
-            out[(source, int(step))] += 1
+            out[(sender, int(step))] += 1
     return out
 
 
-def _source_of_key(key: str) -> str:
+def _sender_of_key(key: str) -> str:
     return key.split("/")[0] if key != GEN_KEY else "train"
 
 
@@ -299,7 +299,7 @@ class Tally:
     window_missing: Counter = field(default_factory=Counter)
     """Window -> its records not stored."""
     tail_missing: Counter = field(default_factory=Counter)
-    """(source, gen) -> its window records not stored."""
+    """(sender, gen) -> its window records not stored."""
     examples: dict[str, list] = field(default_factory=lambda: {k: [] for k in ("missing", "duplicated", "torn")})
 
     def add(self, record: Logged, window: Window | None, counts: list[int], generations: int | None) -> None:
@@ -308,10 +308,10 @@ class Tally:
         duplicated = sum(1 for n in counts if n > 1) + (1 if generations and generations > 1 else 0)
         self.duplicated += duplicated
         if duplicated:
-            _example(self.examples["duplicated"], (record.source, record.gen, record.step))
+            _example(self.examples["duplicated"], (record.sender, record.gen, record.step))
         if 0 < sum(1 for n in counts if n) < len(counts):
             self.torn_records += 1
-            _example(self.examples["torn"], (record.source, record.gen, record.step, counts))
+            _example(self.examples["torn"], (record.sender, record.gen, record.step, counts))
         self.present_points += sum(1 for n in counts if n == 1)
         gone_points = sum(1 for n in counts if n == 0)
         gone_records = (1 if gone_points else 0) + (1 if generations == 0 else 0)
@@ -320,29 +320,29 @@ class Tally:
             self.missing_points += gone_points
             if gone_records:
                 self.missing_records.extend([record] * gone_records)
-                _example(self.examples["missing"], (record.source, record.gen, record.step, round(record.time, 3)))
+                _example(self.examples["missing"], (record.sender, record.gen, record.step, round(record.time, 3)))
         else:
             self.window_lost_points += gone_points
             self.window_missing[window] += gone_records
-            self.tail_missing[(record.source, record.gen)] += gone_records
+            self.tail_missing[(record.sender, record.gen)] += gone_records
 
 
 def tally(expected: Expected, stored: Counter, generations: Counter) -> Tally:
     """Every logged record against what the store holds."""
     out = Tally()
     for record in expected.logged:
-        keys = expected.keys_of(record.source)
+        keys = expected.keys_of(record.sender)
         out.logged_points.update((record.step, key) for key in keys)
         has_generations = record.step % expected.rich_every == 0
         out.add(record, expected.window_of(record), [stored.get((record.step, key), 0) for key in keys],
-                generations.get((record.source, record.step), 0) if has_generations else None)
+                generations.get((record.sender, record.step), 0) if has_generations else None)
     return out
 
 
 def strays(points: list[tuple[int, str, float]], logged: set[tuple[int, str]], generations: Counter,
            expected: Expected, tracker: str) -> dict[str, Any]:
     """What the store holds that was never logged, or with another value than the one logged."""
-    logged_generations = {(r.source, r.step) for r in expected.logged if r.step % expected.rich_every == 0}
+    logged_generations = {(r.sender, r.step) for r in expected.logged if r.step % expected.rich_every == 0}
     unexpected = sorted({(step, key) for step, key, _ in points if (step, key) not in logged})
     wrong = [(step, key, value) for step, key, value in points if (step, key) in logged
              and not _same(value, value_of(step, int(key[-2:])), tracker)]
@@ -412,29 +412,29 @@ def _match_report(tracker: str, expected: Expected, report: dict[str, Any] | Non
     producers = report.get("producers", {})
     killed = {incarnation: window for window in expected.windows for incarnation in window.incarnations}
     in_windows = 0  # window records missing beyond a tail, named among the dropped (a full disk's cost)
-    for (name, gen), source in sorted(expected.sources.items()):
+    for (name, gen), sender in sorted(expected.senders.items()):
         lost = tail_missing.get((name, gen), 0)
         window = killed.get((name, gen))
-        entry = producers.get(source)
+        entry = producers.get(sender)
         if entry is None:
             if window is not None and window.kind == "producer_kill" and window.reported:
-                failures.append(f"the report names no producer {name}-g{gen} ({source}), killed while the last "
+                failures.append(f"the report names no producer {name}-g{gen} ({sender}), killed while the last "
                                 f"trainer ran; {lost} of its record(s) are missing")
             elif lost:  # killed in a trainer SIGKILLed later, and its successor's report does not carry it
-                failures.append(f"producer {name}-g{gen} ({source}, {window.kind if window else 'not killed'}): "
+                failures.append(f"producer {name}-g{gen} ({sender}, {window.kind if window else 'not killed'}): "
                                 f"{lost} of its window record(s) are missing and no report names them")
-            rows.append({"what": f"{name}-g{gen} tail ({window.kind if window else 'no kill'})", "source": source,
+            rows.append({"what": f"{name}-g{gen} tail ({window.kind if window else 'no kill'})", "sender": sender,
                          "named": None, "missing": lost})
             continue
         named = entry.get("unshipped", 0)
-        rows.append({"what": f"{name}-g{gen} unshipped", "source": source, "named": named, "missing": lost,
+        rows.append({"what": f"{name}-g{gen} unshipped", "sender": sender, "named": named, "missing": lost,
                      "died": entry.get("died"), "killed_by": window.kind if window else None})
         # Batches its full disk refused that this lane never got may lie in its window too: the report names them
         # among the dropped (lost_by_lane), matched there.
         beyond = min(max(0, lost - named), entry.get("lost_by_lane", {}).get(tracker, 0))
         in_windows += beyond
         if named + beyond != lost and not _went_with_the_trainer(tracker, window, named, lost):
-            failures.append(f"producer {name}-g{gen} ({source}, {window.kind if window else 'not killed'}): the "
+            failures.append(f"producer {name}-g{gen} ({sender}, {window.kind if window else 'not killed'}): the "
                             f"report says {named} record(s) not shipped, {lost} of its window record(s) are missing")
     lane = report.get("lanes", {}).get(tracker, {})
     dropped = (lane.get("dropped_records", 0) + report.get("dropped_records", 0)
@@ -466,22 +466,22 @@ def _went_with_the_trainer(tracker: str, window: Window | None, named: int, lost
 def _order(points: list[tuple[int, str, float]], expected: Expected) -> dict[str, Any]:
     """Each key's steps in storage order: increasing within each incarnation, and across the trainer's resume;
     a producer's steps going back across its re-creation are counted apart (reported, not required)."""
-    gen_of: dict[tuple[str, int], int] = {(r.source, r.step): r.gen for r in expected.logged}
+    gen_of: dict[tuple[str, int], int] = {(r.sender, r.step): r.gen for r in expected.logged}
     by_key: dict[str, list[int]] = {}
     for step, key, _ in points:
         by_key.setdefault(key, []).append(step)
     broken: list[tuple] = []
     across: list[tuple] = []
     for key, steps in by_key.items():
-        source = "train" if key.startswith("train/") else key.split("/")[0]
+        sender = "train" if key.startswith("train/") else key.split("/")[0]
         last: dict[int, int] = {}  # gen -> its last step seen
         previous: tuple[int, int] | None = None  # (gen, step) of the point before
         for step in steps:
-            gen = gen_of.get((source, step), -1)
+            gen = gen_of.get((sender, step), -1)
             if gen in last and step <= last[gen]:
                 broken.append((key, f"g{gen}", last[gen], step))
             elif previous is not None and step <= previous[1]:
-                (broken if source == "train" else across).append((key, f"g{previous[0]}->g{gen}", previous[1], step))
+                (broken if sender == "train" else across).append((key, f"g{previous[0]}->g{gen}", previous[1], step))
             last[gen] = step
             previous = (gen, step)
     return {"kept": not broken, "broken": broken[:10], "broken_count": len(broken),

@@ -4,7 +4,7 @@ must happen inside it (a lane actor or a producer SIGKILLed, the poison record),
 
     python -m tracklane.benchmarks.chaos child --spec JSON
 
-Every point is identifiable: a source (``train`` or a producer ``p<j>``), a key and a step, and its value
+Every point is identifiable: a sender (``train`` or a producer ``p<j>``), a key and a step, and its value
 encodes its step (``value_of``), so the end check knows what each tracker must hold. What was logged and when
 is written down *before* each ``log()`` call (the trainer on its protocol pipe, each producer in its own file),
 so a kill between the two leaves a line for a point that may be missing, never a point without a line.
@@ -59,9 +59,9 @@ def producer_name(index: int) -> str:
     return f"p{index}"
 
 
-def sample_input(source: str, step: int, index: int) -> str:
+def sample_input(sender: str, step: int, index: int) -> str:
     """The input of a validation sample: who logged it, at which step (read back from every tracker's table)."""
-    return f"{source}|{step}|{index}"
+    return f"{sender}|{step}|{index}"
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -94,7 +94,7 @@ class ProducerActor:
                     samples = [(sample_input(name, step, i), f"answer {i}", float(step)) for i in range(2)]
                     self.producer.log_generations(samples, step=step)
                 if step == self.first:
-                    out.write(f"source {self.producer.source}\n")
+                    out.write(f"sender {self.producer.sender}\n")
                 self._last = step
                 step += 1
                 time.sleep(self.pause)
@@ -107,7 +107,7 @@ class ProducerActor:
         flushed = self.producer.flush(timeout)
         with open(self.log_path, "a", encoding="utf-8") as out:
             out.write(f"stopped {self._last} {time.time():.6f}\n")
-        return {"last": self._last, "flushed": flushed, "source": self.producer.source}
+        return {"last": self._last, "flushed": flushed, "sender": self.producer.sender}
 
 
 @dataclasses.dataclass

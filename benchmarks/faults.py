@@ -560,7 +560,7 @@ def slow_tracker(work: Path, seconds: float = 20.0, keys: int = 100, pause: floa
         tracking = Tracking(PROJECT, f"slow-{uuid.uuid4().hex[:6]}", ["memory", "file"], config=config)
         tracking.flush(timeout=180)
         me = psutil.Process()
-        rss, spool_bytes, unacked = [], [], []
+        rss, spool_bytes, unstored = [], [], []
         step, started = 0, time.monotonic()
         while time.monotonic() - started < seconds:
             step += 1
@@ -569,7 +569,7 @@ def slow_tracker(work: Path, seconds: float = 20.0, keys: int = 100, pause: floa
                 health = tracking.health()
                 rss.append(me.memory_info().rss)
                 spool_bytes.append(health.get("tracklane/spool_bytes", 0))
-                unacked.append(health.get("tracklane/lane/memory/unstored_bytes", 0))
+                unstored.append(health.get("tracklane/lane/memory/unstored_bytes", 0))
             time.sleep(pause)
         report = tracking.finish(timeout=finish_timeout_s)
     got = stored_points("memory", work, tracking.run_id, "", "")
@@ -577,7 +577,7 @@ def slow_tracker(work: Path, seconds: float = 20.0, keys: int = 100, pause: floa
     memory = report.lanes["memory"]
     return {"scenario": "slow", "seconds": seconds, "steps": step, "keys": keys,
             "lane_max_bytes": lane_max, "spool_max_bytes": spool_max_bytes,
-            "max_unacked_bytes": max(unacked, default=0), "max_spool_bytes": max(spool_bytes, default=0),
+            "max_unstored_bytes": max(unstored, default=0), "max_spool_bytes": max(spool_bytes, default=0),
             "rss_mib_first_last_max": [round(rss[0] / 2**20), round(rss[-1] / 2**20), round(max(rss) / 2**20)]
             if rss else [], "arrived_steps": len(arrived), "dropped_records": memory.dropped_records,
             "unstored_records_at_finish": memory.unstored_records, "evicted_records": report.spool.evicted_records

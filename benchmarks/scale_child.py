@@ -28,7 +28,7 @@ import numpy as np
 _TEXT_BYTES = 16 * 2**20
 
 
-def text_source() -> str:
+def random_text() -> str:
     """16 MiB of word-like random text (compresses ~2x, like model output); each trajectory slices its own copy."""
     rng = np.random.default_rng(7)
     letters = np.frombuffer(b"etaoinshrdlucmfwypvbgkqjxz     ", dtype=np.uint8)
@@ -61,7 +61,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
            "TRACKLANE_SPOOL_ROOT": str(root / "spool")}
     os.environ.update(env)
     sidecar = _sidecar(spec, metrics, root)
-    text = text_source() if spec["rows"] else ""
+    text = random_text() if spec["rows"] else ""
     tracking = None
     started = time.perf_counter()
     if spec["mode"] == "async":

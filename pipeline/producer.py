@@ -5,7 +5,7 @@ A ``Producer`` is a small picklable spec: the run's lane actors (Ray handles), t
 its first ``log*()`` call in that process, its own bounded buffer, spool folder and shipper thread (what it
 shipped outlives its process: rank 0 delivers a dead producer's spool; only its unshipped tail, at most a flush
 interval, dies with it, and is counted). Its batches go straight
-to the lane actors, numbered in its own sequence (the actors keep a watermark per source), so
+to the lane actors, numbered in its own sequence (the actors keep a watermark per sender), so
 they never pass through rank 0's thread, and each producer's order is kept.
 
 Every producer reports to the run's hub (shipping/hub.py), which rank 0's ``finish()`` reads.
@@ -75,9 +75,9 @@ class Producer(LogCalls):
         return self._pipeline
 
     @property
-    def source(self) -> str:
-        """This process's source id for the producer ("" before its first call)."""
-        return self._pipeline.source if self._pipeline is not None else ""
+    def sender(self) -> str:
+        """This process's sender id for the producer ("" before its first call)."""
+        return self._pipeline.sender if self._pipeline is not None else ""
 
     def _drop_late(self) -> None:  # a producer has no finish of its own: never late
         pass

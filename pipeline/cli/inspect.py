@@ -17,7 +17,7 @@ from tracklane.wire.batch import decode_batch
 
 def inspect_spool(directory: str, out: Any) -> int:
     spool = Spool(directory, readonly=True)
-    applied = _lane_watermarks(directory)
+    stored = _lane_watermarks(directory)
     for entry in spool.entries():
         payload = spool.read(entry.seq)
         try:
@@ -26,14 +26,14 @@ def inspect_spool(directory: str, out: Any) -> int:
             records, problem = None, str(exc)
         else:
             problem = "unreadable" if records is None else ""
-        acked = sorted(name for name, seq in applied.items() if seq >= entry.seq)
-        pending = sorted(set(applied) - set(acked))
+        stored_by = sorted(name for name, seq in stored.items() if seq >= entry.seq)
+        pending = sorted(set(stored) - set(stored_by))
         if records is None:
-            out.write(json.dumps({"seq": entry.seq, "error": problem, "acked_by": acked, "pending": pending}) + "\n")
+            out.write(json.dumps({"seq": entry.seq, "error": problem, "stored_by": stored_by, "pending": pending}) + "\n")
             continue
         for record in records:
             out.write(json.dumps({"seq": entry.seq, "step": record.step, "kind": record.kind, "keys": _keys(record),
-                                  "time": record.time, "only": record.only, "acked_by": acked,
+                                  "time": record.time, "only": record.only, "stored_by": stored_by,
                                   "pending": pending}) + "\n")
     stats = spool.stats
     print(f"tracklane: {spool.batches} batches in {directory}; {stats.corrupt_frames} corrupt frame(s), "

@@ -1,7 +1,7 @@
 """What a sink host answers: how far its tracker got and what it could not store.
 
 The lane actor sends an ``Ack`` back for every call, as msgpack of its plain fields (never
-pickle: pipeline/wire/ack.py); the trainer side reads it in ``Lane`` and merges it into a ``LaneReport`` in exactly
+pickle: pipeline/wire/ack.py); the trainer side reads it in ``Stream`` and merges it into a ``LaneReport`` in exactly
 one place (``LaneReport.take``). The synchronous path builds the same ``Ack`` in-process.
 """
 
@@ -102,10 +102,10 @@ class Ack:
     """Process id of the host (the lane actor's, or the trainer's on the synchronous path)."""
     node_id: str = ""
     """Ray node id of the host ("" outside Ray)."""
-    handed_by_source: dict[str, int] = field(default_factory=dict)
-    """The last batch of each producer's stream (``Tracking.producer``) its tracker was handed, by source id."""
-    stored_by_source: dict[str, int] = field(default_factory=dict)
-    """The last batch of every source its tracker's store holds ("": the trainer's), as its state saves it:
+    handed_by_sender: dict[str, int] = field(default_factory=dict)
+    """The last batch of each producer's stream (``Tracking.producer``) its tracker was handed, by sender id."""
+    stored_by_sender: dict[str, int] = field(default_factory=dict)
+    """The last batch of every sender its tracker's store holds ("": the trainer's), as its state saves it:
     rank 0 keeps a copy in its spool, so a lane on another node's disk re-sends nothing after a resume."""
     work: Work = field(default_factory=lambda: Work())
     """What the host has spent so far (this actor's life)."""
@@ -123,11 +123,11 @@ class Ack:
     def stored_seq(self) -> int:
         return self.handed if self.stored is None else min(self.stored, self.handed)
 
-    def for_source(self, source: str) -> Ack:
-        """This answer (to the trainer's source "") as its watermarks stand for another ``source`` of the same
+    def for_sender(self, sender: str) -> Ack:
+        """This answer (to the trainer's sender "") as its watermarks stand for another ``sender`` of the same
         actor: a bulk stream's (shipping/streams.py), told by a flush or a close."""
-        handed = self.handed_by_source.get(source, 0)
-        stored = self.stored_by_source.get(source, 0)
+        handed = self.handed_by_sender.get(sender, 0)
+        stored = self.stored_by_sender.get(sender, 0)
         return dataclasses.replace(self, handed=handed, stored=None if stored >= handed else stored, gap=False,
                                    held=False, answers={})
 

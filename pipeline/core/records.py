@@ -245,7 +245,7 @@ class Reduction:
     time: float
     role: str
     values: dict[str, Any] = field(default_factory=dict)
-    """part: key -> number; declare: producer name -> 0; ended: source id -> its last batch; else empty."""
+    """part: key -> number; declare: producer name -> 0; ended: sender id -> its last batch; else empty."""
     op: str = ""
     ops: dict[str, str] = field(default_factory=dict)
     only: list[str] | None = None

@@ -5,10 +5,10 @@
 keeps one ``Reducer``, on disk after every batch, which decides when a step is complete and what its points are.
 
 A step is complete (the lowest open one first, so the points leave in step order) when
-  - rank 0 got past it (logged anything at a later step of the trainer), every source that contributed got past
-    it, and every producer name rank 0 handed out (``Tracking.producer``, a ``DECLARE``) has a source logging on
-    the trainer's step and all such sources got past it; a source rank 0 said ended (``ENDED``: it died or closed)
-    is past every step once its last batch arrived. A name with no such source is waited for ``timeout_s`` from
+  - rank 0 got past it (logged anything at a later step of the trainer), every sender that contributed got past
+    it, and every producer name rank 0 handed out (``Tracking.producer``, a ``DECLARE``) has a sender logging on
+    the trainer's step and all such senders got past it; a sender rank 0 said ended (``ENDED``: it died or closed)
+    is past every step once its last batch arrived. A name with no such sender is waited for ``timeout_s`` from
     its declaration, no longer (a handle given to a process that never logs, or logs only on an axis of its own);
   - or rank 0 is finishing (``FINISH``: every step open then; a resumed run opens new ones after it);
   - or it has been open ``timeout_s`` (a producer that stopped logging without dying).
@@ -54,9 +54,9 @@ def check_ops(reduce: Any, keys: Iterable[str]) -> tuple[str, dict[str, str]]:
     return "", {str(k): str(v) for k, v in reduce.items()}
 
 
-def producer_name(source: str) -> str:
-    """A producer's name from its source id (``<name>#<10 hex>``, shipping/producer_pipeline.py)."""
-    return source.rpartition("#")[0] or source
+def producer_name(sender: str) -> str:
+    """A producer's name from its sender id (``<name>#<10 hex>``, shipping/producer_pipeline.py)."""
+    return sender.rpartition("#")[0] or sender
 
 
 class Reducer:
@@ -66,16 +66,16 @@ class Reducer:
         self.timeout_s = timeout_s
         self._clock = clock
         self.seq: dict[str, int] = {}
-        """source -> its last batch reduced (a batch sent again is skipped: exactly once)."""
+        """sender -> its last batch reduced (a batch sent again is skipped: exactly once)."""
         self.reached: dict[str, int] = {}
-        """source -> the latest trainer step it logged anything at."""
+        """sender -> the latest trainer step it logged anything at."""
         self.contributors: set[str] = set()
         self.declared: dict[str, float] = {}
         """Producer name -> when its DECLARE came (this actor's clock: a new actor waits ``timeout_s`` again)."""
         self.ended: dict[str, int] = {}
-        """source -> its last batch, as rank 0 said when it ended."""
+        """sender -> its last batch, as rank 0 said when it ended."""
         self.left_out: dict[str, int] = {}
-        """Ended source -> the first complete step it had no part in."""
+        """Ended sender -> the first complete step it had no part in."""
         self._no_steps_yet()
 
     def _no_steps_yet(self) -> None:
@@ -95,25 +95,25 @@ class Reducer:
         """Values whose op differed from the op the key's first value at that step named: not reduced."""
 
     # -- what arrives -------------------------------------------------------------------------------------
-    def begin(self, source: str, seq: int) -> bool:
-        """Batch ``seq`` of ``source`` starts; False if it was reduced already (then skip it whole)."""
-        if seq <= self.seq.get(source, 0):
+    def begin(self, sender: str, seq: int) -> bool:
+        """Batch ``seq`` of ``sender`` starts; False if it was reduced already (then skip it whole)."""
+        if seq <= self.seq.get(sender, 0):
             return False
-        self.seq[source] = seq
+        self.seq[sender] = seq
         return True
 
-    def saw(self, source: str, step: int) -> None:
-        """``source`` logged something at trainer step ``step``."""
-        if step > self.reached.get(source, _NONE):
-            self.reached[source] = step
+    def saw(self, sender: str, step: int) -> None:
+        """``sender`` logged something at trainer step ``step``."""
+        if step > self.reached.get(sender, _NONE):
+            self.reached[sender] = step
 
-    def contribute(self, source: str, step: int, values: Mapping[str, float | int], op: str,
+    def contribute(self, sender: str, step: int, values: Mapping[str, float | int], op: str,
                    ops: Mapping[str, str]) -> None:
-        self.saw(source, step)
+        self.saw(sender, step)
         if step <= self.done:
             self.late += len(values)
             return
-        self.contributors.add(source)
+        self.contributors.add(sender)
         keys = self.open.get(step)
         if keys is None:
             keys = self.open[step] = {}
@@ -131,14 +131,14 @@ class Reducer:
                 acc[3], acc[4] = _lower(acc[3], value), _higher(acc[4], value)
 
     def notice(self, role: str, step: int, values: Mapping[str, Any]) -> None:
-        """One of rank 0's notices (``values``: producer names for DECLARE, source -> last batch for ENDED)."""
+        """One of rank 0's notices (``values``: producer names for DECLARE, sender -> last batch for ENDED)."""
         if role == DECLARE:
             now = self._clock()
             for name in values:
                 self.declared.setdefault(name, now)
         elif role == ENDED:
-            for source, last in values.items():
-                self.ended[source] = int(last)
+            for sender, last in values.items():
+                self.ended[sender] = int(last)
         elif role == CONFIRM:
             self.pending.pop(step, None)
         elif role == FINISH:
@@ -166,26 +166,26 @@ class Reducer:
     def _ready(self, step: int, now: float) -> bool:
         if self._finishing or now - self.opened_at.get(step, now) >= self.timeout_s:
             return True
-        if not self._past("", step) or not all(self._past(source, step) for source in self.contributors):
+        if not self._past("", step) or not all(self._past(sender, step) for sender in self.contributors):
             return False
         for name, since in self.declared.items():
-            mine = [source for source in self.reached if source and producer_name(source) == name]
+            mine = [sender for sender in self.reached if sender and producer_name(sender) == name]
             if not mine and now - since < self.timeout_s:
                 return False
-            if not all(self._past(source, step) for source in mine):
+            if not all(self._past(sender, step) for sender in mine):
                 return False
         return True
 
-    def _past(self, source: str, step: int) -> bool:
-        last = self.ended.get(source)
-        if last is not None and self.seq.get(source, 0) >= last:
+    def _past(self, sender: str, step: int) -> bool:
+        last = self.ended.get(sender)
+        if last is not None and self.seq.get(sender, 0) >= last:
             return True
-        return self.reached.get(source, _NONE) > step
+        return self.reached.get(sender, _NONE) > step
 
     def _note_left_out(self, step: int) -> None:
-        for source in self.ended:
-            if source not in self.left_out and self.reached.get(source, _NONE) < step:
-                self.left_out[source] = step
+        for sender in self.ended:
+            if sender not in self.left_out and self.reached.get(sender, _NONE) < step:
+                self.left_out[sender] = step
 
     def figures(self) -> dict[str, Any]:
         """What rank 0's report says of the reductions."""

@@ -161,7 +161,7 @@ class ReductionReport:
     """Steps reduced after the trackers began to close: not in them; the reduce lane keeps them unconfirmed, and a
     resumed run logs them."""
     left_out: dict[str, int] = field(default_factory=dict)
-    """Producer source id -> the first step reduced without it (it died or closed before)."""
+    """Producer sender id -> the first step reduced without it (it died or closed before)."""
 
     @classmethod
     def of(cls, figures: dict[str, Any], repeats: int, unlogged: int) -> ReductionReport:
@@ -179,7 +179,7 @@ class ReductionReport:
         if self.unlogged:
             text += f", {self.unlogged} reduced after the trackers closed (logged by a resumed run)"
         if self.left_out:
-            text += "; " + ", ".join(f"{source} left out from step {step}" for source, step in self.left_out.items())
+            text += "; " + ", ".join(f"{sender} left out from step {step}" for sender, step in self.left_out.items())
         return text
 
 
@@ -206,7 +206,7 @@ class PipelineReport:
     spool: SpoolReport | None = None
     """The durable spool, when it is on."""
     producers: dict[str, ProducerReport] = field(default_factory=dict)
-    """Every producer (``Tracking.producer``) that logged, by source id (one per producer and process)."""
+    """Every producer (``Tracking.producer``) that logged, by sender id (one per producer and process)."""
     skipped_backends: dict[str, str] = field(default_factory=dict)
     """verl's platform backends named in the config that tracklane does not ship (name -> why): nothing went there,
     or to the stand-in the reason names."""
@@ -261,8 +261,8 @@ class ProducerReport:
     """One producer in one process, as it last told the run's hub (it reports every 0.25 s and at each flush)."""
 
     name: str
-    source: str
-    """Its source id: the name and a random suffix per process."""
+    sender: str
+    """Its sender id: the name and a random suffix per process."""
     logged: int = 0
     shipped: int = 0
     """Records handed to the lanes."""
@@ -289,7 +289,7 @@ class ProducerReport:
             and not any(self.lost_by_lane.values())
 
     def line(self) -> str:
-        text = (f"producer {self.source}: {self.logged} logged, {self.shipped} shipped, {self.dropped} dropped, "
+        text = (f"producer {self.sender}: {self.logged} logged, {self.shipped} shipped, {self.dropped} dropped, "
                 f"{self.rejected} rejected, {self.unshipped} not shipped")
         if self.died:
             text += f"; it died: {self.redelivered_batches} spooled batch(es) delivered by rank 0"

@@ -21,7 +21,7 @@ the same tracker run without logging the hyper-parameters a second time.
 A sink with more to offer implements one of the ``typing.Protocol``s below as well (torchtitan's
 checkpoint storage does the same); the host asks ``isinstance`` once and uses it when it is there:
 
-    BatchPositions   begin_batch(source, seq, records)   rows keyed by their place in a lane's batch
+    BatchPositions   begin_batch(sender, seq, records)   rows keyed by their place in a lane's batch
     LaggingStore     written() / stored(point)           a store that lands in the background (wandb-core)
     Undoable         mark(records) / rollback(mark)      a partial write undone by the next actor
     CapturedOutput   capture_output() / take_output()    printed lines sent to the trainer's terminal
@@ -179,8 +179,8 @@ class Sink:
 
 @runtime_checkable
 class BatchPositions(Protocol):
-    def begin_batch(self, source: str, seq: int, records: Sequence[Record]) -> None:
-        """Batch ``seq`` of ``source`` (the trainer "", a producer) is about to be written: ``records`` is
+    def begin_batch(self, sender: str, seq: int, records: Sequence[Record]) -> None:
+        """Batch ``seq`` of ``sender`` (the trainer "", a producer) is about to be written: ``records`` is
         the whole batch, in its order, before a lane's ``only`` filter (positions stay the same when it is
         sent again). Not called on the synchronous path."""
 

@@ -97,7 +97,7 @@ class SinkHost:
         in the tracker's hands before it returns (what a lane's acknowledgement needs). Returns False,
         having handed and counted nothing, if ``hold`` and the tracker is unreachable: the caller sends
         them again later. Otherwise a batch the tracker refuses is written record by record, and only
-        the records it refuses are counted failed. ``batch``: (source, seq) of a lane's batch."""
+        the records it refuses are counted failed. ``batch``: (sender, seq) of a lane's batch."""
         mine = [r for r in records if r.only is None or self.lane in r.only]
         self.last_failed = []
         if not mine or self._closed:
@@ -242,10 +242,10 @@ class SinkHost:
         return self._reducing.take_reduced() if self._reducing is not None and self._opened else {}
 
     def ack(self, handed: int, stored: int | None = None, gap: bool = False, held: bool = False,
-            handed_by_source: dict[str, int] | None = None, work: Work | None = None,
+            handed_by_sender: dict[str, int] | None = None, work: Work | None = None,
             answers: dict[str, Any] | None = None) -> Ack:
         """This host's figures now, as the lane and the report read them."""
         return Ack(handed=handed, stored=None if stored == handed else stored, gap=gap, held=held,
-                   handed_by_source=handed_by_source or {}, opened=self._opened, error=self.error, last_error=self.last_error,
+                   handed_by_sender=handed_by_sender or {}, opened=self._opened, error=self.error, last_error=self.last_error,
                    last_error_at=self.last_error_at, counts=self.counts, where=self.sink.where() + self._node_note,
                    pid=os.getpid(), node_id=self._node_id, work=work or Work(), answers=answers or {})

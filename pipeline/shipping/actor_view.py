@@ -1,6 +1,6 @@
 """Ray's own view of a lane's actor: waiting to be placed, starting, alive, restarting, or dead.
 
-A lane gives up on its actor only when Ray says it is dead (or its calls keep failing: lane.py), never because a
+A lane gives up on its actor only when Ray says it is dead (or its calls keep failing: stream.py), never because a
 clock ran out. On a busy node an actor waits minutes for resources (a logging node the autoscaler adds late), for
 its ``runtime_env``, or for a CPU to import its SDK and open its tracker: all of that is "not yet", not "never".
 

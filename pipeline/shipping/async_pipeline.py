@@ -23,13 +23,13 @@ from tracklane.node.terminal import TERMINAL
 from tracklane.shipping.alerts import AlertsStage
 from tracklane.shipping.buffer import RecordBuffer
 from tracklane.shipping.hub import ProducerHub, ProducerSpec
-from tracklane.shipping.lane import LaneSettings
 from tracklane.shipping.lane_actor import LaneActor
 from tracklane.shipping.orphans import Orphans
 from tracklane.shipping.reduced import ReducedPoints, confirmed_in
 from tracklane.shipping.shipper import Shipper
 from tracklane.shipping.spool_stage import SpoolReloader, SpoolStage
 from tracklane.shipping.stages import OrphansStage, ProducersStage, ReductionsStage, Stage, StoredCopiesStage
+from tracklane.shipping.stream import StreamSettings
 from tracklane.shipping.streams import TrackerLane
 from tracklane.shipping.tracker_calls import TrackerCalls
 from tracklane.spool.lane_state import StoredCopies
@@ -97,7 +97,7 @@ class AsyncPipeline:
                               stored=spooling.stored_copies.get(name, {}), env=lane_env(cfg.actor_options, env))
         options = lane_actor_options(cfg.actor_options, cfg.max_restarts, trainer_node)
         actor = ray.remote(LaneActor).options(**options).remote(name, opening.pack())
-        lane = TrackerLane(name, actor, LaneSettings.of(cfg), reload=SpoolReloader(spooling.spool),
+        lane = TrackerLane(name, actor, StreamSettings.of(cfg), reload=SpoolReloader(spooling.spool),
                            on_answer=self._on_answer())
         lane.preload(spooling.pending.get(name, ()), through=spooling.first_seq)
         return lane
@@ -116,7 +116,7 @@ class AsyncPipeline:
         """Rank 0's stages (stages.py): its producers, the spools of those that die (orphans.py, under the run's
         spool), its copy of the lanes' states, the reductions and the health alerts."""
         actors = {name: lane.actor for name, lane in self._lanes.items()}
-        orphans = Orphans(producers_dir(spooling.spool.directory), actors, LaneSettings.of(cfg),
+        orphans = Orphans(producers_dir(spooling.spool.directory), actors, StreamSettings.of(cfg),
                           on_gone=self._reduced.ended if self._reduced is not None else None,
                           others=spooling.others_stored)
         stages: list[Stage] = [self._producers, OrphansStage(orphans), StoredCopiesStage(StoredCopies(spooling.spool.directory))]

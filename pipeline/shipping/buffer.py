@@ -8,7 +8,7 @@ that path costs microseconds on this kind of machine. The bound is on estimated 
 batch) is reached does the caller take the slow path: wake the shipper, and apply the overflow policy:
 
 - ``spill`` (the default): nothing is dropped and the caller never waits. The shipper is woken and spools what
-  waits at disk speed; what the lanes cannot hold in memory waits on disk (lane.py). While the spool's disk is
+  waits at disk speed; what the lanes cannot hold in memory waits on disk (stream.py). While the spool's disk is
   off (full, failing: ``disk_ok`` False) or there is no spool, it drops like ``drop_oldest``.
 - ``drop_oldest``: evicts the oldest records at once.
 - ``block``: waits up to a deadline for the shipper to make room, then evicts.

@@ -45,19 +45,19 @@ GONE_AFTER_S = 3.0
 
 
 class ProducerHub:
-    """The run's record of its producers (a Ray actor with no CPU): source id -> latest figures."""
+    """The run's record of its producers (a Ray actor with no CPU): sender id -> latest figures."""
 
     def __init__(self) -> None:
         self._figures: dict[str, dict[str, Any]] = {}
-        self._at: dict[str, float] = {}  # source -> monotonic time of its latest report
+        self._at: dict[str, float] = {}  # sender -> monotonic time of its latest report
 
-    def update(self, source: str, figures: bytes) -> None:
-        self._figures[source] = msgpack.unpackb(figures, raw=False)
-        self._at[source] = time.monotonic()
+    def update(self, sender: str, figures: bytes) -> None:
+        self._figures[sender] = msgpack.unpackb(figures, raw=False)
+        self._at[sender] = time.monotonic()
 
     def snapshot(self) -> bytes:
         now = time.monotonic()
-        return msgpack.packb({source: {**f, "age_s": now - self._at[source]} for source, f in self._figures.items()},
+        return msgpack.packb({sender: {**f, "age_s": now - self._at[sender]} for sender, f in self._figures.items()},
                              use_bin_type=True)
 
 
@@ -79,7 +79,7 @@ class ProducerFigures:
     seq: int = 0
     """Its last batch handed to the lanes."""
     lanes: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
-    """Lane -> its stream (source id: the producer's, or its bulk stream's) -> the last batch handed to it: rank 0's
+    """Lane -> its stream (sender id: the producer's, or its bulk stream's) -> the last batch handed to it: rank 0's
     finish waits until every live lane's actor has them (a lane gets only the batches it has records in)."""
     closed: bool = False
     """It flushed and stopped (its process is ending)."""
@@ -89,25 +89,25 @@ class ProducerFigures:
 
 
 def producer_reports(snapshot: bytes, lanes: dict[str, Any]) -> dict[str, ProducerReport]:
-    """Rank 0's view of every producer at finish: ``ProducerReport`` by source id."""
+    """Rank 0's view of every producer at finish: ``ProducerReport`` by sender id."""
     figures: dict[str, dict[str, Any]] = msgpack.unpackb(snapshot, raw=False)
     out = {}
-    for source, f in figures.items():
+    for sender, f in figures.items():
         behind = sorted(name for name, lane in lanes.items() if not lane.dead and _lags(lane, f["lanes"].get(name, {})))
-        out[source] = ProducerReport(
-            name=f["name"], source=source, logged=f["logged"], shipped=f["shipped"],
+        out[sender] = ProducerReport(
+            name=f["name"], sender=sender, logged=f["logged"], shipped=f["shipped"],
             dropped=f["buffer_dropped"] + f["lane_dropped"], rejected=f["rejected"], closed=f["closed"],
             unshipped=max(0, f["logged"] - f["shipped"] - f["buffer_dropped"] - f["rejected"]), lanes_behind=behind)
     return out
 
 
 def _lags(lane: Any, handed: dict[str, int]) -> bool:
-    """Whether ``lane``'s actor lacks some of what a producer handed it (stream source id -> last batch)."""
-    return any(lane.handed_by_source.get(source, 0) < seq for source, seq in handed.items())
+    """Whether ``lane``'s actor lacks some of what a producer handed it (stream sender id -> last batch)."""
+    return any(lane.handed_by_sender.get(sender, 0) < seq for sender, seq in handed.items())
 
 
 Targets = dict[str, dict[str, int]]
-"""Lane -> stream source id -> the last batch handed to it."""
+"""Lane -> stream sender id -> the last batch handed to it."""
 
 
 def targets(snapshot: bytes) -> Targets:
@@ -165,7 +165,7 @@ class HubWatch:
 
     def unshipped(self, since: dict[str, int] | None, asked_after: float) -> dict[str, int] | None:
         """Live producers (reporting, not closed) holding records they logged but have not shipped, as the hub last
-        said (never blocks): source id -> how many they had logged. With ``since`` (an earlier answer), only those
+        said (never blocks): sender id -> how many they had logged. With ``since`` (an earlier answer), only those
         that have not yet shipped what they had logged then. None until the hub has answered. Rank 0's close waits
         for these too (a rollout worker traced the last step's calls a moment before ``finish()``), and only for
         what was logged before it began (``asked_after``: a snapshot asked for after then, so that a producer's last
@@ -174,21 +174,21 @@ class HubWatch:
         if view is None or (self.hub is not None and self._view_asked < asked_after):
             return None
         out = {}
-        for source, f in msgpack.unpackb(view, raw=False).items():
+        for sender, f in msgpack.unpackb(view, raw=False).items():
             done = f["shipped"] + f["buffer_dropped"] + f["rejected"]
-            wanted = f["logged"] if since is None else since.get(source, 0)
+            wanted = f["logged"] if since is None else since.get(sender, 0)
             if not f["closed"] and f["age_s"] < GONE_AFTER_S and wanted > done:
-                out[source] = wanted
+                out[sender] = wanted
         return out
 
     def closed(self) -> dict[str, int]:
-        """source id -> the last batch it handed the reduce lane, for the producers that closed, as the hub last
+        """sender id -> the last batch it handed the reduce lane, for the producers that closed, as the hub last
         said (never blocks)."""
         view = self._poll()
         if view is None:
             return {}
-        return {source: int(f["lanes"].get(REDUCE_LANE, {}).get(source, 0))
-                for source, f in msgpack.unpackb(view, raw=False).items() if f["closed"]}
+        return {sender: int(f["lanes"].get(REDUCE_LANE, {}).get(sender, 0))
+                for sender, f in msgpack.unpackb(view, raw=False).items() if f["closed"]}
 
     def reports(self, lanes: dict[str, Any], final: bool, timeout: float = 2.0) -> dict[str, ProducerReport]:
         """Every producer as the hub last said; ``final``: ask it for the producers' last words first (waiting up to

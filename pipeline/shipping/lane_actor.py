@@ -32,7 +32,7 @@ from tracklane.node.identity import ray_node_id
 from tracklane.node.priority import lower_priority
 from tracklane.node.process_cpu import ProcessCpu
 from tracklane.spool.durability import Durability
-from tracklane.spool.lane_state import BULK, LaneState, bulk_source
+from tracklane.spool.lane_state import BULK, LaneState, bulk_sender
 from tracklane.wire.ack import pack_ack
 from tracklane.wire.batch import decode_batch
 from tracklane.wire.opening import LaneOpening
@@ -52,10 +52,10 @@ class LaneActor:
         sink = backend_class(spec.backend)(spec.run, spec.settings)
         self._packed_metrics = sink.reads_packed_metrics
         self._host = self._open_host(lane, sink, spec)
-        # Per source (the trainer "", each producer): the last batch handed to the tracker; the state keeps
+        # Per sender (the trainer "", each producer): the last batch handed to the tracker; the state keeps
         # the stored one.
         self._handed = dict(self._state.stored)
-        self._unstored: deque[tuple[str, int, Any]] = deque()  # (source, seq, sink's point) handed, not stored yet
+        self._unstored: deque[tuple[str, int, Any]] = deque()  # (sender, seq, sink's point) handed, not stored yet
         self._work = Work()
         self._cpu = ProcessCpu()  # its SDK's helper processes too (wandb-core)
         self._fresh_cpu = False  # the next answer looks at the live children (a flush's, a close's)
@@ -95,64 +95,64 @@ class LaneActor:
         self._state.pending, self._state.mark = 0, None
         return host
 
-    def ready(self, source: str = "") -> bytes:
+    def ready(self, sender: str = "") -> bytes:
         """Whether the tracker opened, and what it was handed before (non-zero after a restart)."""
-        return self._answer(source)
+        return self._answer(sender)
 
-    def apply(self, seq: int, prev: int, blob: bytes, final: bool = False, source: str = "") -> bytes:
-        """Write batch ``seq`` of ``source`` if it follows ``prev``, the last batch that source's lane sent
+    def apply(self, seq: int, prev: int, blob: bytes, final: bool = False, sender: str = "") -> bytes:
+        """Write batch ``seq`` of ``sender`` if it follows ``prev``, the last batch that sender's lane sent
         before it. ``final``: the lane waited long enough (max_outage_s); count what does not arrive
-        instead of holding it. Each source (the trainer, each producer) numbers its own batches."""
-        handed = self._handed.get(source, 0)
+        instead of holding it. Each sender (the trainer, each producer) numbers its own batches."""
+        handed = self._handed.get(sender, 0)
         if seq <= handed:  # a re-send of what the tracker has already
             self._settle()
-            return self._answer(source)
+            return self._answer(sender)
         if prev != handed:
-            return self._answer(source, gap=True)
+            return self._answer(sender, gap=True)
         started = time.perf_counter()
         try:
-            return self._apply(seq, blob, final, source)
+            return self._apply(seq, blob, final, sender)
         finally:
             self._work.busy_s += time.perf_counter() - started
 
-    def _apply(self, seq: int, blob: bytes, final: bool, source: str) -> bytes:
+    def _apply(self, seq: int, blob: bytes, final: bool, sender: str) -> bytes:
         try:
             batch = decode_batch(blob, packed_metrics=self._packed_metrics)
         except CodecError as exc:
-            self._host.note_error(f"corrupt batch {seq}{f' of {source}' if source else ''}: {exc}")
+            self._host.note_error(f"corrupt batch {seq}{f' of {sender}' if sender else ''}: {exc}")
         else:
             mark = self._host.mark(batch.records)
             if mark is not None:
                 self._state.pending, self._state.mark = seq, mark
                 self._save()
-            if not self._host.write(batch.records, hold=not final, flush=True, batch=(source, seq)):
-                return self._answer(source, held=True)  # the mark stays: rolling back to it undoes nothing
+            if not self._host.write(batch.records, hold=not final, flush=True, batch=(sender, seq)):
+                return self._answer(sender, held=True)  # the mark stays: rolling back to it undoes nothing
             self._work.records += len(batch.records)
-        self._handed[source] = seq
-        self._unstored.append((source, seq, self._host.written()))
+        self._handed[sender] = seq
+        self._unstored.append((sender, seq, self._host.written()))
         self._state.pending, self._state.mark = 0, None
         self._settle()
         self._save()
-        return self._answer(source)
+        return self._answer(sender)
 
     def _settle(self) -> None:
         """Move the stored watermarks over every batch the tracker's store now holds, in order."""
         while self._unstored:
-            source, seq, point = self._unstored[0]
+            sender, seq, point = self._unstored[0]
             if point is not None and not self._host.stored(point):
                 return
             self._unstored.popleft()
-            self._state.stored[source] = seq
+            self._state.stored[sender] = seq
 
-    def catch_up(self, source: str, stored: int) -> bytes:
-        """The lane knows from an earlier actor's answer that the tracker's store holds ``source``'s batches through
+    def catch_up(self, sender: str, stored: int) -> bytes:
+        """The lane knows from an earlier actor's answer that the tracker's store holds ``sender``'s batches through
         ``stored``; this actor's state is behind (its disk refused the last saves before that actor died): take it,
         or the lane's next batch would never follow the last one handed here."""
-        if stored > self._handed.get(source, 0):
-            self._handed[source] = stored
-            self._state.stored[source] = max(stored, self._state.stored_of(source))
+        if stored > self._handed.get(sender, 0):
+            self._handed[sender] = stored
+            self._state.stored[sender] = max(stored, self._state.stored_of(sender))
             self._save()
-        return self._answer(source)
+        return self._answer(sender)
 
     def flush(self) -> bytes:
         self._fresh_cpu = True
@@ -193,36 +193,36 @@ class LaneActor:
             os.makedirs(os.path.dirname(self._state.path), mode=0o700, exist_ok=True)
             self._state.save()
 
-    def _answer(self, source: str, gap: bool = False, held: bool = False) -> bytes:
-        """The answer to ``source``'s lane; it also says how far every producer got (rank 0's finish waits on it),
+    def _answer(self, sender: str, gap: bool = False, held: bool = False) -> bytes:
+        """The answer to ``sender``'s lane; it also says how far every producer got (rank 0's finish waits on it),
         and brings rank 0 what the sink's capabilities have for it (the console's lines, the reduced points, the
         health alerts: ``SinkHost.take_answers``); a producer's lane gets none (it is not the user's terminal)."""
-        self._work.cpu_s = self._cpu.seconds(fresh=not source and not gap and not held and self._fresh_cpu)
+        self._work.cpu_s = self._cpu.seconds(fresh=not sender and not gap and not held and self._fresh_cpu)
         self._fresh_cpu = False
-        answers = {} if source else self._host.take_answers()
+        answers = {} if sender else self._host.take_answers()
         if "output" in answers and self._unstored:  # the console's store is the trainer's stdout: its lines are
             self._settle()  # on their way
             self._save()
-        # Rank 0's streams hear how far every source got; a producer's only its own (an answer to each of 64
+        # Rank 0's streams hear how far every sender got; a producer's only its own (an answer to each of 64
         # producers' batches naming all 128 streams cost the lane O(producers) a batch).
-        streams = None if source in _RANK0 else (_own(source), bulk_source(_own(source)))
-        ack = self._host.ack(self._handed.get(source, 0), stored=self._state.stored_of(source), gap=gap, held=held,
-                             handed_by_source={k: v for k, v in self._handed.items()
+        streams = None if sender in _RANK0 else (_own(sender), bulk_sender(_own(sender)))
+        ack = self._host.ack(self._handed.get(sender, 0), stored=self._state.stored_of(sender), gap=gap, held=held,
+                             handed_by_sender={k: v for k, v in self._handed.items()
                                                if k and (streams is None or k in streams)},
                              work=self._work, answers=answers)
         ack.state_unsaved_since = self._state_disk.off_since if self._state_disk is not None else 0.0
         stored = self._state.stored
-        ack.stored_by_source = stored if streams is None else {k: v for k, v in stored.items() if k in streams}
+        ack.stored_by_sender = stored if streams is None else {k: v for k, v in stored.items() if k in streams}
         return pack_ack(ack)
 
 
-_RANK0 = ("", bulk_source(""))
+_RANK0 = ("", bulk_sender(""))
 """Rank 0's two streams (shipping/streams.py)."""
 
 
-def _own(source: str) -> str:
-    """A producer's source id, from either of its streams'."""
-    return source[:-len(BULK)] if source.endswith(BULK) else source
+def _own(sender: str) -> str:
+    """A producer's sender id, from either of its streams'."""
+    return sender[:-len(BULK)] if sender.endswith(BULK) else sender
 
 
 def _in_ray_actor() -> bool:

@@ -1,5 +1,5 @@
 """Whether a lane's tracker is within reach, and if not since when and why: its actor not started (or restarting)
-yet, the tracker down, or the lane given up. A lane (lane.py) keeps one ``Liveness`` and one ``Outage``.
+yet, the tracker down, or the lane given up. A lane (stream.py) keeps one ``Liveness`` and one ``Outage``.
 
 ``Liveness`` knows the actor: an answer it owes (its first, or its first after a restart), what Ray said of it
 while that answer was overdue (actor_view.py), and when the lane gave up on it. ``Outage`` knows the tracker: the

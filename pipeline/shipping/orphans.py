@@ -3,8 +3,8 @@
 A live producer holds its spool folder's lock (spool/producers.py); the kernel frees it when the process
 dies, SIGKILL included. Every ``SCAN_EVERY_S`` the shipper thread tries each folder's lock: one it gets
 belongs to a producer that is gone (it died, or closed before its lanes had everything, or it ran in a
-process of the run rank 0 continues). Its batches go to every lane under the producer's own source id,
-through ``Lane``s like the producer's own: each actor's watermark for that source skips what its tracker
+process of the run rank 0 continues). Its batches go to every lane under the producer's own sender id,
+through ``Stream``s like the producer's own: each actor's watermark for that sender skips what its tracker
 has already, so nothing lands twice. Its segments are deleted once every lane's tracker holds all of it,
 and the folder when the run finishes (a resumed run still reports it). A lane that gave up, and a tracker of the run
 this process does not deliver to, keep the batches they lack on disk, as in rank 0's spool. The producer's tally says exactly
@@ -29,8 +29,8 @@ from tracklane.core.errors import ConfigError
 from tracklane.core.files import write_atomically
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import ProducerReport
-from tracklane.shipping.lane import LaneSettings
 from tracklane.shipping.spool_stage import SpoolReloader
+from tracklane.shipping.stream import StreamSettings
 from tracklane.shipping.streams import TrackerLane
 from tracklane.spool.producers import read_mark, read_tally
 from tracklane.spool.recovery import held_back
@@ -48,7 +48,7 @@ class Adopted:
     """A dead producer's spool as rank 0 delivered it (msgpack in ``delivered.msgpack`` once delivered)."""
 
     name: str
-    source: str
+    sender: str
     batches: int = 0
     """Batches its spool held that some lane may have lacked."""
     logged: int = 0
@@ -66,11 +66,11 @@ class Adopted:
 class _Adoption:
     def __init__(self, folder: str, spool: Spool | None, figures: Adopted, lanes: dict[str, TrackerLane],
                  others: dict[str, dict[str, int]] | None = None) -> None:
-        """``others``: the run's trackers this process does not deliver to, with what each store holds per source."""
+        """``others``: the run's trackers this process does not deliver to, with what each store holds per sender."""
         self.folder, self.spool, self.lanes, self.figures = folder, spool, lanes, figures
         entries = spool.entries() if spool is not None else []
         self.last = spool.last_seq if spool is not None else 0
-        held = held_back(entries, others or {}, figures.source)
+        held = held_back(entries, others or {}, figures.sender)
         self._held = self.last if held is None else held  # the others hold every batch through here
         self._spooled = {e.seq for e in entries}
         self._unspooled = read_tally(folder).unspooled
@@ -111,7 +111,7 @@ class _Adoption:
                              msgpack.packb(dataclasses.asdict(self.figures), use_bin_type=True))
         except OSError:  # a full disk: the report of this process still says it
             pass
-        log.info("tracklane: producer %s's spooled batches are in every tracker", self.figures.source)
+        log.info("tracklane: producer %s's spooled batches are in every tracker", self.figures.sender)
 
 
 def _delivered(folder: str) -> Adopted | None:
@@ -128,10 +128,10 @@ def _delivered(folder: str) -> Adopted | None:
 class Orphans:
     """The producers' folder of one run, watched by rank 0's shipper thread."""
 
-    def __init__(self, directory: str, actors: dict[str, Any], settings: LaneSettings,
+    def __init__(self, directory: str, actors: dict[str, Any], settings: StreamSettings,
                  on_gone: Callable[[str, int], None] | None = None,
                  others: dict[str, dict[str, int]] | None = None) -> None:
-        """``actors``: lane name -> its lane actor; ``settings``: the lanes' bounds (rank 0's); ``on_gone(source,
+        """``actors``: lane name -> its lane actor; ``settings``: the lanes' bounds (rank 0's); ``on_gone(sender,
         last batch)``: told of each producer found gone (the reduce lane stops waiting for it once that arrived);
         ``others``: the run's trackers this process does not deliver to (recovery.py ``others_stored``)."""
         self._others = others or {}
@@ -178,7 +178,7 @@ class Orphans:
         if done is not None:  # delivered by an earlier process of this run: its figures only
             self._adopted[name] = _Adoption(folder, None, done, {})
             if self._on_gone is not None:
-                self._on_gone(done.source, 0)
+                self._on_gone(done.sender, 0)
             return
         try:
             spool = Spool(folder, max_bytes=2**62)  # never evicts: it only shrinks
@@ -195,17 +195,17 @@ class Orphans:
             return
         tally = read_tally(folder)
         entries = spool.entries()
-        figures = Adopted(name=mark["name"], source=mark["source"], batches=len(entries), logged=tally.puts,
+        figures = Adopted(name=mark["name"], sender=mark["sender"], batches=len(entries), logged=tally.puts,
                           dropped=tally.dropped, unshipped=tally.unshipped(spool.last_seq))
-        lanes = {lane: TrackerLane(lane, actor, self._settings, reload=SpoolReloader(spool), source=mark["source"])
+        lanes = {lane: TrackerLane(lane, actor, self._settings, reload=SpoolReloader(spool), sender=mark["sender"])
                  for lane, actor in self._actors.items()}
         self._adopted[name] = _Adoption(folder, spool, figures, lanes, self._others)
         if self._on_gone is not None:  # its last batch for the reduce lane (the spool forgot those it stored)
-            self._on_gone(mark["source"], max((e.seq for e in entries if not e.bulk and (
+            self._on_gone(mark["sender"], max((e.seq for e in entries if not e.bulk and (
                 e.audience is None or REDUCE_LANE in e.audience)), default=0))
         if figures.batches or figures.unshipped or tally.unspooled:
             log.warning("tracklane: producer %s is gone; rank 0 delivers its %d spooled batch(es) where they are "
-                        "missing (%d of its calls never reached its spool)", mark["source"], figures.batches,
+                        "missing (%d of its calls never reached its spool)", mark["sender"], figures.batches,
                         figures.unshipped)
 
     def close(self) -> None:
@@ -227,8 +227,8 @@ class Orphans:
             if not f.batches and not f.unshipped and not any(f.lost.values()):
                 continue  # it closed with everything delivered, or never shipped
             behind = sorted(n for n, lane in adoption.lanes.items() if not lane.dead and not lane.settled(adoption.last))
-            base = out.get(f.source) or ProducerReport(name=f.name, source=f.source)
-            out[f.source] = dataclasses.replace(
+            base = out.get(f.sender) or ProducerReport(name=f.name, sender=f.sender)
+            out[f.sender] = dataclasses.replace(
                 base, logged=max(base.logged, f.logged), unshipped=f.unshipped, closed=False, died=True,
                 shipped=max(base.shipped, f.logged - f.unshipped - f.dropped), redelivered_batches=f.batches,
                 dropped=max(base.dropped, f.dropped), lost_by_lane=dict(f.lost),

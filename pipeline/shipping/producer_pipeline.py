@@ -24,10 +24,10 @@ from tracklane.node.identity import ray_node_id
 from tracklane.node.system_metrics import start_node_sampling
 from tracklane.shipping.buffer import RecordBuffer
 from tracklane.shipping.hub import REPORT_EVERY_S, ProducerFigures, ProducerSpec
-from tracklane.shipping.lane import LaneSettings
 from tracklane.shipping.shipper import Shipper
 from tracklane.shipping.spool_stage import SpoolReloader, SpoolStage
 from tracklane.shipping.stages import ProgressStage
+from tracklane.shipping.stream import StreamSettings
 from tracklane.shipping.streams import TrackerLane
 from tracklane.spool.producers import Tally, producers_dir, write_mark
 from tracklane.spool.recovery import Spooling
@@ -40,9 +40,9 @@ class ProducerPipeline:
     """One producer's buffer, lanes and shipper thread in one process."""
 
     def __init__(self, name: str, key_prefix: str, axis: str | None, spec: ProducerSpec) -> None:
-        self.source = f"{name}#{uuid.uuid4().hex[:10]}"
+        self.sender = f"{name}#{uuid.uuid4().hex[:10]}"
         cfg = dataclasses.replace(spec.cfg, health_metrics=False)  # rank 0 reports the pipeline's figures
-        self._folder = os.path.join(producers_dir(cfg.spool_dir), self.source) if cfg.spool_dir else ""
+        self._folder = os.path.join(producers_dir(cfg.spool_dir), self.sender) if cfg.spool_dir else ""
         spool = self._open_spool(cfg, name) if self._folder else None
         self._tally = self._open_tally() if spool is not None else None
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
@@ -65,8 +65,8 @@ class ProducerPipeline:
         tally) and lanes, no tracker calls (its lanes settling is enough), and its figures told to the hub after
         each round."""
         reload = SpoolReloader(spool) if spool is not None else None
-        settings = LaneSettings.of(cfg)
-        lanes = {lane: TrackerLane(lane, actor, settings, reload=reload, source=self.source) for lane, actor in actors.items()}
+        settings = StreamSettings.of(cfg)
+        lanes = {lane: TrackerLane(lane, actor, settings, reload=reload, sender=self.sender) for lane, actor in actors.items()}
         stage = SpoolStage(Spooling(spool=spool, manifest=None), cfg.spool_max_bytes, self._tally) \
             if spool is not None else None
         return Shipper(cfg, self.buffer, lanes, converter, spool=stage, stages=[ProgressStage(self._progress)])
@@ -76,11 +76,11 @@ class ProducerPipeline:
         try:
             spool = Spool(self._folder, max_bytes=cfg.spool_max_bytes, segment_bytes=cfg.spool_segment_bytes,
                           fsync_s=cfg.spool_fsync_s)
-            write_mark(self._folder, name, self.source)
+            write_mark(self._folder, name, self.sender)
             return spool
         except OSError as exc:
             log.warning("tracklane: producer %s cannot spool in %s (%s); what it ships lives only in Ray",
-                        self.source, self._folder, exc)
+                        self.sender, self._folder, exc)
             self._folder = ""
             return None
 
@@ -88,7 +88,7 @@ class ProducerPipeline:
         try:
             return Tally(self._folder)
         except OSError as exc:  # its disk is full: a death's tail is then counted only as the hub last heard
-            log.warning("tracklane: producer %s cannot keep its tally in %s (%s)", self.source, self._folder, exc)
+            log.warning("tracklane: producer %s cannot keep its tally in %s (%s)", self.sender, self._folder, exc)
             return None
 
     def _counted_put(self, item: Any) -> None:
@@ -113,7 +113,7 @@ class ProducerPipeline:
         figures.buffer_dropped = self.buffer.dropped
         figures.lane_dropped = max((lane.dropped_records for lane in lanes), default=0)
         try:
-            self._hub.update.remote(self.source, figures.pack())
+            self._hub.update.remote(self.sender, figures.pack())
         except Exception:  # rank 0 is gone (its hub with it): nothing left to tell
             pass
 

@@ -36,7 +36,7 @@ class ReducedPoints:
         """Points a reduce actor sent again that rank 0 held already (not logged twice)."""
 
     def take(self, reduced: dict[str, Any]) -> None:
-        """The reduce lane's answer (``Lane``'s ``on_reduced``, on the shipper thread)."""
+        """The reduce lane's answer (``Stream``'s ``on_reduced``, on the shipper thread)."""
         self.figures = reduced.get("figures") or self.figures
         now = time.time()
         for step, points in reduced.get("points", ()):
@@ -47,11 +47,11 @@ class ReducedPoints:
             self._out.append(Metrics(step=step, values=points, time=now))
             self._out.append(Reduction(step=step, time=now, role=CONFIRM, only=[LANE]))
 
-    def ended(self, source: str, last_seq: int) -> None:
-        """Producer ``source`` will send nothing after its batch ``last_seq`` (it died or closed)."""
-        if source not in self._ended:
-            self._ended.add(source)
-            self._out.append(Reduction(step=0, time=time.time(), role=ENDED, values={source: last_seq}, only=[LANE]))
+    def ended(self, sender: str, last_seq: int) -> None:
+        """Producer ``sender`` will send nothing after its batch ``last_seq`` (it died or closed)."""
+        if sender not in self._ended:
+            self._ended.add(sender)
+            self._out.append(Reduction(step=0, time=time.time(), role=ENDED, values={sender: last_seq}, only=[LANE]))
 
     def finish(self) -> Reduction:
         """The notice that completes every open step: sent once every producer's last batch is in the lanes."""

@@ -37,9 +37,9 @@ from tracklane.shipping.barrier import ANSWER_S, Barrier, Requests
 from tracklane.shipping.buffer import RecordBuffer
 from tracklane.shipping.bulk_queue import BULK_BYTES, BulkQueue
 from tracklane.shipping.health import health_figures
-from tracklane.shipping.lane import Entry
 from tracklane.shipping.spool_stage import SpoolStage
 from tracklane.shipping.stages import DeadLanesStage, Stage
+from tracklane.shipping.stream import Entry
 from tracklane.shipping.streams import TrackerLane
 from tracklane.shipping.tracker_calls import TrackerCalls
 from tracklane.shipping.wakeup import Wakeup

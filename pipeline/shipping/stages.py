@@ -141,8 +141,8 @@ class ReductionsStage(Stage):
         hub = self._producers.hub
         if hub is not None and now >= self._next_hub_look:
             self._next_hub_look = now + 1.0
-            for source, last in hub.closed().items():
-                self._reduced.ended(source, last)
+            for sender, last in hub.closed().items():
+                self._reduced.ended(sender, last)
         if loop.closing:  # the trackers are closing: what comes now stays unconfirmed in the reducer (reported)
             return
         records = self._reduced.drain()
@@ -166,7 +166,7 @@ class StoredCopiesStage(Stage):
 
     def round(self, loop: Loop) -> None:
         for lane in loop.lanes.values():
-            self._copies.update(lane.name, lane.stored_by_source)
+            self._copies.update(lane.name, lane.stored_by_sender)
 
 
 class DeadLanesStage(Stage):

@@ -1,9 +1,9 @@
 """One tracker's lane as the shipper sees it: two streams into the same actor, small records before bulk.
 
 A rollout dump of hundreds of MB takes a tracker seconds to store; a step's scalars must not wait behind it. So
-each tracker's lane has two streams (two ``Lane``s, lane.py), numbered from the one sequence of the spool: the
-small stream (metrics, params, text, histograms, the health keys) under the producer's source id, the bulk
-stream (rollouts, tables, media) under that id plus ``BULK``. The actor keeps a watermark per source, so each
+each tracker's lane has two streams (two ``Stream``s, stream.py), numbered from the one sequence of the spool: the
+small stream (metrics, params, text, histograms, the health keys) under the producer's sender id, the bulk
+stream (rollouts, tables, media) under that id plus ``BULK``. The actor keeps a watermark per sender, so each
 stream is handed once and in order; Ray runs an actor's calls in the order they were sent, so a small batch
 waits at most for the bulk batches already in flight (``max_inflight_batches``, a chunk each).
 
@@ -25,30 +25,30 @@ from tracklane.core.acks import Ack
 from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, LaneReport
-from tracklane.shipping.lane import Entry, Lane, LaneSettings, Reload
+from tracklane.shipping.stream import Entry, Reload, Stream, StreamSettings
 from tracklane.shipping.wakeup import Wakeup
-from tracklane.spool.lane_state import bulk_source
+from tracklane.spool.lane_state import bulk_sender
 from tracklane.spool.segments import SpoolEntry
 
 
 class TrackerLane:
     """The small and the bulk stream of one tracker's lane, with the interface of one lane."""
 
-    def __init__(self, name: str, actor: Any, settings: LaneSettings, *, reload: Reload | None = None,
-                 source: str = "", on_answer: Mapping[str, Callable[[Any], None]] | None = None) -> None:
-        """As ``Lane``'s; ``on_answer`` is the small stream's."""
+    def __init__(self, name: str, actor: Any, settings: StreamSettings, *, reload: Reload | None = None,
+                 sender: str = "", on_answer: Mapping[str, Callable[[Any], None]] | None = None) -> None:
+        """As ``Stream``'s; ``on_answer`` is the small stream's."""
         self.name = name
         self.actor = actor
-        self.small = Lane(name, actor, settings, reload=reload, source=source, on_answer=on_answer)
-        self.bulk = Lane(name, actor, settings, reload=reload, source=bulk_source(source)) \
+        self.small = Stream(name, actor, settings, reload=reload, sender=sender, on_answer=on_answer)
+        self.bulk = Stream(name, actor, settings, reload=reload, sender=bulk_sender(sender)) \
             if name not in (REDUCE_LANE, HEALTH_LANE) else None
         self._offered = 0  # the newest batch offered, sent or skipped
 
     @property
-    def streams(self) -> list[Lane]:
+    def streams(self) -> list[Stream]:
         return [self.small] if self.bulk is None else [self.small, self.bulk]
 
-    def _stream(self, bulk: bool) -> Lane | None:
+    def _stream(self, bulk: bool) -> Stream | None:
         return self.bulk if bulk else self.small
 
     def _mine(self, audience: frozenset[str] | None) -> bool:
@@ -107,10 +107,10 @@ class TrackerLane:
                     stream.give_up(self.report.error or "the lane's other stream gave up")
 
     def accept(self, ack: Ack) -> None:
-        """An answer to a flush or close (the small stream's source): each stream takes its own watermarks."""
+        """An answer to a flush or close (the small stream's sender): each stream takes its own watermarks."""
         self.small.accept(ack)
         if self.bulk is not None:
-            self.bulk.accept(ack.for_source(self.bulk.source))
+            self.bulk.accept(ack.for_sender(self.bulk.sender))
 
     def refresh(self) -> None:
         self.small.refresh()
@@ -134,18 +134,18 @@ class TrackerLane:
         return self.small.report
 
     def offered(self) -> dict[str, int]:
-        """Per stream (its source id), the last batch handed to it: the actor has them all once its ``sources``
+        """Per stream (its sender id), the last batch handed to it: the actor has them all once its ``senders``
         reach these."""
-        return {stream.source: stream.window.offered for stream in self.streams if stream.window.offered}
+        return {stream.sender: stream.window.offered for stream in self.streams if stream.window.offered}
 
     @property
-    def handed_by_source(self) -> dict[str, int]:
-        """How far each source got at the actor, as of the newer of the two streams' answers."""
-        return _newest(stream.handed_by_source for stream in self.streams)
+    def handed_by_sender(self) -> dict[str, int]:
+        """How far each sender got at the actor, as of the newer of the two streams' answers."""
+        return _newest(stream.handed_by_sender for stream in self.streams)
 
     @property
-    def stored_by_source(self) -> dict[str, int]:
-        return _newest(stream.stored_by_source for stream in self.streams)
+    def stored_by_sender(self) -> dict[str, int]:
+        return _newest(stream.stored_by_sender for stream in self.streams)
 
     def _first(self, stored: bool) -> int | None:
         return min((seq for stream in self.streams if (seq := stream.window.first_pending(stored)) is not None),
@@ -176,7 +176,7 @@ class TrackerLane:
         return sum(stream.window.nbytes for stream in self.streams)
 
     def down(self) -> tuple[float, str]:
-        """How long and why its tracker has been out of reach (lane.py ``Lane.down``), the longer of its streams'."""
+        """How long and why its tracker has been out of reach (stream.py ``Stream.down``), the longer of its streams'."""
         return max((stream.down() for stream in self.streams), key=lambda down: down[0])
 
     def info(self) -> LaneInfo:

@@ -26,18 +26,18 @@ from tracklane.spool.manifest import stored_copy_path
 log = logging.getLogger("tracklane")
 
 BULK = "~bulk"
-"""Suffix of the source id of a bulk stream (shipping/streams.py); "~" is in no producer name."""
+"""Suffix of the sender id of a bulk stream (shipping/streams.py); "~" is in no producer name."""
 
 
-def bulk_source(source: str) -> str:
-    """The source id of the bulk stream of ``source`` ("": rank 0's)."""
-    return source + BULK
+def bulk_sender(sender: str) -> str:
+    """The sender id of the bulk stream of ``sender`` ("": rank 0's)."""
+    return sender + BULK
 
 
 @dataclass(slots=True, kw_only=True)
 class LaneState:
     stored: dict[str, int] = field(default_factory=dict)
-    """Per source ("": the trainer's; a producer's source id: producers number their own batches), the last batch
+    """Per sender ("": the trainer's; a producer's sender id: producers number their own batches), the last batch
     its tracker's store holds."""
     resume: dict[str, Any] | None = None
     """What the sink's open() returned (e.g. the tracker run id); None before the first open."""
@@ -48,13 +48,13 @@ class LaneState:
     """Where the sink stood before ``pending`` (its ``mark()``), to roll back to."""
     path: str = field(default="", repr=False)
 
-    def stored_of(self, source: str) -> int:
-        return self.stored.get(source, 0)
+    def stored_of(self, sender: str) -> int:
+        return self.stored.get(sender, 0)
 
     def catch_up(self, stored: dict[str, int]) -> bool:
-        """Take rank 0's copy of what the store holds (source -> last batch) where it is ahead of this state;
+        """Take rank 0's copy of what the store holds (sender -> last batch) where it is ahead of this state;
         True if it was anywhere."""
-        ahead = {source: seq for source, seq in stored.items() if seq > self.stored_of(source)}
+        ahead = {sender: seq for sender, seq in stored.items() if seq > self.stored_of(sender)}
         self.stored.update(ahead)
         return bool(ahead)
 
@@ -88,7 +88,7 @@ def _stored_map(data: dict[str, Any]) -> dict[str, int]:
 
 
 class StoredCopies:
-    """Rank 0's copy of every lane's state, from the acknowledgements (``Ack.stored_by_source``): ``lanes/<name>.stored``
+    """Rank 0's copy of every lane's state, from the acknowledgements (``Ack.stored_by_sender``): ``lanes/<name>.stored``
     in its spool. A lane actor on another node keeps its own state on that node's disk; a resumed run without
     shared storage hands this copy to the new actor, which then skips what its tracker holds already. Written
     when it changes (no fsync: like the spool's segments, it survives a killed process)."""

@@ -1,11 +1,11 @@
-"""A producer's own spool: ``<run spool>/producers/<source id>/``, so what it shipped outlives its process.
+"""A producer's own spool: ``<run spool>/producers/<sender id>/``, so what it shipped outlives its process.
 
 A producer (``Tracking.producer`` in a Ray actor) spools each batch before its lanes see it, in the same
 segment format as rank 0 (segments.py), and holds the folder's lock while it lives. A folder whose lock is
 free and still holds batches belongs to a producer that died: rank 0 takes it over and delivers what the
 lanes lack (shipping/orphans.py). Beside the segments:
 
-- ``producer.msgpack``: its name and source id, written once it holds the lock (a folder without it
+- ``producer.msgpack``: its name and sender id, written once it holds the lock (a folder without it
   was never appended to);
 - ``tally``: little-endian u64s in a shared memory map, updated as it goes, so the counts of a
   SIGKILLed producer are exact (the page cache keeps them): log() calls taken, records its buffer
@@ -43,18 +43,18 @@ def producers_dir(spool_dir: str) -> str:
     return os.path.join(spool_dir, PRODUCERS)
 
 
-def write_mark(folder: str, name: str, source: str) -> None:
+def write_mark(folder: str, name: str, sender: str) -> None:
     write_atomically(os.path.join(folder, MARK),
-                     msgpack.packb({"name": name, "source": source, "created": time.time()}, use_bin_type=True))
+                     msgpack.packb({"name": name, "sender": sender, "created": time.time()}, use_bin_type=True))
 
 
 def read_mark(folder: str) -> dict[str, str] | None:
-    """The producer's name and source id; None if it never wrote them (or they cannot be read)."""
+    """The producer's name and sender id; None if it never wrote them (or they cannot be read)."""
     try:
         with open(os.path.join(folder, MARK), "rb") as handle:
             data = msgpack.unpackb(handle.read(), raw=False)
-        return {"name": str(data["name"]), "source": str(data["source"])}
-    except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException):
+        return {"name": str(data["name"]), "sender": str(data.get("sender", data.get("source")))}  # "source": before 0.1
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException):
         return None
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from tracklane.config.async_log import AsyncLogConfig
 from tracklane.core.errors import ConfigError
 from tracklane.core.records import RunSpec
-from tracklane.spool.lane_state import LaneState, bulk_source
+from tracklane.spool.lane_state import LaneState, bulk_sender
 from tracklane.spool.manifest import RunManifest, holds_a_spool, lanes_dir, state_path, stored_copy_path
 from tracklane.spool.segments import Spool, SpoolEntry
 
@@ -43,14 +43,14 @@ class Spooling:
     recovered: int = 0
     """Batches some lane still lacked when the spool was opened."""
     stored_copies: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Per lane, rank 0's copy of what its tracker's store held (source -> last batch): handed to its actor."""
+    """Per lane, rank 0's copy of what its tracker's store held (sender -> last batch): handed to its actor."""
     held_back: int | None = None
     """The run's trackers this process does not deliver to lack batches from here on (None: they lack none): the
     spool keeps them."""
     held_for: dict[str, int] = field(default_factory=dict)
     """Per such tracker, the records it lacks (kept for it)."""
     others_stored: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Per such tracker, what its store holds of each source (rank 0's streams and the producers'): a dead
+    """Per such tracker, what its store holds of each sender (rank 0's streams and the producers'): a dead
     producer's spool is kept for it too (orphans.py)."""
 
     @property
@@ -92,17 +92,17 @@ def open_spooling(cfg: AsyncLogConfig, run: RunSpec, backends: dict[str, dict[st
                     others_stored={name: _newer(states[name], copies[name]) for name in others})
 
 
-def lacking(entries: list[SpoolEntry], name: str, stored: dict[str, int], source: str = "") -> list[SpoolEntry]:
-    """The batches of ``source``'s spool ("": rank 0's) tracker ``name`` lacks, given what its store holds of each
-    source (``LaneState.stored``): those past its watermark for their stream that hold records for it."""
-    small, bulk = stored.get(source, 0), stored.get(bulk_source(source), 0)
+def lacking(entries: list[SpoolEntry], name: str, stored: dict[str, int], sender: str = "") -> list[SpoolEntry]:
+    """The batches of ``sender``'s spool ("": rank 0's) tracker ``name`` lacks, given what its store holds of each
+    sender (``LaneState.stored``): those past its watermark for their stream that hold records for it."""
+    small, bulk = stored.get(sender, 0), stored.get(bulk_sender(sender), 0)
     return [e for e in entries if e.seq > (bulk if e.bulk else small) and (e.audience is None or name in e.audience)]
 
 
-def held_back(entries: list[SpoolEntry], others: dict[str, dict[str, int]], source: str = "") -> int | None:
-    """Through which batch the trackers ``others`` (name -> what its store holds of each source) hold every batch
+def held_back(entries: list[SpoolEntry], others: dict[str, dict[str, int]], sender: str = "") -> int | None:
+    """Through which batch the trackers ``others`` (name -> what its store holds of each sender) hold every batch
     of ``entries`` meant for them (None: all of them)."""
-    firsts = [missing[0].seq for name, stored in others.items() if (missing := lacking(entries, name, stored, source))]
+    firsts = [missing[0].seq for name, stored in others.items() if (missing := lacking(entries, name, stored, sender))]
     return min(firsts) - 1 if firsts else None
 
 
@@ -115,12 +115,12 @@ def _earlier_backends(directory: str) -> dict[str, dict[str, Any]]:
 
 
 def _newer(state: dict[str, int], copy: dict[str, int]) -> dict[str, int]:
-    return {source: max(state.get(source, 0), copy.get(source, 0)) for source in {*state, *copy}}
+    return {sender: max(state.get(sender, 0), copy.get(sender, 0)) for sender in {*state, *copy}}
 
 
 def _stored(state: dict[str, int], copy: dict[str, int]) -> dict[str, int]:
     """What a lane's tracker holds of rank 0's two streams: its state or rank 0's copy, whichever is ahead."""
-    return {source: max(state.get(source, 0), copy.get(source, 0)) for source in ("", bulk_source(""))}
+    return {sender: max(state.get(sender, 0), copy.get(sender, 0)) for sender in ("", bulk_sender(""))}
 
 
 def set_aside_stale(directory: str, run: RunSpec) -> None:

@@ -7,7 +7,7 @@ thread. Each batch is one frame::
                  | audience length u16 | audience | payload
 
 ``payload`` is the batch exactly as shipped (msgpack + zstd); ``stream`` says which of a lane's two streams it
-travels in (0 small records, 1 bulk: lane.py); ``audience`` the lanes it is for, their names joined by newlines
+travels in (0 small records, 1 bulk: stream.py); ``audience`` the lanes it is for, their names joined by newlines
 (empty: every lane), so a lane skips a batch it has nothing in without reading it. The CRC32C covers everything
 after itself. Frames of the first format (``TLS1``: no stream, no audience) are still read.
 A SIGKILL needs no fsync (written bytes stay in the page cache); ``fsync_s`` bounds what a

@@ -13,16 +13,16 @@ from tracklane.core.health_rules import Alert
 
 def pack_ack(ack: Ack) -> bytes:
     return msgpack.packb([ack.handed, ack.gap, ack.opened, ack.error, ack.counts.to_plain(), ack.where, ack.pid,
-                          ack.node_id, ack.held, ack.stored, ack.handed_by_source, ack.work.to_plain(), ack.last_error,
-                          ack.last_error_at, ack.state_unsaved_since, ack.stored_by_source, ack.answers],
+                          ack.node_id, ack.held, ack.stored, ack.handed_by_sender, ack.work.to_plain(), ack.last_error,
+                          ack.last_error_at, ack.state_unsaved_since, ack.stored_by_sender, ack.answers],
                          use_bin_type=True)
 
 
 def unpack_ack(blob: bytes) -> Ack:
     """The ``Ack`` in ``blob``; CodecError for anything that is not one (a hostile value never reaches int() or str())."""
     try:
-        handed, gap, opened, error, counts, where, pid, node_id, held, stored, handed_by_source, work, last_error, \
-            last_error_at, state_unsaved_since, stored_by_source, answers = msgpack.unpackb(blob, raw=False)
+        handed, gap, opened, error, counts, where, pid, node_id, held, stored, handed_by_sender, work, last_error, \
+            last_error_at, state_unsaved_since, stored_by_sender, answers = msgpack.unpackb(blob, raw=False)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise CodecError(f"malformed acknowledgement: {exc}") from exc
     if type(handed) is not int or type(pid) is not int or (error is not None and type(error) is not str) \
@@ -35,9 +35,9 @@ def unpack_ack(blob: bytes) -> Ack:
     _check_answers(answers)
     return Ack(handed=handed, stored=stored, gap=bool(gap), held=bool(held), opened=bool(opened), error=error,
                counts=SinkCounts.from_plain(counts), where=where, pid=pid, node_id=node_id,
-               handed_by_source=plain_counts(handed_by_source), work=Work.from_plain(work), last_error=last_error,
+               handed_by_sender=plain_counts(handed_by_sender), work=Work.from_plain(work), last_error=last_error,
                last_error_at=float(last_error_at), state_unsaved_since=float(state_unsaved_since),
-               stored_by_source=plain_counts(stored_by_source), answers=answers)
+               stored_by_sender=plain_counts(stored_by_sender), answers=answers)
 
 
 def _is_reduced(value: object) -> bool:

@@ -34,7 +34,7 @@ class LaneOpening:
     """Tracker settings from the trainer's environment (placement.lane_env: no secret), set in the actor's own
     before its SDK starts."""
     stored: dict[str, int] = field(default_factory=dict)
-    """Rank 0's copy of what the tracker's store holds, per source (a resumed run; the actor's own state may be
+    """Rank 0's copy of what the tracker's store holds, per sender (a resumed run; the actor's own state may be
     on another node's disk, or gone)."""
 
     def pack(self) -> bytes:

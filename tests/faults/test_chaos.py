@@ -29,7 +29,7 @@ COUNTS = {"lane_kill": 2, "mlflow_cut": 1, "mlflow_stall": 1, "producer_kill": 1
 def test_a_short_chaos_run_keeps_every_point_once_and_names_every_loss(tmp_path, mlflow_server_uri):
     """Under lane kills, an MLflow cut and stall, a producer kill, a full spool disk and a poison record, every
     tracker holds each point logged before a kill's grace window exactly once, nothing it was not given, each
-    source's steps in order; the poison image everywhere but MLflow; and what the report names as lost (the
+    sender's steps in order; the poison image everywhere but MLflow; and what the report names as lost (the
     killed producer's unshipped tail, a full disk's drops, MLflow's one failed record) is exactly what is missing."""
     kinds = KINDS if os.geteuid() == 0 else tuple(k for k in KINDS if k != "disk_fill")  # a tmpfs needs root
     # A kill's grace window of flush_interval_s + 1 s (the CLI's: + 0.25 s): the suite runs two modules at once on 2

@@ -24,9 +24,9 @@ from tracklane.benchmarks import faults
 from tracklane.core.records import Batch, Metrics, RunSpec
 from tracklane.core.report import PipelineReport
 from tracklane.shipping import spool_stage
-from tracklane.shipping.lane import Entry, Lane, LaneSettings
 from tracklane.shipping.lane_actor import LaneActor
 from tracklane.shipping.spool_stage import SpoolStage
+from tracklane.shipping.stream import Entry, Stream, StreamSettings
 from tracklane.spool.lane_state import LaneState
 from tracklane.spool.manifest import RunManifest
 from tracklane.spool.recovery import Spooling
@@ -184,7 +184,7 @@ def test_a_lane_keeps_unspooled_batches_in_memory_and_spills_the_spooled_ones():
     """Over its bound, a lane lets spooled batches wait on disk to keep one the disk refused in memory; only when
     memory holds nothing but unspooled batches does it drop (and count) the oldest not yet sent."""
     unasked = SimpleNamespace(ready=SimpleNamespace(remote=lambda *args: None))  # offer() never calls the actor
-    lane = Lane("x", unasked, LaneSettings(max_bytes=100, max_inflight=1),
+    lane = Stream("x", unasked, StreamSettings(max_bytes=100, max_inflight=1),
                 reload=lambda seq: None)
 
     def entry(seq: int, spooled: bool) -> Entry:

@@ -113,7 +113,7 @@ def test_a_tracker_far_slower_than_the_producer_stays_within_its_bounds(tmp_path
     # the steps by those, never fall short.
     assert result["arrived_steps"] + result["dropped_records"] <= result["steps"] <= result["accounted"], result
     assert result["dropped_records"] > 0 and result["evicted_records"] > 0  # the disk bound was reached
-    assert result["max_unacked_bytes"] <= result["lane_max_bytes"] + 3 * 16 * 1024, result  # + batches in flight
+    assert result["max_unstored_bytes"] <= result["lane_max_bytes"] + 3 * 16 * 1024, result  # + batches in flight
     assert result["max_spool_bytes"] <= result["spool_max_bytes"] + 16 * 1024 + 16 * 1024, result  # + a segment
 
 

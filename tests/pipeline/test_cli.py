@@ -42,7 +42,7 @@ def test_inspect_prints_one_json_line_per_record_with_who_acknowledged_it(tmp_pa
     assert [(x["seq"], x["step"], x["kind"]) for x in lines] == [(1, 1, "metrics"), (2, 2, "metrics"), (2, 2, "text"),
                                                                    (3, 3, "metrics")]
     assert lines[0]["keys"] == ["acc", "loss"] and lines[2]["keys"] == ["note"]
-    assert lines[0]["acked_by"] == ["file", "mlflow"] and lines[1]["pending"] == ["mlflow"]
+    assert lines[0]["stored_by"] == ["file", "mlflow"] and lines[1]["pending"] == ["mlflow"]
     assert "3 batches" in proc.stderr
 
 

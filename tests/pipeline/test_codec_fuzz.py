@@ -825,8 +825,8 @@ def _ack_well_typed(ack: Ack) -> bool:
     counts = ack.counts
     reduced = ack.answers.get("reduced")
     return (type(ack.handed) is int and type(ack.pid) is int and (ack.stored is None or type(ack.stored) is int)
-            and _str_map(ack.handed_by_source, lambda n: type(n) is int)
-            and _str_map(ack.stored_by_source, lambda n: type(n) is int)
+            and _str_map(ack.handed_by_sender, lambda n: type(n) is int)
+            and _str_map(ack.stored_by_sender, lambda n: type(n) is int)
             and set(ack.answers) <= {"output", "reduced", "alerts"} and type(ack.answers.get("output", "")) is str
             and all(type(a) is list and len(a) == 5 for a in ack.answers.get("alerts", []))
             and all(type(getattr(ack, f.name)) is bool for f in dataclasses.fields(Ack) if f.type == "bool")

@@ -38,7 +38,7 @@ class Worker:
             costs.append(time.perf_counter() - started)
         cost_us = sorted(costs)[len(costs) // 2] * 1e6  # the median: the first call starts the shipper
         flushed = self.producer.flush(60.0) if flush else None
-        return {"cost_us": cost_us, "flushed": flushed, "source": self.producer.source}
+        return {"cost_us": cost_us, "flushed": flushed, "sender": self.producer.sender}
 
     def generations(self, step: int) -> None:
         ValidationGenerationsLogger(producer=self.producer).log(["memory", "wandb"],
@@ -152,7 +152,7 @@ def test_a_producer_pickles_without_records_and_needs_the_async_path(offline_tra
     state = producer.__getstate__()
     assert set(state) == {"name", "key_prefix", "axis", "spec"}
     copy = pickle.loads(pickle.dumps(producer))  # as Ray would pass it (cloudpickle builds on this)
-    assert copy.source == "" and copy.key_prefix == "x/"
+    assert copy.sender == "" and copy.key_prefix == "x/"
     assert producer.flush(30.0) and producer.close(30.0)
     tracking.finish()
     for tracking, name, error in ((Tracking("p", "sync", ["file"]), "x", "log_async: true"),

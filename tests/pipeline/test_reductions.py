@@ -37,7 +37,7 @@ class Worker:
             self.producer.log({"own": value}, step=step)
             time.sleep(0.002)
         self.producer.flush(60.0)
-        return self.producer.source
+        return self.producer.sender
 
 
 def expected(step: int, workers: list[int]) -> dict[str, float]:
@@ -68,7 +68,7 @@ def test_four_producers_reduce_each_op_once_into_every_tracker(tmp_path, offline
         time.sleep(0.002)
         if step == 60:  # the reduce lane's actor dies mid-run; Ray starts another, which goes on from its state
             ray.kill(tracking._pipe._lanes["reduce"].actor, no_restart=False)
-    sources = ray.get(first)
+    senders = ray.get(first)
     ray.kill(workers[KILLED])  # after its step KILL_AFTER: the others go on without it
     rest = [w.run.remote(KILL_AFTER + 1, STEPS - 1) for i, w in enumerate(workers) if i != KILLED]
     for step in range(KILL_AFTER + 1, STEPS):
@@ -83,8 +83,8 @@ def test_four_producers_reduce_each_op_once_into_every_tracker(tmp_path, offline
     assert report.lanes["reduce"].restarts >= 1, report.summary()
     assert report.reductions is not None and report.reductions.steps == STEPS, report.summary()
     assert report.reductions.late == report.reductions.conflicts == report.reductions.open_steps == 0
-    assert report.reductions.left_out == {sources[KILLED]: KILL_AFTER + 1}, report.summary()
-    assert f"{sources[KILLED]} left out from step {KILL_AFTER + 1}" in report.summary()
+    assert report.reductions.left_out == {senders[KILLED]: KILL_AFTER + 1}, report.summary()
+    assert f"{senders[KILLED]} left out from step {KILL_AFTER + 1}" in report.summary()
     live = [i for i in range(WORKERS) if i != KILLED]
     want = {(step, key): value for step in range(STEPS)
             for key, value in expected(step, list(range(WORKERS)) if step <= KILL_AFTER else live).items()}

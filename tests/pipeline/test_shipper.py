@@ -16,8 +16,8 @@ from tracklane.capture.rich import RecordLimits
 from tracklane.config.async_log import AsyncLogConfig
 from tracklane.core.acks import Ack, SinkCounts
 from tracklane.shipping.buffer import RecordBuffer
-from tracklane.shipping.lane import LaneSettings
 from tracklane.shipping.shipper import Shipper
+from tracklane.shipping.stream import StreamSettings
 from tracklane.shipping.streams import TrackerLane
 from tracklane.shipping.tracker_calls import TrackerCalls
 from tracklane.wire.ack import pack_ack
@@ -43,7 +43,7 @@ class FakeTracker:
     def _ack(self, gap: bool = False, **extra) -> bytes:
         return pack_ack(Ack(handed=self.applied, gap=gap, pid=os.getpid(), **extra))
 
-    def ready(self, source: str = "") -> bytes:  # the lane's bulk stream asks too: it never sends anything here
+    def ready(self, sender: str = "") -> bytes:  # the lane's bulk stream asks too: it never sends anything here
         return self._ack()
 
     def apply(self, seq: int, prev: int, blob: bytes) -> bytes:
@@ -98,7 +98,7 @@ def _config(**overrides) -> AsyncLogConfig:
 
 
 def _shipper(cfg: AsyncLogConfig, actors: dict) -> Shipper:
-    settings = LaneSettings(max_bytes=cfg.lane_max_bytes, max_inflight=cfg.max_inflight_batches)
+    settings = StreamSettings(max_bytes=cfg.lane_max_bytes, max_inflight=cfg.max_inflight_batches)
     lanes = {name: TrackerLane(name, actor, settings) for name, actor in actors.items()}
     buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
     shipper = Shipper(cfg, buffer, lanes, Converter(RecordLimits(), backends=list(lanes)), tracker_calls=TrackerCalls())
@@ -277,7 +277,7 @@ class SlowTracker:
     def __init__(self) -> None:
         self.applied = 0
 
-    def ready(self, source=""):
+    def ready(self, sender=""):
         return pack_ack(Ack(handed=0))
 
     def apply(self, seq, prev, blob):

@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from tracklane.core.acks import Ack
-from tracklane.shipping.lane import Entry, LaneSettings
+from tracklane.shipping.stream import Entry, StreamSettings
 from tracklane.shipping.streams import TrackerLane
 from tracklane.spool.segments import SpoolEntry
 from tracklane.wire.ack import pack_ack
@@ -21,37 +21,37 @@ _DEADLINE_S = 30.0
 
 @ray.remote(num_cpus=0)
 class TwoStreamSink:
-    """The lane actor's protocol per source (skip re-sends, refuse gaps); a bulk apply takes ``bulk_s``."""
+    """The lane actor's protocol per sender (skip re-sends, refuse gaps); a bulk apply takes ``bulk_s``."""
 
     def __init__(self, bulk_s: float = 0.0, applied: dict | None = None) -> None:
         self.applied: dict[str, int] = dict(applied or {})
         self.order: list[int] = []
         self._bulk_s = bulk_s
 
-    def _ack(self, source: str, gap: bool = False) -> bytes:
-        return pack_ack(Ack(handed=self.applied.get(source, 0), gap=gap, pid=os.getpid(),
-                            handed_by_source={k: v for k, v in self.applied.items() if k}, stored_by_source=dict(self.applied)))
+    def _ack(self, sender: str, gap: bool = False) -> bytes:
+        return pack_ack(Ack(handed=self.applied.get(sender, 0), gap=gap, pid=os.getpid(),
+                            handed_by_sender={k: v for k, v in self.applied.items() if k}, stored_by_sender=dict(self.applied)))
 
-    def ready(self, source: str = "") -> bytes:
-        return self._ack(source)
+    def ready(self, sender: str = "") -> bytes:
+        return self._ack(sender)
 
-    def apply(self, seq: int, prev: int, blob, final: bool = False, source: str = "") -> bytes:
-        if seq <= self.applied.get(source, 0):
-            return self._ack(source)
-        if prev != self.applied.get(source, 0):
-            return self._ack(source, gap=True)
-        if source.endswith("~bulk"):
+    def apply(self, seq: int, prev: int, blob, final: bool = False, sender: str = "") -> bytes:
+        if seq <= self.applied.get(sender, 0):
+            return self._ack(sender)
+        if prev != self.applied.get(sender, 0):
+            return self._ack(sender, gap=True)
+        if sender.endswith("~bulk"):
             time.sleep(self._bulk_s)
-        self.applied[source] = seq
+        self.applied[sender] = seq
         self.order.append(seq)
-        return self._ack(source)
+        return self._ack(sender)
 
     def log(self) -> dict:
         return {"order": self.order, "applied": self.applied}
 
 
 def _pair(actor, max_inflight: int = 2) -> TrackerLane:
-    return TrackerLane("file", actor, LaneSettings(max_bytes=1 << 20, max_inflight=max_inflight))
+    return TrackerLane("file", actor, StreamSettings(max_bytes=1 << 20, max_inflight=max_inflight))
 
 
 def _entry(seq: int, bulk: bool = False, audience: frozenset[str] | None = None) -> Entry:
@@ -105,7 +105,7 @@ def test_a_batch_a_tracker_has_nothing_in_is_never_sent_to_it():
 def test_the_reduce_lane_has_no_bulk_stream():
     """The reducer needs the steps, never the rows: a bulk batch is skipped by its lane."""
     actor = TwoStreamSink.remote()
-    lane = TrackerLane("reduce", actor, LaneSettings(max_bytes=1 << 20, max_inflight=2))
+    lane = TrackerLane("reduce", actor, StreamSettings(max_bytes=1 << 20, max_inflight=2))
     assert lane.bulk is None
     lane.offer(_entry(1, bulk=True))
     lane.offer(_entry(2))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tracklane.config.async_log import AsyncLogConfig
 from tracklane.core.records import RunSpec
 from tracklane.shipping.spool_stage import SpoolStage
-from tracklane.spool.lane_state import LaneState, bulk_source
+from tracklane.spool.lane_state import LaneState, bulk_sender
 from tracklane.spool.manifest import RunManifest, state_path
 from tracklane.spool.recovery import held_back, lacking, open_spooling
 from tracklane.spool.segments import Spool, SpoolEntry
@@ -21,11 +21,11 @@ def _entry(seq: int, bulk: bool = False, audience: frozenset[str] | None = None)
 def test_what_a_tracker_lacks_follows_each_streams_watermark_and_the_audience():
     """Small batches past its small watermark, bulk past its bulk one, and only those that hold records for it."""
     entries = [_entry(1), _entry(2, bulk=True), _entry(3), _entry(4, bulk=True, audience=frozenset({"file"}))]
-    stored = {"": 1, bulk_source(""): 0}
+    stored = {"": 1, bulk_sender(""): 0}
     assert [e.seq for e in lacking(entries, "mlflow", stored)] == [2, 3]
     assert [e.seq for e in lacking(entries, "file", stored)] == [2, 3, 4]
-    assert held_back(entries, {"mlflow": stored, "file": {"": 3, bulk_source(""): 4}}) == 1
-    assert held_back(entries, {"mlflow": {"": 3, bulk_source(""): 2}}) is None  # it holds every batch meant for it
+    assert held_back(entries, {"mlflow": stored, "file": {"": 3, bulk_sender(""): 4}}) == 1
+    assert held_back(entries, {"mlflow": {"": 3, bulk_sender(""): 2}}) is None  # it holds every batch meant for it
 
 
 def test_a_replay_to_one_tracker_leaves_the_spool_what_the_others_lack(tmp_path):

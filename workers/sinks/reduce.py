@@ -1,7 +1,7 @@
-"""The reduce lane's sink: every source's batches in, one point per key and step out (core/reduction.py).
+"""The reduce lane's sink: every sender's batches in, one point per key and step out (core/reduction.py).
 
 Not a tracker: its store is the reducer's state, one msgpack file rewritten after every batch (``flush``), so
-what it was handed survives its actor. It keeps the last batch of every source it was handed in that state
+what it was handed survives its actor. It keeps the last batch of every sender it was handed in that state
 and skips a batch sent again, so a batch lands once even when its actor died between the file and the lane's
 own acknowledgement state. What it completes goes back to rank 0 (``take_reduced``, in the lane's answers), which
 logs it into every tracker and confirms it (core/reduction.py).
@@ -41,7 +41,7 @@ class ReduceSink(Sink):
         super().__init__(run, settings)
         self._path = str(self.settings.get("state_path") or "")
         self.reducer = Reducer(float(self.settings.get("timeout_s", DEFAULT_TIMEOUT_S)))
-        self._source, self._apply = "", True  # the synchronous path has no batches: rank 0's, every time
+        self._sender, self._apply = "", True  # the synchronous path has no batches: rank 0's, every time
         self._fresh: list[list[Any]] = []
         self._sent_pending = False  # a new actor's first answer carries every unconfirmed step again
 
@@ -52,23 +52,23 @@ class ReduceSink(Sink):
                                                   self.reducer.timeout_s)
         return {}
 
-    def begin_batch(self, source: str, seq: int, records: Sequence[Record]) -> None:
-        self._source, self._apply = source, self.reducer.begin(source, seq)
+    def begin_batch(self, sender: str, seq: int, records: Sequence[Record]) -> None:
+        self._sender, self._apply = sender, self.reducer.begin(sender, seq)
 
     def write(self, records: Sequence[Record]) -> None:
         if not self._apply:  # a batch this reducer was handed before its lane's state said so
             return
-        source, reducer = self._source, self.reducer
+        sender, reducer = self._sender, self.reducer
         for record in records:
             if isinstance(record, Reduction):
                 if record.role == PART:
-                    reducer.contribute(source, record.step, record.values, record.op, record.ops)
-                elif not source:  # notices come from rank 0 only
+                    reducer.contribute(sender, record.step, record.values, record.op, record.ops)
+                elif not sender:  # notices come from rank 0 only
                     reducer.notice(record.role, record.step, record.values)
             elif not isinstance(record, Metrics) or record.axis is None:  # anything on the trainer's step
-                reducer.saw(source, record.step)
+                reducer.saw(sender, record.step)
         self._fresh.extend([step, points] for step, points in reducer.complete())
-        self._source, self._apply = "", True
+        self._sender, self._apply = "", True
 
     def flush(self) -> None:
         self._fresh.extend([step, points] for step, points in self.reducer.complete())  # a timeout may have passed

@@ -9,7 +9,7 @@ because in 0.43 ``trackio.init``/``Run`` cannot do what a lane needs (trackio/ru
 - ``Run.log`` keeps no timestamp: its sender thread stamps every row with the time it flushes
   (``_write_logs_to_sqlite`` passes no ``timestamps``); ``bulk_log(timestamps=...)`` keeps ``Metrics.time``.
 - it gives every row a random ``log_id``, so a batch sent again after an actor restart would be stored
-  twice; here a row's ``log_id`` is made from its batch (run id, source, seq, positions, time) and trackio's
+  twice; here a row's ``log_id`` is made from its batch (run id, sender, seq, positions, time) and trackio's
   ``INSERT OR IGNORE`` on its unique ``log_id`` index stores a re-sent batch once (no mark/rollback needed).
 - it swallows write errors into a one-time warning (``_warn_once("write-logs-to-sqlite")``), so a lost
   batch would count as handed; ``bulk_log`` raises, the lane retries and counts.
@@ -180,8 +180,8 @@ class TrackioSink(Sink):
         return {"id": self.run_id}
 
     # -- writing: the hooks collect rows, write() commits them in one transaction -------------
-    def begin_batch(self, source: str, seq: int, records: Sequence[Record]) -> None:
-        self._ids.begin_batch(source, seq, records)
+    def begin_batch(self, sender: str, seq: int, records: Sequence[Record]) -> None:
+        self._ids.begin_batch(sender, seq, records)
 
     def write(self, records: Sequence[Record]) -> None:
         if not self._open:
@@ -368,12 +368,12 @@ class _RowIds:
     """Each row's ``log_id``, made from where its records sit in the lane batch being written."""
 
     def __init__(self) -> None:
-        self._source, self._seq = "", 0  # the lane batch being written (begin_batch)
+        self._sender, self._seq = "", 0  # the lane batch being written (begin_batch)
         self._batch: Sequence[Record] = ()  # kept alive so that the ids in _positions stay theirs
         self._positions: dict[int, int] = {}
 
-    def begin_batch(self, source: str, seq: int, records: Sequence[Record]) -> None:
-        self._source, self._seq, self._batch = source, seq, records
+    def begin_batch(self, sender: str, seq: int, records: Sequence[Record]) -> None:
+        self._sender, self._seq, self._batch = sender, seq, records
         self._positions = {id(record): position for position, record in enumerate(records)}
 
     def log_id(self, run_id: str, group: Sequence[Record]) -> str:
@@ -383,7 +383,7 @@ class _RowIds:
         first, last = self._position(group[0]), self._position(group[-1])
         if first is None or last is None:
             return uuid.uuid4().hex
-        return f"{run_id}:{self._source}:{self._seq}:{first}-{last}:{group[-1].time!r}"
+        return f"{run_id}:{self._sender}:{self._seq}:{first}-{last}:{group[-1].time!r}"
 
     def _position(self, record: Record) -> int | None:
         position = self._positions.get(id(record))

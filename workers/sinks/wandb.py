@@ -23,9 +23,9 @@ step metric (``define_metric``): ``STEP_AXIS`` for the trainer's step, a produce
 Durability: wandb-core writes its transaction log in 32 KiB blocks and a step's row only once a later
 step is logged, so a batch is stored once the file holds a row of the step that was open when the batch
 ended (``written``/``stored``, read from the file itself: ``workers/sinks/wandb_store.py``). Each row carries a
-hidden tag (``ROW_TAG``: source, batch, position of its last record). A sink that takes over a run (actor
+hidden tag (``ROW_TAG``: sender, batch, position of its last record). A sink that takes over a run (actor
 restart, resumed run) reads the run's earlier files and skips the re-sent records their newest tag per
-source covers (and artifacts already logged), so nothing lands twice (``workers/sinks/wandb_resent.py``).
+sender covers (and artifacts already logged), so nothing lands twice (``workers/sinks/wandb_resent.py``).
 
 Records of one key at one step in one batch become one log call; a step with no samples logs nothing.
 Logged table rows are released (set to None) so the lane's memory stays flat over a long run. A log
@@ -93,7 +93,7 @@ class WandbSink(Sink):
         self._tables = IncrementalTables()  # key -> the run's INCREMENTAL wandb.Table
         self._tail: LogTail | None = None  # follows this run file on disk
         self._row: int | None = None  # ``_step`` of the newest row handed (-1: only artifacts; None: nothing yet)
-        self._open: tuple[str, str, int] | None = None  # (source, axis, step) of that row: wandb keeps it open
+        self._open: tuple[str, str, int] | None = None  # (sender, axis, step) of that row: wandb keeps it open
         self._defined: set[str] = set()  # keys (and axes) given their step metric
         self._resent = ResentRows()  # what the run's earlier files hold; the batch's positions (begin_batch)
         self._tail_warned = False
@@ -145,8 +145,8 @@ class WandbSink(Sink):
                         "the run is closed", self._tail.error)
         return stored >= max(point, 0)
 
-    def begin_batch(self, source: str, seq: int, records: Sequence[Any]) -> None:
-        self._resent.begin_batch(source, seq, records)
+    def begin_batch(self, sender: str, seq: int, records: Sequence[Any]) -> None:
+        self._resent.begin_batch(sender, seq, records)
 
     def write(self, records: Sequence[Any]) -> None:
         if self._resent.earlier.artifacts:
@@ -162,7 +162,7 @@ class WandbSink(Sink):
         axis = getattr(group[0], "axis", None) or STEP_AXIS
         if not self._defined.issuperset(values) or axis not in self._defined:
             self._define(values, axis)
-        opened = (self._resent.source, axis, step)
+        opened = (self._resent.sender, axis, step)
         if self._open != opened or self._row is None or self._row < 0:  # a new row; else wandb merges into it
             after = -1 if self._row is None else self._row
             self._row = max(after + 1, step if axis == STEP_AXIS else 0)

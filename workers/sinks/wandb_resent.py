@@ -1,8 +1,8 @@
 """Skip what a wandb run taken over already holds, and tag each new row so that a later takeover can.
 
 A sink that takes over a run (actor restart, resumed run) reads the run's earlier files (``workers/sinks/wandb_store.py``)
-and skips the re-sent records their newest ``ROW_TAG`` per source covers, and the artifacts already logged. Each new
-row carries the tag of its last record: source, batch, position in that batch.
+and skips the re-sent records their newest ``ROW_TAG`` per sender covers, and the artifacts already logged. Each new
+row carries the tag of its last record: sender, batch, position in that batch.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class ResentRows:
 
     def __init__(self) -> None:
         self.earlier = Stored()  # what the run's earlier files hold (a run taken over)
-        self.source, self.seq = "", 0  # the batch being written (begin_batch)
+        self.sender, self.seq = "", 0  # the batch being written (begin_batch)
         self._positions: dict[int, int] = {}  # id(record) -> its position in that batch
         self._skipped = 0
 
@@ -45,8 +45,8 @@ class ResentRows:
         self.earlier = stored_so_far(run_files(wandb_dir, run_id))
         return self.earlier
 
-    def begin_batch(self, source: str, seq: int, records: Sequence[Any]) -> None:
-        self.source, self.seq = source, seq
+    def begin_batch(self, sender: str, seq: int, records: Sequence[Any]) -> None:
+        self.sender, self.seq = sender, seq
         self._positions = {id(record): position for position, record in enumerate(records)}
 
     def stored_artifact(self, record: Any) -> bool:
@@ -57,7 +57,7 @@ class ResentRows:
         """False if the run's earlier files hold this row already (a batch sent again after a takeover); ``run``,
         the wandb Run, is named in the warning."""
         position = self._position(group)
-        if position < 0 or (self.seq, position) > self.earlier.rows.get(self.source, (0, -1)):
+        if position < 0 or (self.seq, position) > self.earlier.rows.get(self.sender, (0, -1)):
             return True
         if not self._skipped:
             log.warning("tracklane: wandb: run %s already holds records sent again (an earlier actor or process "
@@ -68,7 +68,7 @@ class ResentRows:
     def tag(self, group: Sequence[Any]) -> str | None:
         """The row's ``ROW_TAG`` value; None outside a lane's batch (the synchronous path)."""
         position = self._position(group)
-        return f"{self.source}|{self.seq}|{position}" if position >= 0 else None
+        return f"{self.sender}|{self.seq}|{position}" if position >= 0 else None
 
     def _position(self, group: Sequence[Any]) -> int:
         """The batch position of the row's last record; -1 outside a lane's batch (the synchronous path)."""

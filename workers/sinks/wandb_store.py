@@ -17,9 +17,9 @@ a history row reaches wandb-core only when a later step is logged (wandb keeps t
 row open). So what wandb-core was handed is stored once a row of that step, or a later one, is in
 the file.
 
-The wandb sink numbers the rows itself (``_step``) and tags each with ``ROW_TAG``: "<source>|<seq>|<n>",
+The wandb sink numbers the rows itself (``_step``) and tags each with ``ROW_TAG``: "<sender>|<seq>|<n>",
 the batch and the position in it of the row's last record. The file holds a prefix of what wandb-core
-was handed, so a source's newest tag in it says which of that source's records are on disk.
+was handed, so a sender's newest tag in it says which of that sender's records are on disk.
 """
 
 from __future__ import annotations
@@ -214,12 +214,12 @@ def stored_so_far(paths: list[Path]) -> Stored:
 
 
 def row_tag(history: Any) -> tuple[str, int, int] | None:
-    """(source, seq, position) of a history row the wandb sink tagged, else None."""
+    """(sender, seq, position) of a history row the wandb sink tagged, else None."""
     for item in history.item:
         if item.key == ROW_TAG or list(item.nested_key) == [ROW_TAG]:
             try:
-                source, seq, position = json.loads(item.value_json).rsplit("|", 2)
-                return source, int(seq), int(position)
+                sender, seq, position = json.loads(item.value_json).rsplit("|", 2)
+                return sender, int(seq), int(position)
             except (ValueError, AttributeError):
                 return None
     return None

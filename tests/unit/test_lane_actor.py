@@ -7,7 +7,7 @@ import time
 from tracklane.core.acks import Ack
 from tracklane.core.records import Batch, Metrics, RunSpec
 from tracklane.shipping.lane_actor import LaneActor
-from tracklane.wire.ack import pack_ack, unpack_ack
+from tracklane.wire.ack import unpack_ack
 from tracklane.wire.batch import encode_batch
 from tracklane.wire.opening import LaneOpening
 from tracklane.workers.testing.memory import memory_records
@@ -93,31 +93,6 @@ def test_records_for_other_backends_are_skipped(tmp_path):
     actor.apply(1, 0, _blob(1, range(2), only=["wandb"]))
     actor.apply(2, 1, _blob(2, range(2, 4), only=["memory"]))
     assert _steps(actor, tmp_path) == [2, 3]
-
-
-def test_lane_gives_up_after_repeated_actor_errors(ray_session):
-    """A lane whose actor raises on every call re-sends a few times, then counts its records as dropped."""
-    import ray
-
-    from tracklane.shipping.lane import Entry, Lane, LaneSettings
-
-    @ray.remote(num_cpus=0)
-    class Broken:
-        def ready(self):
-            return pack_ack(Ack(handed=0))
-
-        def apply(self, seq, prev, blob):
-            raise OSError("disk full")
-
-    settings = LaneSettings(max_bytes=1 << 20, max_inflight=1)
-    lane = Lane("broken", Broken.remote(), settings)
-    lane.offer(Entry(seq=1, ref=ray.put(b"x"), nbytes=1, records=3, oldest_log_time=time.time()))
-    deadline = time.monotonic() + 30
-    while not lane.dead and time.monotonic() < deadline:
-        lane.pump()
-        time.sleep(0.05)
-    report = lane.snapshot()
-    assert lane.dead and report.dropped_records == 3 and "disk full" in report.error
 
 
 def test_restarted_actor_continues_its_counts(tmp_path):

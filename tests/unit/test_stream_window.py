@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tracklane.core.report import LaneReport
-from tracklane.shipping.lane_window import Entry, LaneWindow
+from tracklane.shipping.stream_window import Entry, StreamWindow
 from tracklane.spool.segments import SpoolEntry
 
 
@@ -11,13 +11,13 @@ def _entry(seq: int, nbytes: int = 10, *, ref: object = "bytes", spooled: bool =
     return Entry(seq=seq, ref=ref, nbytes=nbytes, records=seq, oldest_log_time=0.0, spooled=spooled)
 
 
-def _window(max_bytes: int = 100, spool: dict[int, object] | None = None) -> tuple[LaneWindow, LaneReport]:
+def _window(max_bytes: int = 100, spool: dict[int, object] | None = None) -> tuple[StreamWindow, LaneReport]:
     report = LaneReport(name="t")
     reload = None if spool is None else spool.get
-    return LaneWindow(max_bytes, report, reload), report
+    return StreamWindow(max_bytes, report, reload), report
 
 
-def _send_all(window: LaneWindow) -> list[int]:
+def _send_all(window: StreamWindow) -> list[int]:
     sent = []
     for entry in window.to_send():
         sent.append(entry.seq)

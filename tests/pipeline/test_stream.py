@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from tracklane.core.acks import Ack, SinkCounts
-from tracklane.shipping.lane import Entry, Lane, LaneSettings
+from tracklane.shipping.stream import Entry, Stream, StreamSettings
 from tracklane.wire.ack import pack_ack
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -99,8 +99,8 @@ class FakeSink:
         return os.getpid()
 
 
-def _lane(actor, max_inflight: int = 2, max_bytes: int = 1 << 20, look_every_s: float = 5.0, reload=None) -> Lane:
-    return Lane("fake", actor, LaneSettings(max_bytes=max_bytes, max_inflight=max_inflight, look_every_s=look_every_s),
+def _lane(actor, max_inflight: int = 2, max_bytes: int = 1 << 20, look_every_s: float = 5.0, reload=None) -> Stream:
+    return Stream("fake", actor, StreamSettings(max_bytes=max_bytes, max_inflight=max_inflight, look_every_s=look_every_s),
                 reload=reload)
 
 
@@ -109,7 +109,7 @@ def _entry(seq: int, records: int = 1, nbytes: int = 10) -> Entry:
                  oldest_log_time=time.time())
 
 
-def _pump_until(lane: Lane, done, on_pump=None, timeout: float = _DEADLINE_S) -> None:
+def _pump_until(lane: Stream, done, on_pump=None, timeout: float = _DEADLINE_S) -> None:
     deadline = time.monotonic() + timeout
     while not done():
         assert time.monotonic() < deadline, f"condition not reached in {timeout} s: {lane.snapshot()}"
@@ -327,7 +327,7 @@ def test_a_recovered_tracker_is_reported_as_recovered_not_broken():
     """A tracker down for two sends, then back: the lane has everything, no current error, and says it recovered:
     one outage, its length, two batches sent again, and the last error with its time."""
     actor = FakeSink.remote(down_for=2)
-    lane = Lane("fake", actor, LaneSettings(max_bytes=1 << 20, max_inflight=1, backoff_s=0.05, max_backoff_s=0.1))
+    lane = Stream("fake", actor, StreamSettings(max_bytes=1 << 20, max_inflight=1, backoff_s=0.05, max_backoff_s=0.1))
     try:
         before = time.time()
         for seq in range(1, 4):
@@ -445,8 +445,8 @@ def test_batches_not_durable_yet_are_sent_again_from_the_spool_after_a_crash(tmp
         reloaded.append(seq)
         return ray.put(f"batch-{seq}".encode())
 
-    settings = LaneSettings(max_bytes=1 << 20, max_inflight=1)
-    lane = Lane("lagging", actor, settings, reload=reload)
+    settings = StreamSettings(max_bytes=1 << 20, max_inflight=1)
+    lane = Stream("lagging", actor, settings, reload=reload)
     try:
         for seq in range(1, 9):
             lane.offer(_entry(seq, records=seq))
@@ -476,3 +476,24 @@ def test_without_a_spool_batches_not_durable_go_again_from_memory_after_a_crash(
         assert report.restarts == 1 and report.dropped_records == 0 and report.error is None
     finally:
         _kill(actor)
+
+
+def test_lane_gives_up_after_repeated_actor_errors(ray_session):
+    """A lane whose actor raises on every call re-sends a few times, then counts its records as dropped."""
+    @ray.remote(num_cpus=0)
+    class Broken:
+        def ready(self):
+            return pack_ack(Ack(handed=0))
+
+        def apply(self, seq, prev, blob):
+            raise OSError("disk full")
+
+    settings = StreamSettings(max_bytes=1 << 20, max_inflight=1)
+    lane = Stream("broken", Broken.remote(), settings)
+    lane.offer(Entry(seq=1, ref=ray.put(b"x"), nbytes=1, records=3, oldest_log_time=time.time()))
+    deadline = time.monotonic() + 30
+    while not lane.dead and time.monotonic() < deadline:
+        lane.pump()
+        time.sleep(0.05)
+    report = lane.snapshot()
+    assert lane.dead and report.dropped_records == 3 and "disk full" in report.error

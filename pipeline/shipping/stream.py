@@ -1,4 +1,4 @@
-"""The trainer-side end of one lane's stream: its window (lane_window.py) and the actor that drains it.
+"""The trainer-side end of one lane's stream: its window (stream_window.py) and the actor that drains it.
 
 Used only by the shipper thread. A lane submits at most ``max_inflight`` batches to its actor, each naming the
 batch sent before it, so the actor can refuse gaps and skip re-sends. If the actor dies, Ray restarts it; the lane
@@ -31,19 +31,19 @@ from tracklane.config.async_log import AsyncLogConfig
 from tracklane.core.acks import Ack
 from tracklane.core.report import LaneInfo, LaneReport
 from tracklane.shipping.actor_view import LOOK_EVERY_S
-from tracklane.shipping.lane_window import Entry, LaneWindow, Reload
 from tracklane.shipping.liveness import Liveness, Outage
+from tracklane.shipping.stream_window import Entry, Reload, StreamWindow
 from tracklane.wire.ack import unpack_ack
 
 log = logging.getLogger("tracklane")
 _TASK_ERRORS_TOLERATED = 5  # consecutive failed apply() calls before the lane gives up
 
-__all__ = ["Entry", "Lane", "LaneSettings", "Reload"]
+__all__ = ["Entry", "Stream", "StreamSettings", "Reload"]
 
 
 @dataclass(slots=True, kw_only=True, frozen=True)
-class LaneSettings:
-    """A lane's bounds, deadlines and backoff; ``LaneSettings.of(cfg)`` takes them from ``trainer.async_log``."""
+class StreamSettings:
+    """A lane's bounds, deadlines and backoff; ``StreamSettings.of(cfg)`` takes them from ``trainer.async_log``."""
 
     max_bytes: int
     """Encoded bytes of batches not stored yet held in Ray for this lane (beyond it they wait in the spool)."""
@@ -59,23 +59,23 @@ class LaneSettings:
     """A tracker down this long makes the lane give up (None: never)."""
 
     @classmethod
-    def of(cls, cfg: AsyncLogConfig) -> LaneSettings:
+    def of(cls, cfg: AsyncLogConfig) -> StreamSettings:
         return cls(max_bytes=cfg.lane_max_bytes, max_inflight=cfg.max_inflight_batches,
                    backoff_s=max(cfg.retry_backoff_s, 0.05), max_backoff_s=cfg.max_retry_backoff_s,
                    max_outage_s=cfg.max_outage_s)
 
 
-class Lane:
-    def __init__(self, name: str, actor: Any, settings: LaneSettings, *, reload: Reload | None = None,
-                 source: str = "", on_answer: Mapping[str, Callable[[Any], None]] | None = None) -> None:
-        """``reload``: reads a batch back from the spool (rank 0's lanes). ``source``: "" for the trainer's lane;
-        a producer's source id for a producer's lane (its own sequence numbers at the same actor). ``on_answer``:
+class Stream:
+    def __init__(self, name: str, actor: Any, settings: StreamSettings, *, reload: Reload | None = None,
+                 sender: str = "", on_answer: Mapping[str, Callable[[Any], None]] | None = None) -> None:
+        """``reload``: reads a batch back from the spool (rank 0's lanes). ``sender``: "" for the trainer's lane;
+        a producer's sender id for a producer's lane (its own sequence numbers at the same actor). ``on_answer``:
         where each capability's answer goes (``Ack.answers``: the console's lines to the terminal, in the order
         its answers arrive, batch order; the reduce lane's points to ``ReducedPoints``; the health alerts)."""
-        self.name, self.actor, self._source, self._settings = name, actor, source, settings
+        self.name, self.actor, self._sender, self._settings = name, actor, sender, settings
         self._on_answer = dict(on_answer or {})
         self.report = LaneReport(name=name)
-        self.window = LaneWindow(settings.max_bytes, self.report, reload)
+        self.window = StreamWindow(settings.max_bytes, self.report, reload)
         self._outage = Outage(settings.backoff_s, settings.max_backoff_s, settings.max_outage_s)
         # result ref -> seq. A recovery forgets every call: their batches are sent again in order
         # and the actor skips what it was handed already, so an older answer is never needed.
@@ -85,10 +85,10 @@ class Lane:
         self._pid, self._node_id = 0, ""  # of the actor, from its latest answer
         self._probe: Any = self._ready()  # the first answer we wait for is the actor opening its tracker
         self._liveness = Liveness(actor, settings.look_every_s)
-        # As of the actor's latest answer, the last batch of each source ("": the trainer's) its tracker was handed,
+        # As of the actor's latest answer, the last batch of each sender ("": the trainer's) its tracker was handed,
         # and the last its store holds.
-        self.handed_by_source: dict[str, int] = {}
-        self.stored_by_source: dict[str, int] = {}
+        self.handed_by_sender: dict[str, int] = {}
+        self.stored_by_sender: dict[str, int] = {}
         self.answered = False  # its actor answered once (it is up, its tracker opened or failed to); other threads read it
 
     # -- feeding -------------------------------------------------------------------------
@@ -100,7 +100,7 @@ class Lane:
         return self.window.has_room(nbytes)
 
     def offer(self, entry: Entry) -> None:
-        self.window.offer(entry)  # a lane that gave up keeps it on disk (lane_window.py)
+        self.window.offer(entry)  # a lane that gave up keeps it on disk (stream_window.py)
 
     # -- progress ------------------------------------------------------------------------
     def waitables(self) -> list[Any]:
@@ -164,8 +164,8 @@ class Lane:
         self.window.take(ack.handed, ack.stored_seq)
         self._pid, self._node_id = ack.pid, ack.node_id
         self._liveness.answered()
-        self.handed_by_source = ack.handed_by_source
-        self.stored_by_source = ack.stored_by_source or self.stored_by_source
+        self.handed_by_sender = ack.handed_by_sender
+        self.stored_by_sender = ack.stored_by_sender or self.stored_by_sender
         _tell_state_disk(self.name, self.report, ack.state_unsaved_since)
         self.report.take(ack)
         self.answered = True
@@ -222,9 +222,9 @@ class Lane:
         stored = self.window.stored
         if ack.handed < stored and self._probe is None and not self._dead:
             log.warning("tracklane: lane %s%s: its actor's state is behind what the tracker stored (%d < %d); told so",
-                        self.name, f" ({self._source})" if self._source else "", ack.handed, stored)
+                        self.name, f" ({self._sender})" if self._sender else "", ack.handed, stored)
             self._liveness.asked()
-            self._probe = self.actor.catch_up.remote(self._source, stored)
+            self._probe = self.actor.catch_up.remote(self._sender, stored)
 
     def refresh(self) -> None:
         """Ask the actor for fresh figures (how far each producer got) unless a question is out already."""
@@ -233,7 +233,7 @@ class Lane:
             self._probe = self._ready()
 
     def _ready(self) -> Any:
-        return self.actor.ready.remote(self._source) if self._source else self.actor.ready.remote()
+        return self.actor.ready.remote(self._sender) if self._sender else self.actor.ready.remote()
 
     def _send_again(self) -> None:
         self._calls.clear()
@@ -260,7 +260,7 @@ class Lane:
         final = self._outage.final(now)
         for entry in self.window.to_send():
             previous = self.window.sent
-            ref = self.actor.apply.remote(entry.seq, previous, entry.ref, final, self._source) if self._source \
+            ref = self.actor.apply.remote(entry.seq, previous, entry.ref, final, self._sender) if self._sender \
                 else self.actor.apply.remote(entry.seq, previous, entry.ref, *((True,) if final else ()))
             self._calls[ref] = entry.seq
             self.window.sent_through(entry.seq)
@@ -290,9 +290,9 @@ class Lane:
         return self._dead
 
     @property
-    def source(self) -> str:
-        """The source id its batches go under at the actor ("": the trainer's small stream)."""
-        return self._source
+    def sender(self) -> str:
+        """The sender id its batches go under at the actor ("": the trainer's small stream)."""
+        return self._sender
 
     def settled(self, through_seq: int) -> bool:
         """True once nothing up to ``through_seq`` waits in this lane (handed, dropped, or the lane gave up)."""

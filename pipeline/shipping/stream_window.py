@@ -1,7 +1,7 @@
 """A lane's window: the batches its tracker has not stored yet, bounded by bytes, and its two watermarks.
 
 No Ray here: a batch's encoded bytes are an opaque handle (a Ray object on the shipper, anything in a test), so
-the window's rules are unit-tested in milliseconds (tests/unit/test_lane_window.py). ``Lane`` (lane.py) adds the
+the window's rules are unit-tested in milliseconds (tests/unit/test_stream_window.py). ``Stream`` (stream.py) adds the
 actor: its calls, liveness and backoff.
 
 Two watermarks (pipeline/README.md's glossary):
@@ -55,7 +55,7 @@ Reload = Callable[[int], Any]
 """seq -> a handle of that batch read back from the spool, or None if the spool lost it."""
 
 
-class LaneWindow:
+class StreamWindow:
     """The batches of one stream its tracker has not stored, in sequence order; what may be sent next."""
 
     def __init__(self, max_bytes: int, report: LaneReport, reload: Reload | None = None) -> None:
