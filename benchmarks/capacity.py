@@ -255,7 +255,7 @@ def lane(place: RunPlace, tracker: str, work: list, is_traj: bool,
 
     # "block": a loop faster than the lane waits for room instead of dropping, so the rate is what it sustains;
     # the spool, like every run's, in the run's own folder
-    config = {"trainer": {"log_async": True, "async_log": {"health_metrics": False,
+    config = {"trainer": {"log_async": True, "async_log": {"log_vitals": False,
                                                            "spool_dir": str(place.root / "spool"),
                                                            "system_metrics_s": 0, "overflow": "block",
                                                            "block_timeout_s": 600},

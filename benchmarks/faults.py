@@ -554,7 +554,7 @@ def slow_tracker(work: Path, seconds: float = 20.0, keys: int = 100, pause: floa
 
     lane_max = 32 * 1024
     config = _config(work, lane_max_bytes=lane_max, max_batch_bytes=16 * 1024, spool_max_bytes=spool_max_bytes,
-                     spool_segment_bytes=16 * 1024, flush_interval_s=0.05, health_metrics=False)
+                     spool_segment_bytes=16 * 1024, flush_interval_s=0.05, log_vitals=False)
     config["trainer"]["memory_sink"] = {"delay_s": delay_s}
     with _environment(tracker_env(work, "")):
         tracking = Tracking(PROJECT, f"slow-{uuid.uuid4().hex[:6]}", ["memory", "file"], config=config)
@@ -566,7 +566,7 @@ def slow_tracker(work: Path, seconds: float = 20.0, keys: int = 100, pause: floa
             step += 1
             tracking.log(values(step, keys), step=step)
             if step % 50 == 0:
-                health = tracking.health()
+                health = tracking.vitals()
                 rss.append(me.memory_info().rss)
                 spool_bytes.append(health.get("tracklane/spool_bytes", 0))
                 unstored.append(health.get("tracklane/lane/memory/unstored_bytes", 0))

@@ -38,7 +38,7 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="tracklane-flush-")
     os.environ.update(VERL_FILE_LOGGER_PATH=os.path.join(folder, "f.jsonl"), TENSORBOARD_DIR=folder)
     config = {"trainer": {"log_async": True, "async_log": {"spool_dir": os.path.join(folder, "spool"),
-                                                           "health_metrics": False}}}
+                                                           "log_vitals": False}}}
     tracking = Tracking("bench", "flush_latency", ["file", "tensorboard"], config=config)
     tracking.flush(120)
     latencies = []

@@ -42,7 +42,7 @@ KiB, MiB = 2**10, 2**20
 TRACKER_ORDER = ["file", "tensorboard", "console", "swanlab", "wandb", "mlflow"]
 TRAJECTORY_BYTES = 4 * KiB  # payload is cut into trajectories of about this size
 LIMITS = {"max_trajectories": 1_000_000, "max_chars": 1_000_000}  # store the whole payload: it is what is measured
-ASYNC_LOG = {"health_metrics": False, "system_metrics_s": 0}  # every record a lane counts is one the user logged
+ASYNC_LOG = {"log_vitals": False, "system_metrics_s": 0}  # every record a lane counts is one the user logged
 
 
 def payload(nbytes: int, step: int) -> list[dict]:

@@ -64,7 +64,7 @@ def async_log(queue_mib: float, flush_s: float, overflow: str) -> dict:
     # Health metrics off: then every record a lane counts as dropped is one the user logged.
     return {"queue_max_bytes": queue, "lane_max_bytes": queue, "flush_interval_s": flush_s,
             "max_batch_bytes": min(4 * MiB, queue // 4), "overflow": overflow, "block_timeout_s": 5.0,
-            "health_metrics": False}
+            "log_vitals": False}
 
 
 def produce(log, log_trajectories, period_s: float, seconds: float, sample=None) -> dict:
@@ -88,7 +88,7 @@ def _pipeline_bytes(mode: TracklaneMode) -> int:
     """Bytes held in the pipeline now: every lane's unacknowledged batches, plus the trainer-side buffer as of
     the last batch shipped (at most one flush interval old)."""
     tracking = mode.tracking
-    buffered = int(tracking.health().get("tracklane/queue_bytes", 0))
+    buffered = int(tracking.vitals().get("tracklane/queue_bytes", 0))
     return buffered + sum(lane.unstored_bytes for lane in tracking.lanes().values())
 
 

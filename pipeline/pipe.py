@@ -19,7 +19,7 @@ from tracklane.core.report import LaneInfo, PipelineReport
 
 class Pipe(Protocol):
     @property
-    def health(self) -> dict[str, float | int]:
+    def vitals(self) -> dict[str, float | int]:
         """The latest ``tracklane/*`` figures (empty on the synchronous path)."""
 
     def put(self, item: Captured) -> None:

@@ -25,7 +25,7 @@ from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.records import Record, RunSpec
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, LaneReport, PipelineReport, ReductionReport
-from tracklane.host.registry import takes_pieces
+from tracklane.host.registry import backends_with
 from tracklane.host.sink_host import SinkHost
 from tracklane.shipping.alerts import AlertsStage
 from tracklane.shipping.reduced import ReducedPoints
@@ -38,8 +38,9 @@ class SyncPipeline:
         host_class = SinkHost
         self._hosts = {name: host_class(name, cls(run, settings), cfg.sink_retries, cfg.retry_backoff_s)
                        for name, (cls, settings) in backends.items()}
-        self.health: dict[str, float | int] = {}  # nothing queues on this path: no lag, no queue
-        self._converter = Converter(limits, backends=list(backends), pieces=takes_pieces(backends))
+        self.vitals: dict[str, float | int] = {}  # nothing queues on this path: no lag, no queue
+        self._converter = Converter(limits, backends=list(backends), pieces=backends_with(backends, "takes_pieces"),
+                                    verl_lines=backends_with(backends, "writes_verl_lines"))
         self._chunk_bytes = cfg.max_batch_bytes
         self._late_drops = 0
         self._last_step: Any = None
@@ -51,8 +52,8 @@ class SyncPipeline:
         self._reducer = self._hosts.get(REDUCE_LANE)
         self._reduced = ReducedPoints() if self._reducer is not None else None
         # trainer.health.enabled: the rules judge what was written, in-process (shipping/alerts.py routes them)
-        self._health = self._hosts.get(HEALTH_LANE)
-        self._alerts = AlertsStage(say=_print) if self._health is not None else None
+        self._health_rules = self._hosts.get(HEALTH_LANE)
+        self._alerts = AlertsStage(say=_print) if self._health_rules is not None else None
 
     def put(self, item: Captured) -> None:
         """Write one captured item into every tracker it is addressed to, in turn."""
@@ -78,8 +79,8 @@ class SyncPipeline:
         if self._reducer is not None and self._reduced is not None:
             self._reduced.take(self._reducer.take_reduced())
             self._write(self._reduced.drain())  # the points, and their CONFIRMs for the reducer
-        if self._health is not None and self._alerts is not None:
-            self._alerts.take(self._health.take_answers().get("alerts", []))
+        if self._health_rules is not None and self._alerts is not None:
+            self._alerts.take(self._health_rules.take_answers().get("alerts", []))
             self._write(self._alerts.drain())  # each new alert, into every tracker
 
     def drop_late(self) -> None:

@@ -66,7 +66,7 @@ class Tracking(LogCalls):
         id, MLflow reopens the run tagged with it, the file logger appends."""
         trainer = trainer_section(config)
         self.log_async, self._cfg, limits = _settings(trainer)
-        self._health = health_config(trainer.get("health"))
+        self._health_rules = health_config(trainer.get("health"))
         self.run = _run_spec(project_name, experiment_name, config, run_id, resume, trainer)
         if not self._cfg.spool_dir:
             self._cfg = dataclasses.replace(self._cfg, spool_dir=default_spool_dir(self.run, trainer, os.environ))
@@ -91,7 +91,7 @@ class Tracking(LogCalls):
         names, self._skipped_backends = skip_platform(backend_names(default_backend))
         if self._cfg.reductions:
             names = [name for name in names if name != REDUCE_LANE] + [REDUCE_LANE]
-        if self._health.enabled:  # its rules judge the step metrics in a lane of their own (config/health.py)
+        if self._health_rules.enabled:  # its rules judge the step metrics in a lane of their own (config/health.py)
             names = [name for name in names if name != HEALTH_LANE] + [HEALTH_LANE]
         for name, why in self._skipped_backends.items():
             log.warning("tracklane: backend %s %s", name, why)
@@ -146,10 +146,10 @@ class Tracking(LogCalls):
             self._put((0, (DECLARE, {name: 0}), time.time(), None, REDUCE_NOTICE, 64))
         return Producer(name, spec, key_prefix=key_prefix, axis=axis)
 
-    def health(self) -> dict[str, float | int]:
+    def vitals(self) -> dict[str, float | int]:
         """The pipeline's latest ``tracklane/*`` figures (lag, queue bytes, drops), as of the last batch
         shipped; cheap enough for a progress bar. Empty on the synchronous path."""
-        return self._pipe.health
+        return self._pipe.vitals
 
     def wait_ready(self, timeout: float = 60.0) -> bool:
         """Wait (up to ``timeout``) until every tracker has opened: on the asynchronous path the lane actors

@@ -102,7 +102,7 @@ def _fit(cfg: Config, tracking_class: Callable[..., Tracking], cleanup: ExitStac
                 result.val_acc[step] = done.val_acc
             result.scores[step] = float(done.scores.mean())
             result.step_s[step] = time.perf_counter() - step_started
-            progress.update(step, result.scores[step], done.timings["step"], log_us, tracking.health(),
+            progress.update(step, result.scores[step], done.timings["step"], log_us, tracking.vitals(),
                             f"val acc {done.val_acc:.3f}" if done.val_acc is not None else "")
         progress.close()
     result.report = tracking.finish()

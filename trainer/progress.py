@@ -18,7 +18,7 @@ class Progress:
         self.live = enabled and stream.isatty()  # redraw one line on a terminal; plain lines otherwise
 
     def update(self, step: int, score: float, step_s: float, log_us: float, health: dict, note: str = "") -> None:
-        """``health``: ``Tracking.health()``; its lag is how far the slowest tracker is behind log()."""
+        """``health``: ``Tracking.vitals()``; its lag is how far the slowest tracker is behind log()."""
         if not self.enabled:
             return
         width = len(str(self.total))

@@ -27,7 +27,6 @@ from tracklane.core.values import MetricCleaner, as_number
 log = logging.getLogger("tracklane")
 
 
-FILE = "file"  # the tracker that writes verl's FileLogger lines
 _METRIC_KINDS = frozenset({METRICS, METRICS_ON_AXIS, SYSTEM_METRICS})
 _REDUCTION_KINDS = frozenset({REDUCE, REDUCE_NOTICE})
 _NAME_INDEX = {"generations": 1, "trajectories": 1, "histogram": 0, "text": 0, "image": 0}
@@ -38,17 +37,19 @@ _SAMPLED = {Generations.kind: "max_generations", Trajectories.kind: "max_traject
 
 class Converter:
     def __init__(self, limits: RecordLimits, key_prefix: str = "", axis: str | None = None,
-                 backends: Sequence[str] = (), pieces: frozenset[str] = frozenset()) -> None:
+                 backends: Sequence[str] = (), pieces: frozenset[str] = frozenset(),
+                 verl_lines: frozenset[str] = frozenset()) -> None:
         """``key_prefix`` goes before every metric key and rich record name (a producer's name); ``axis``
         is what its metrics' steps count (a producer's own axis; None: the trainer's step). ``backends``:
         the run's trackers, whose own sample limits ``records()`` applies (none given: the run's limits); ``pieces``:
-        those that add up a step's samples logged in several records (``Sink.takes_pieces``)."""
+        those that add up a step's samples logged in several records (``Sink.takes_pieces``); ``verl_lines``: those
+        that write a call's dict as verl's FileLogger does (``Sink.writes_verl_lines``: verl_line.py)."""
         self._prefix = key_prefix
         self._axis = axis
         self._limits = limits
         self._backends = list(backends)
         self._pieces = pieces  # backends that add up a step's samples logged in several records (Sink.takes_pieces)
-        self._verl_file = FILE in self._backends  # the file tracker writes a call's dict as verl does (verl_line.py)
+        self._verl_lines = verl_lines
         self.metrics = MetricCleaner()
         self.rich = RichConverter(limits.widest(self._backends))  # the batch carries what the most generous keeps
         self.sampled_out_by: dict[str, int] = {}
@@ -74,10 +75,10 @@ class Converter:
             values = self.metrics.clean(data, prefix)
             # values is data: verl's usual dict, already plain (values.py), which encodes as verl's does (an empty one
             # too, but it makes no record: verl's line of it goes as verl_data)
-            raw = verl_data(data) if kind == METRICS and self._verl_file and not prefix and axis is None \
-                and (values is not data or not data) and (only is None or FILE in only) else None
-            if raw is not None and not values:  # only the file keeps it (an empty dict, strings only), as verl's does
-                only = [name for name in (only or self._backends) if name == FILE]
+            raw = verl_data(data) if kind == METRICS and self._verl_lines and not prefix and axis is None \
+                and (values is not data or not data) and (only is None or self._verl_lines & set(only)) else None
+            if raw is not None and not values:  # only verl's line keeps it (an empty dict, strings only), as verl's does
+                only = [name for name in (only or self._backends) if name in self._verl_lines]
                 if not only:
                     return None
             return Metrics(step=step, values=values, time=when, only=only, axis=axis, verl_data=raw) \

@@ -35,9 +35,9 @@ def deliver_spool(directory: str, run: RunSpec, backends: dict[str, tuple[type, 
     from tracklane.config.async_log import AsyncLogConfig
     from tracklane.shipping.async_pipeline import AsyncPipeline
 
-    # No health figures and no system metrics: they would be the delivering machine's, not the run's. Normal priority:
+    # No vitals and no system metrics: they would be the delivering machine's, not the run's. Normal priority:
     # no trainer here to yield to (at idle, a replay on a busy node took 10 minutes for 300 records).
-    cfg = AsyncLogConfig(spool_dir=os.path.abspath(directory), health_metrics=False, system_metrics_s=0,
+    cfg = AsyncLogConfig(spool_dir=os.path.abspath(directory), log_vitals=False, system_metrics_s=0,
                          finish_timeout_s=max(timeout, 1.0), spool_max_bytes=2**62, background_priority="normal")
     pipe = AsyncPipeline(cfg, RecordLimits(), run, backends, os.environ)
     deadline = time.monotonic() + timeout

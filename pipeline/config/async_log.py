@@ -45,7 +45,7 @@ class AsyncLogConfig:
     waits, and what the lanes cannot hold in ``lane_max_bytes`` waits on disk (only a full or failing spool disk
     drops, as "drop_oldest"). "drop_oldest": evict at once. "block": wait up to block_timeout_s, then
     evict. Eviction takes bulk records (rollouts, generations, images, artifacts) first; metrics, params and the
-    health keys are never evicted to make room for bulk."""
+    vitals are never evicted to make room for bulk."""
     block_timeout_s: float = 5.0
     """Longest wait under the "block" policy."""
     compression_level: int = 1
@@ -96,7 +96,7 @@ class AsyncLogConfig:
     reduce_timeout_s: float = 60.0
     """A step still waiting after this long for a producer that got no further (alive, but not logging) is
     reduced over what it has; what comes later for it is counted late."""
-    health_metrics: bool = True
+    log_vitals: bool = True
     """Log the pipeline's own figures as ``tracklane/*`` metrics."""
     background_priority: str | int = 10
     """The CPU priority of the lane actors' processes once their trackers are open, so logging yields to the

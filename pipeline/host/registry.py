@@ -155,6 +155,6 @@ def resolve_backends(names: list[str], run: RunSpec, env: Mapping[str, str],
     return {name: (cls, cls.resolve(run, env, trainer)) for name, cls in classes.items()}
 
 
-def takes_pieces(backends: dict[str, tuple[type, dict[str, Any]]]) -> frozenset[str]:
-    """The backends whose sink adds up a dump shipped a chunk at a time (``Sink.takes_pieces``)."""
-    return frozenset(name for name, (sink_class, _) in backends.items() if getattr(sink_class, "takes_pieces", False))
+def backends_with(backends: dict[str, tuple[type, dict[str, Any]]], trait: str) -> frozenset[str]:
+    """The backends whose sink has ``trait`` (``Sink.takes_pieces``, ``Sink.writes_verl_lines``)."""
+    return frozenset(name for name, (sink_class, _) in backends.items() if getattr(sink_class, trait, False))

@@ -69,6 +69,9 @@ class Sink:
     reads_packed_metrics: ClassVar[bool] = False
     """In a lane, its metrics records' ``values`` may be ``PackedValues`` (core/packed_values.py): a Mapping whose
     dict is built only if read. The file tracker renders verl's line from the packed numbers instead."""
+    writes_verl_lines: ClassVar[bool] = False
+    """It writes each ``log()`` call's dict as verl's FileLogger writes it: the converter renders those bytes from the
+    caller's own dict (``Metrics.verl_data``: strings and nested values too, which no other tracker keeps)."""
     takes_pieces: ClassVar[bool] = False
     """It adds up a step's samples (rollouts, generations) logged in several records of one key: a dump too big to
     ship at once reaches it a chunk at a time. Trackers that store one document per key and step get it whole."""

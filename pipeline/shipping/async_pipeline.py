@@ -16,7 +16,7 @@ from tracklane.core.health_rules import RunRules, rule_settings
 from tracklane.core.records import RunSpec
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, PipelineReport
-from tracklane.host.registry import takes_pieces
+from tracklane.host.registry import backends_with
 from tracklane.host.sink import CapturedOutput
 from tracklane.node.system_metrics import start_node_sampling
 from tracklane.node.terminal import TERMINAL
@@ -27,7 +27,7 @@ from tracklane.shipping.lane_actor import LaneActor
 from tracklane.shipping.orphans import Orphans
 from tracklane.shipping.reduced import ReducedPoints, confirmed_in
 from tracklane.shipping.shipper import Shipper
-from tracklane.shipping.spool_stage import SpoolReloader, SpoolStage
+from tracklane.shipping.spool_keeper import SpoolKeeper, SpoolReloader
 from tracklane.shipping.stages import OrphansStage, ProducersStage, ReductionsStage, Stage, StoredCopiesStage
 from tracklane.shipping.stream import StreamSettings
 from tracklane.shipping.streams import TrackerLane
@@ -71,13 +71,14 @@ class AsyncPipeline:
                        for name, (sink_class, settings) in backends.items()}
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
         self._producers = ProducersStage()  # rank 0's stages: _stages
-        converter = Converter(limits, backends=list(self._lanes), pieces=takes_pieces(backends))
-        self._shipper = Shipper(cfg, self.buffer, self._lanes, converter, spool=SpoolStage(spooling, cfg.spool_max_bytes),
+        self._pieces, self._verl_lines = backends_with(backends, "takes_pieces"), backends_with(backends, "writes_verl_lines")
+        converter = Converter(limits, backends=list(self._lanes), pieces=self._pieces, verl_lines=self._verl_lines)
+        self._shipper = Shipper(cfg, self.buffer, self._lanes, converter, spool=SpoolKeeper(spooling, cfg.spool_max_bytes),
                                 tracker_calls=TrackerCalls(), stages=self._stages(cfg, spooling))
         self._shipper.start()
         # log()'s one call into the pipeline; log_trajectories()'s and the other bulk kinds' (BULK_KINDS)
         self.put, self.put_bulk = self.buffer.put, self.buffer.put_bulk
-        self._cfg, self._limits, self._run_id, self._pieces = cfg, limits, run.run_id, takes_pieces(backends)
+        self._cfg, self._limits, self._run_id = cfg, limits, run.run_id
         self._hub: Any = None  # made with the first producer
         self._started = time.time()
         self._sampling = start_node_sampling(self.put, run.run_id, cfg.system_metrics_s, self._started, trainer_node)
@@ -135,11 +136,11 @@ class AsyncPipeline:
             self._producers.watch(self._hub)
         actors = {name: lane.actor for name, lane in self._lanes.items()}
         return ProducerSpec(lanes=actors, hub=self._hub, cfg=self._cfg, limits=self._limits,
-                            run=(self._run_id, self._started), pieces=self._pieces)
+                            run=(self._run_id, self._started), pieces=self._pieces, verl_lines=self._verl_lines)
 
     @property
-    def health(self) -> dict[str, float | int]:
-        return self._shipper.health
+    def vitals(self) -> dict[str, float | int]:
+        return self._shipper.vitals
 
     def drop_late(self) -> None:
         self._shipper.late_drops += 1

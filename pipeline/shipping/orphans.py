@@ -29,7 +29,7 @@ from tracklane.core.errors import ConfigError
 from tracklane.core.files import write_atomically
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import ProducerReport
-from tracklane.shipping.spool_stage import SpoolReloader
+from tracklane.shipping.spool_keeper import SpoolReloader
 from tracklane.shipping.stream import StreamSettings
 from tracklane.shipping.streams import TrackerLane
 from tracklane.spool.producers import read_mark, read_tally

@@ -25,7 +25,7 @@ from tracklane.node.system_metrics import start_node_sampling
 from tracklane.shipping.buffer import RecordBuffer
 from tracklane.shipping.hub import REPORT_EVERY_S, ProducerFigures, ProducerSpec
 from tracklane.shipping.shipper import Shipper
-from tracklane.shipping.spool_stage import SpoolReloader, SpoolStage
+from tracklane.shipping.spool_keeper import SpoolKeeper, SpoolReloader
 from tracklane.shipping.stages import ProgressStage
 from tracklane.shipping.stream import StreamSettings
 from tracklane.shipping.streams import TrackerLane
@@ -41,7 +41,7 @@ class ProducerPipeline:
 
     def __init__(self, name: str, key_prefix: str, axis: str | None, spec: ProducerSpec) -> None:
         self.sender = f"{name}#{uuid.uuid4().hex[:10]}"
-        cfg = dataclasses.replace(spec.cfg, health_metrics=False)  # rank 0 reports the pipeline's figures
+        cfg = dataclasses.replace(spec.cfg, log_vitals=False)  # rank 0 reports the pipeline's figures
         self._folder = os.path.join(producers_dir(cfg.spool_dir), self.sender) if cfg.spool_dir else ""
         spool = self._open_spool(cfg, name) if self._folder else None
         self._tally = self._open_tally() if spool is not None else None
@@ -50,7 +50,7 @@ class ProducerPipeline:
         self._hub = spec.hub
         self._last_report = 0.0
         self._shipper = self._shipper_for(cfg, spool, Converter(spec.limits, key_prefix, axis, backends=list(spec.lanes),
-                                                                pieces=spec.pieces), spec.lanes)
+                                                                pieces=spec.pieces, verl_lines=spec.verl_lines), spec.lanes)
         self.put = self._counted_put if self._tally is not None else self.buffer.put
         self.put_bulk = self._counted_put_bulk if self._tally is not None else self.buffer.put_bulk
         self._shipper.start()
@@ -67,7 +67,7 @@ class ProducerPipeline:
         reload = SpoolReloader(spool) if spool is not None else None
         settings = StreamSettings.of(cfg)
         lanes = {lane: TrackerLane(lane, actor, settings, reload=reload, sender=self.sender) for lane, actor in actors.items()}
-        stage = SpoolStage(Spooling(spool=spool, manifest=None), cfg.spool_max_bytes, self._tally) \
+        stage = SpoolKeeper(Spooling(spool=spool, manifest=None), cfg.spool_max_bytes, self._tally) \
             if spool is not None else None
         return Shipper(cfg, self.buffer, lanes, converter, spool=stage, stages=[ProgressStage(self._progress)])
 

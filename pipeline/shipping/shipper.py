@@ -10,7 +10,7 @@ lane's tracker stored it.
 The shipper is the loop; a flush or close is a ``Barrier`` (barrier.py: its phases) that the loop moves on each
 round, asking the shipper what only it knows. It sleeps in one wait for every reason it has to wake (wakeup.py).
 What differs between rank 0 and a producer is what it is handed, wired in one place each (async_pipeline.py,
-producer_pipeline.py): the converter, the spool (spool_stage.py), the calls that flush and close the trackers
+producer_pipeline.py): the converter, the spool (spool_keeper.py), the calls that flush and close the trackers
 (tracker_calls.py), a producer's tally, and the stages (stages.py: producers, orphans, reductions, the stored
 copies, a producer's progress).
 """
@@ -36,23 +36,23 @@ from tracklane.node.busy import ThreadBusy
 from tracklane.shipping.barrier import ANSWER_S, Barrier, Requests
 from tracklane.shipping.buffer import RecordBuffer
 from tracklane.shipping.bulk_queue import BULK_BYTES, BulkQueue
-from tracklane.shipping.health import health_figures
-from tracklane.shipping.spool_stage import SpoolStage
+from tracklane.shipping.spool_keeper import SpoolKeeper
 from tracklane.shipping.stages import DeadLanesStage, Stage
 from tracklane.shipping.stream import Entry
 from tracklane.shipping.streams import TrackerLane
 from tracklane.shipping.tracker_calls import TrackerCalls
+from tracklane.shipping.vitals import read_vitals
 from tracklane.shipping.wakeup import Wakeup
 from tracklane.wire.batch import encode_what_encodes, shared
 
 log = logging.getLogger("tracklane")
 
-_IDLE_WAIT_S = 0.2  # longest sleep while nothing is due; bounds how stale health figures get
+_IDLE_WAIT_S = 0.2  # longest sleep while nothing is due; bounds how stale vitals get
 
 
 class Shipper:
     def __init__(self, cfg: AsyncLogConfig, buffer: RecordBuffer, lanes: dict[str, TrackerLane], converter: Converter, *,
-                 spool: SpoolStage | None = None, tracker_calls: TrackerCalls | None = None,
+                 spool: SpoolKeeper | None = None, tracker_calls: TrackerCalls | None = None,
                  stages: Sequence[Stage] = ()) -> None:
         """``converter``: captured calls -> records (a producer's puts its name before every key). ``spool``: batches
         are numbered after what an earlier process of the run used (None: a producer whose disk refused its spool).
@@ -61,16 +61,16 @@ class Shipper:
         self._cfg, self._buffer, self._lanes, self._converter = cfg, buffer, lanes, converter
         self._spool, self._stages = spool, list(stages)
         self._tracker_calls = tracker_calls or TrackerCalls(calls_trackers=False)
-        # records handed to the lanes (health records included); items taken out of the buffer; items in a batch
-        # handed on (spooled), or refused whole
-        self.shipped_records, self.taken, self._settled = 0, 0, 0
+        # records handed to the lanes (vitals included); items taken out of the buffer; captured calls done (in a
+        # batch handed on (spooled), or refused whole)
+        self.shipped_records, self.taken, self._calls_done = 0, 0, 0
         self._seq = spool.first_seq if spool is not None else 0
         self._bulk = BulkQueue()  # big parts of calls already taken, shipped a batch a round
         self._requests = Requests(buffer.ready)  # flush() and finish() waiting
         self._finished, self.closing = False, False  # closing: set once trackers are being closed, nothing more ships
-        self.last_step = 0  # the trainer's latest step, as the records shipped said: the health figures go at it
+        self.last_step = 0  # the trainer's latest step, as the records shipped said: the vitals go at it
         self.late_drops = 0  # records logged after finish()
-        self.health: dict[str, float | int] = {}  # the latest ``tracklane/*`` figures, replaced whole at each batch
+        self.vitals: dict[str, float | int] = {}  # the latest ``tracklane/*`` figures, replaced whole at each batch
         # built on the thread that logs (the trainer's; a producer actor's): while it computes, batch longer
         self._busy = ThreadBusy() if cfg.busy_flush_interval_s > cfg.flush_interval_s else None
         self._wakeup = Wakeup(buffer.ready)
@@ -166,12 +166,12 @@ class Shipper:
             records, whole = self._records(items)
             if records:
                 self.send(records, items=whole)
-            self._settled += whole
+            self._calls_done += whole
         if not self.closing and self._bulk:
             records, done = self._bulk.next_batch(self._cfg.max_batch_bytes)
             if records:
                 self.send(records, items=int(done), bulk=True)
-            self._settled += int(done)
+            self._calls_done += int(done)
 
     def _records(self, items: list[Captured]) -> tuple[list[Record], int]:
         """The records to send now, and how many of ``items`` they complete; what is too big to send now is queued
@@ -182,7 +182,7 @@ class Shipper:
             now, later = self._converter.staged(item, self._cfg.max_batch_bytes, BULK_BYTES)
             for record in now:
                 records.append(record)
-                if getattr(record, "axis", None) is None:  # the health figures go at the trainer's step
+                if getattr(record, "axis", None) is None:  # the vitals go at the trainer's step
                     self.last_step = record.step
             if later:
                 self._bulk.add(later)
@@ -191,9 +191,9 @@ class Shipper:
         if records and self._spool is not None and self._spool.logged is not None:
             records = self._spool.logged.keep_new(records)  # rank 0: a resumed run repeats no point of the trainer's
         if records:  # the pipeline's own figures, with every batch of calls (each process's own: not filtered)
-            self.health = health_figures(self._buffer, self._converter, self._lanes.values(), self.late_drops, self._spool)
-            if self._cfg.health_metrics:
-                records.append(Metrics(step=self.last_step, values=dict(self.health), time=time.time()))
+            self.vitals = read_vitals(self._buffer, self._converter, self._lanes.values(), self.late_drops, self._spool)
+            if self._cfg.log_vitals:
+                records.append(Metrics(step=self.last_step, values=dict(self.vitals), time=time.time()))
         return records, whole
 
     def send(self, records: list[Record], items: int = 0, bulk: bool = False) -> None:
@@ -204,10 +204,10 @@ class Shipper:
             return
         oldest = min(r.time for r in records)
         audience = _audience(records, bulk, self._lanes)
-        # On disk before any lane can see it; a disk fault leaves it in the lanes' memory only (spool_stage.py).
+        # On disk before any lane can see it; a disk fault leaves it in the lanes' memory only (spool_keeper.py).
         spooled = self._spool is not None and self._spool.append(
             self._seq, len(records), oldest, blob, self._lanes.values(), bulk, audience,
-            calls=(self._settled, self._settled + items, self._buffer.dropped))
+            calls=(self._calls_done, self._calls_done + items, self._buffer.dropped))
         entry = Entry(seq=self._seq, ref=None, nbytes=len(blob), records=len(records), oldest_log_time=oldest,
                       spooled=spooled, bulk=bulk, audience=audience)
         # Into Ray only if a lane holds it in memory: past their bounds, lanes read it back from the spool.

@@ -13,7 +13,7 @@ Two watermarks (pipeline/README.md's glossary):
 
 Memory is bounded by bytes. With the spool, a batch that does not fit is kept only on disk (its entry holds no
 handle) and is read back when its turn comes, so an outage costs disk, not memory. A batch the spool's disk
-refused (durability off, spool_stage.py) needs memory: batches that are on disk give theirs up first, then the
+refused (durability off, spool_keeper.py) needs memory: batches that are on disk give theirs up first, then the
 oldest batches not yet sent are dropped and counted. Without a spool (a producer whose disk failed) only the
 dropping applies.
 

@@ -2,7 +2,7 @@
 
 A rollout dump of hundreds of MB takes a tracker seconds to store; a step's scalars must not wait behind it. So
 each tracker's lane has two streams (two ``Stream``s, stream.py), numbered from the one sequence of the spool: the
-small stream (metrics, params, text, histograms, the health keys) under the producer's sender id, the bulk
+small stream (metrics, params, text, histograms, the vitals) under the producer's sender id, the bulk
 stream (rollouts, tables, media) under that id plus ``BULK``. The actor keeps a watermark per sender, so each
 stream is handed once and in order; Ray runs an actor's calls in the order they were sent, so a small batch
 waits at most for the bulk batches already in flight (``max_inflight_batches``, a chunk each).

@@ -3,8 +3,8 @@
 The reasons: a batch's worth of records logged or a flush/finish posted (the buffer's condition is notified;
 fewer records wake no one, so log() stays lock-free, and are due within ``flush_interval_s``), an actor answering a
 call the loop awaits (each awaited Ray answer's future wakes it when it completes), and the earliest timed reason
-(records due by ``flush_interval_s``, a lane's backoff or probe deadline, a barrier's deadline, the health
-figures' age), which is the wait's timeout. One condition, as aiokafka's sender waits once for all of its own.
+(records due by ``flush_interval_s``, a lane's backoff or probe deadline, a barrier's deadline, the
+vitals' age), which is the wait's timeout. One condition, as aiokafka's sender waits once for all of its own.
 """
 
 from __future__ import annotations

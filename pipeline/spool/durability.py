@@ -3,7 +3,7 @@
 A full disk (ENOSPC, EFBIG), a failing one (EIO), one gone read-only (EROFS) or a folder removed under
 the writer (ENOENT) must cost durability, never the run: the writer keeps its data in memory, says so
 once (a warning with the time it went off), tries the disk again at most every ``retry_s`` and is
-durable again from the first write that goes through. Used by the spool (spool_stage.py) and by each
+durable again from the first write that goes through. Used by the spool (spool_keeper.py) and by each
 lane actor's acknowledgement state (lane_actor.py), which live on the same disk.
 """
 

@@ -297,7 +297,7 @@ class Spool:
                 os.close(self._lock_fd)
                 self._lock_fd = None
 
-    # -- disk faults (the caller keeps the batches in memory meanwhile: spool_stage.py) --------
+    # -- disk faults (the caller keeps the batches in memory meanwhile: spool_keeper.py) --------
     def _cut_back(self, segment: _Segment) -> None:
         """Cut what a failed write left of its frame; failing that, the next append starts a new segment."""
         try:

@@ -29,7 +29,7 @@ def _config(tmp_path, *overrides):
 
 
 def _jsonl(path) -> dict[int, dict]:
-    """The file tracker's records merged by step (verl's lines: health figures and other axes are beside them)."""
+    """The file tracker's records merged by step (verl's lines: vitals and other axes are beside them)."""
     by_step: dict[int, dict] = {}
     with open(path) as handle:
         for line in handle:

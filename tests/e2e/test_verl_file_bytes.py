@@ -87,14 +87,14 @@ def test_async_file_is_verls_bytes(ray_session, tmp_path_factory, restore_env, l
 
 
 def test_what_tracklane_adds_is_beside_the_file_in_strict_json(ray_session, tmp_path, restore_env):
-    """The config, its health figures and the system metrics' lines go to ``<name>_tracklane/``, as strict JSON."""
+    """The config, its vitals and the system metrics' lines go to ``<name>_tracklane/``, as strict JSON."""
     path = tmp_path / "run.jsonl"
     os.environ["VERL_FILE_LOGGER_PATH"] = str(path)
     tracking = Tracking("p", "e", ["file"], config={"trainer": {"log_async": True, "lr": 0.5,
                                                                  "async_log": {"system_metrics_s": 1}}})
     for step in range(3):
         tracking.log({"loss": float("nan") if step == 1 else 1.0 / (step + 1)}, step=step)
-    time.sleep(2.5)  # a system metrics sample or two, and health figures, beside the file
+    time.sleep(2.5)  # a system metrics sample or two, and vitals, beside the file
     tracking.finish()
     assert path.read_bytes() == b'{"step":0,"data":{"loss":1.0}}\n{"step":1,"data":{"loss":null}}\n' \
                                 b'{"step":2,"data":{"loss":0.3333333333333333}}\n'

@@ -12,7 +12,7 @@ Every tracker is read back (console lines, the file logger, TensorBoard event fi
 in-process and on a real ``mlflow server`` in the actor, wandb's run file, SwanLab's run store, trackio's
 store) and compared point by point with verl's: every (step, key) verl stored is there with the same value
 (time-measured keys: present, values differ run to run), nothing twice, runs ended as verl's did; the only
-keys tracklane adds are its ``tracklane/*`` health figures (system metrics are off in the tests). verl's
+keys tracklane adds are its ``tracklane/*`` vitals (system metrics are off in the tests). verl's
 validation generations and (v1) DAPO counts are compared in wandb, where verl puts both.
 """
 

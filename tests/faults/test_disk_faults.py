@@ -23,9 +23,9 @@ import pytest
 from tracklane.benchmarks import faults
 from tracklane.core.records import Batch, Metrics, RunSpec
 from tracklane.core.report import PipelineReport
-from tracklane.shipping import spool_stage
+from tracklane.shipping import spool_keeper
 from tracklane.shipping.lane_actor import LaneActor
-from tracklane.shipping.spool_stage import SpoolStage
+from tracklane.shipping.spool_keeper import SpoolKeeper
 from tracklane.shipping.stream import Entry, Stream, StreamSettings
 from tracklane.spool.lane_state import LaneState
 from tracklane.spool.manifest import RunManifest
@@ -85,9 +85,9 @@ def _payload(seq: int) -> bytes:
     return bytes((seq + i) % 251 for i in range(600))
 
 
-def _stage(folder: Path, **spool: int) -> SpoolStage:
+def _stage(folder: Path, **spool: int) -> SpoolKeeper:
     spooling = Spooling(spool=Spool(str(folder), **spool), manifest=RunManifest(run=RUN, backends={}))
-    stage = SpoolStage(spooling, max_bytes=2**30)
+    stage = SpoolKeeper(spooling, max_bytes=2**30)
     stage.durability.retry_s = 0.0  # every append tries the disk (the default: once a second)
     return stage
 
@@ -133,7 +133,7 @@ def test_a_full_disk_turns_durability_off_once_and_back_on(tmp_path, caplog):
 def test_a_removed_spool_folder_is_noticed_and_made_again(tmp_path, monkeypatch, caplog):
     """Writes into a removed folder succeed and go nowhere: the next look (every second) turns durability off, the
     next append makes the folder again (lock, manifest); its batches some tracker lacked count as not spooled."""
-    monkeypatch.setattr(spool_stage, "_CHECK_S", 0.0)
+    monkeypatch.setattr(spool_keeper, "_CHECK_S", 0.0)
     folder = tmp_path / "spool"
     stage = _stage(folder)
     assert all(stage.append(seq, 1, 0.0, _payload(seq), []) for seq in range(1, 6))

@@ -59,11 +59,11 @@ def test_every_record_arrives_once_in_order(offline_trackers):
 def test_health_metrics_are_logged(offline_trackers):
     """The pipeline's own figures arrive as tracklane/* metrics."""
     with Tracking("proj", "exp", ["file"], config=_config()) as tracking:
-        assert tracking.health() == {}  # nothing shipped yet
+        assert tracking.vitals() == {}  # nothing shipped yet
         for step in range(20):
             tracking.log({"x": step}, step=step)
         tracking.flush()
-        health = tracking.health()  # what the trainer's progress line reads
+        health = tracking.vitals()  # what the trainer's progress line reads
     keys = set().union(*(line["data"] for line in file_lines(offline_trackers["file"])))
     assert {"tracklane/lag_s", "tracklane/queue_bytes", "tracklane/dropped_records",
             "tracklane/lane/file/unstored_bytes"} <= keys

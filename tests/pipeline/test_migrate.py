@@ -318,7 +318,7 @@ def test_a_spool_migrates_into_the_file_logger(offline_trackers, ray_session, tm
 
     spool_dir = tmp_path / "run-spool"
     config = {"trainer": {"log_async": True, "async_log": {"spool_dir": str(spool_dir), "spool_retention_s": 3600,
-                                                           "health_metrics": False}}}
+                                                           "log_vitals": False}}}
     tracking = Tracking("spool-project", "spool-run", default_backend="tensorboard", config=config)
     logged = {}
     for step in range(10):
@@ -341,7 +341,7 @@ def log_rich_spool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
     spool_dir = tmp_path / "rich-spool"
     config = {"trainer": {"log_async": True, "async_log": {"spool_dir": str(spool_dir), "spool_retention_s": 3600,
-                                                           "health_metrics": False}}}
+                                                           "log_vitals": False}}}
     with monkeypatch.context() as patch:
         patch.setenv("TENSORBOARD_DIR", str(tmp_path / "run-tensorboard"))
         tracking = Tracking("rich-project", "rich-run", default_backend="tensorboard", config=config)

@@ -93,7 +93,7 @@ class Recorder:
 
 
 def _config(**overrides) -> AsyncLogConfig:
-    settings = {"flush_interval_s": 0.05, "max_inflight_batches": 1, "health_metrics": False, **overrides}
+    settings = {"flush_interval_s": 0.05, "max_inflight_batches": 1, "log_vitals": False, **overrides}
     return AsyncLogConfig(**settings)
 
 

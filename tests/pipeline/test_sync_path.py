@@ -94,7 +94,7 @@ def test_resume_continues_the_run_by_id(offline_trackers):
     second = Tracking("p", "e", ["file", "mlflow"], config=config, run_id=first.run_id, resume=True)
     second.log({"x": 2.0}, step=2)
     second.finish()
-    assert second.run_id == first.run_id and second.health() == {}
+    assert second.run_id == first.run_id and second.vitals() == {}
     lines = [json.loads(line) for line in open(offline_trackers["file"], encoding="utf-8")]
     assert [line["step"] for line in lines] == [1, 2]
     identity = os.path.join(str(offline_trackers["file"])[: -len(".jsonl")] + "_tracklane", "run.json")

@@ -25,7 +25,7 @@ from tracklane.wire.batch import decode_batch, encode_what_encodes
 
 def _config(checkpoints: Path, mode: str = "auto") -> dict:
     return {"trainer": {"log_async": True, "resume_mode": mode, "default_local_dir": str(checkpoints),
-                        "async_log": {"system_metrics_s": 0, "health_metrics": False}}}
+                        "async_log": {"system_metrics_s": 0, "log_vitals": False}}}
 
 
 def _checkpoint(checkpoints: Path, step: int) -> None:

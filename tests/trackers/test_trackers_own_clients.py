@@ -192,7 +192,7 @@ def _number(value: Any) -> float:
 
 
 def _user_keys(keys: Any) -> set[str]:
-    """Leave out the pipeline's own health figures (``tracklane/...``), logged on the async path."""
+    """Leave out the pipeline's own vitals (``tracklane/...``), logged on the async path."""
     return {key for key in keys if not key.startswith("tracklane/")}
 
 

@@ -6,7 +6,7 @@ from tracklane.trainer.progress import logging_part
 
 
 def test_the_line_names_the_lagging_tracker_the_ones_down_and_where_drops_were():
-    """From Tracking.health(): the slowest lane by name, each lane with down_s, the drops per lane."""
+    """From Tracking.vitals(): the slowest lane by name, each lane with down_s, the drops per lane."""
     health = {"tracklane/lag_s": 27.04, "tracklane/dropped_records": 445,
               "tracklane/lane/wandb/lag_s": 27.04, "tracklane/lane/wandb/down_s": 0.0,
               "tracklane/lane/wandb/dropped_records": 0,

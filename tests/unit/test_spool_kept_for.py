@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tracklane.config.async_log import AsyncLogConfig
 from tracklane.core.records import RunSpec
-from tracklane.shipping.spool_stage import SpoolStage
+from tracklane.shipping.spool_keeper import SpoolKeeper
 from tracklane.spool.lane_state import LaneState, bulk_sender
 from tracklane.spool.manifest import RunManifest, state_path
 from tracklane.spool.recovery import held_back, lacking, open_spooling
@@ -45,7 +45,7 @@ def test_a_replay_to_one_tracker_leaves_the_spool_what_the_others_lack(tmp_path)
     assert sorted(RunManifest.load(str(folder)).backends) == ["file", "mlflow"]
     assert spooling.held_back == 2 and spooling.held_for == {"mlflow": 40}
     assert [e.seq for e in spooling.pending["file"]] == [1, 2, 3, 4, 5, 6]
-    stage = SpoolStage(spooling, cfg.spool_max_bytes)
+    stage = SpoolKeeper(spooling, cfg.spool_max_bytes)
     stage.release(6)  # file stored everything
     assert [e.seq for e in spooling.spool.entries()][0] == 3  # batches 1-2 (mlflow has them) gone, 3-6 kept
     assert stage.report().held_for == {"mlflow": 40}

@@ -6,7 +6,7 @@ strings and nested dicts as the caller passed them: ``Metrics.verl_data``, captu
 goes into it, so a reader of verl's file (a strict JSON parser, ``max(step)``) reads tracklane's the same.
 
 What tracklane adds goes into ``<name>_tracklane/``: ``run.json`` (project, experiment, run id, whether resumed, the
-config) and ``metrics.jsonl`` (its ``tracklane/*`` health figures and the lines of metrics on another axis than the
+config) and ``metrics.jsonl`` (its ``tracklane/*`` vitals and the lines of metrics on another axis than the
 trainer's step, a producer's own or the system metrics' seconds: ``{"step", "axis", "data"}``). Rich records go
 beside it too: validation generations and rollout trajectories as one ``{step}.jsonl`` per step in
 ``<name>_generations/`` and ``<name>_rollouts/`` (the shape of verl's ``validation_data_dir`` / ``rollout_data_dir``
@@ -51,6 +51,7 @@ from tracklane.workers.sinks.steps import merge_by_axis_step
 class FileSink(Sink):
     name = "file"
     takes_pieces = True  # appends each chunk to the step's rollout file
+    writes_verl_lines = True  # verl's FileLogger line of each log() call
     reads_packed_metrics = True  # verl's line rendered from the wire's numbers (_verl_line)
 
     @classmethod

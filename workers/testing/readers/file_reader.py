@@ -1,7 +1,7 @@
 """The file tracker's JSON lines read back: verl's format, where orjson wrote NaN and +-Inf as ``null``.
 
 A null metric value is read as NaN (verl's FileLogger and this project's write every non-finite value so; which of
-NaN, +Inf, -Inf it was is not in the file). tracklane's own lines (its health figures, other axes) are in
+NaN, +Inf, -Inf it was is not in the file). tracklane's own lines (its vitals, other axes) are in
 ``<base>_tracklane/metrics.jsonl`` beside the file (workers/sinks/file.py): ``file_lines`` reads both.
 """
 
@@ -29,7 +29,7 @@ def verl_lines(path: str | Path) -> list[dict[str, Any]]:
 
 
 def file_lines(path: str | Path) -> list[dict[str, Any]]:
-    """verl's lines, then tracklane's own beside them (health figures, lines on other axes)."""
+    """verl's lines, then tracklane's own beside them (vitals, lines on other axes)."""
     own = os.path.join(tracklane_dir(str(path)), METRICS_FILE)
     return verl_lines(path) + (verl_lines(own) if os.path.isfile(own) else [])
 

@@ -1,4 +1,5 @@
-"""``tracklane/*``: the pipeline's own health figures, logged with each batch at the trainer's step."""
+"""``tracklane/*``: the pipeline's vitals (its own figures; "health" is the RL health rules'), logged with each
+batch at the trainer's step."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ from collections.abc import Iterable
 
 from tracklane.capture.convert import Converter
 from tracklane.shipping.buffer import RecordBuffer
-from tracklane.shipping.spool_stage import SpoolStage
+from tracklane.shipping.spool_keeper import SpoolKeeper
 from tracklane.shipping.streams import TrackerLane
 
 
-def health_figures(buffer: RecordBuffer, converter: Converter, lanes: Iterable[TrackerLane], late_drops: int,
-                   spool: SpoolStage | None) -> dict[str, float | int]:
+def read_vitals(buffer: RecordBuffer, converter: Converter, lanes: Iterable[TrackerLane], late_drops: int,
+                   spool: SpoolKeeper | None) -> dict[str, float | int]:
     """The figures as they stand: the buffer, what was dropped, skipped and rejected, each lane's lag (of small
     records; ``bulk_lag_s`` of rollouts, tables and media), backlog, drops and how long its tracker has been out of
     reach (``down_s``);

@@ -32,7 +32,9 @@ log = logging.getLogger("tracklane")
 _CHECK_S = 1.0  # how often to look for a removed folder: writes into one succeed and go nowhere
 
 
-class SpoolStage:
+class SpoolKeeper:
+    """Keeps what a shipper shipped on its disk until every tracker stored it (not a loop ``Stage``)."""
+
     def __init__(self, spooling: Spooling, max_bytes: int, tally: Tally | None = None) -> None:
         """``max_bytes``: the spool's bound (``spool_max_bytes``), named in the eviction warning. ``tally``: a
         producer's exact counts on disk, told which calls each batch holds before it is spooled."""
