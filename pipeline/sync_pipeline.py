@@ -11,9 +11,9 @@ after them goes to the run's spool (sync_spool.py) for ``tracklane replay``.
 from __future__ import annotations
 
 import os
-import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 from tracklane.capture.captured import STEP, Captured
 from tracklane.capture.convert import Converter
@@ -26,9 +26,8 @@ from tracklane.core.records import Record, RunSpec
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, LaneReport, PipelineReport, ReductionReport
 from tracklane.host.registry import backends_with
+from tracklane.host.sink import Judging
 from tracklane.host.sink_host import SinkHost
-from tracklane.shipping.alerts import AlertsStage
-from tracklane.shipping.reduced import ReducedPoints
 from tracklane.sync_spool import SyncSpool
 
 
@@ -48,12 +47,12 @@ class SyncPipeline:
             if cfg.spool_dir else None
         for host in self._hosts.values():
             host.open()
-        # trainer.async_log.reductions: rank 0's log(..., reduce=) through the same reducer, in-process
-        self._reducer = self._hosts.get(REDUCE_LANE)
-        self._reduced = ReducedPoints() if self._reducer is not None else None
-        # trainer.health.enabled: the rules judge what was written, in-process (shipping/alerts.py routes them)
-        self._health_rules = self._hosts.get(HEALTH_LANE)
-        self._alerts = AlertsStage(say=_print) if self._health_rules is not None else None
+        # the judges (trainer.async_log.reductions, trainer.health.enabled) emit straight into the other sinks: the
+        # health judge into the trackers', the reduce judge into those and the health judge's
+        for name, host in self._hosts.items():
+            if isinstance(host.sink, Judging):
+                targets = [n for n in self._hosts if n != name and (name == REDUCE_LANE or not _judges(self._hosts[n]))]
+                host.sink.judge_into(_InProcess(self, targets))
 
     def put(self, item: Captured) -> None:
         """Write one captured item into every tracker it is addressed to, in turn."""
@@ -69,19 +68,15 @@ class SyncPipeline:
             for record in rest:
                 self._write([record])
 
-    def _write(self, records: list[Record]) -> None:
+    def _write(self, records: list[Record], names: list[str] | None = None) -> None:
+        """``records`` into the trackers ``names`` (None: every one), in turn."""
         if not records:
             return
-        for host in self._hosts.values():
+        for name in names if names is not None else self._hosts:
+            host = self._hosts[name]
             host.write(records)
             if host.last_failed and self._spool is not None:
                 self._spool.keep(host.lane, host.last_failed, host.resume)
-        if self._reducer is not None and self._reduced is not None:
-            self._reduced.take(self._reducer.take_reduced())
-            self._write(self._reduced.drain())  # the points, and their CONFIRMs for the reducer
-        if self._health_rules is not None and self._alerts is not None:
-            self._alerts.take(self._health_rules.take_answers().get("alerts", []))
-            self._write(self._alerts.drain())  # each new alert, into every tracker
 
     def drop_late(self) -> None:
         self._late_drops += 1
@@ -108,8 +103,6 @@ class SyncPipeline:
     def close(self, exit_code: int, timeout: float) -> PipelineReport:
         """Close every tracker in turn (in-process closes cannot be cut short: ``timeout`` is not applied)."""
         started = time.monotonic()
-        if self._reduced is not None:  # every open step reduced, into the trackers, before they close
-            self._write([self._reduced.finish()])
         for host in self._hosts.values():
             host.close(exit_code)
         if self._spool is not None:
@@ -120,16 +113,32 @@ class SyncPipeline:
         spool = self._spool.report() if self._spool is not None else None
         return self._converter.counted(PipelineReport(
             lanes={name: _lane_report(name, host.ack(handed=0)) for name, host in self._hosts.items()},
-            reductions=ReductionReport.of(self._reduced.figures, self._reduced.repeats, self._reduced.unlogged)
-            if self._reduced is not None else None,
-            alerts=self._alerts.lines() if self._alerts is not None else [],
+            reductions=ReductionReport.of(self._judged(REDUCE_LANE)) if REDUCE_LANE in self._hosts else None,
+            alerts=list(self._judged(HEALTH_LANE).get("alerts", [])),
             dropped_records=self._late_drops, elapsed_s=time.monotonic() - started, spool=spool,
             spooled=dict(self._spool.records) if self._spool is not None else {}))
 
 
-def _print(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    def _judged(self, name: str) -> dict[str, Any]:
+        host = self._hosts.get(name)
+        return cast(Judging, host.sink).judged() if host is not None else {}
+
+
+class _InProcess:
+    """A judge's emitter on this path: what it emits is written into the other trackers at once."""
+
+    def __init__(self, pipeline: SyncPipeline, names: list[str]) -> None:
+        self._pipeline, self._names = pipeline, names
+
+    def emit(self, records: Sequence[Record]) -> None:
+        self._pipeline._write(list(records), self._names)
+
+    def keep(self) -> None:
+        pass  # written already
+
+
+def _judges(host: SinkHost) -> bool:
+    return isinstance(host.sink, Judging)
 
 
 def _lane_report(name: str, ack: Ack) -> LaneReport:

@@ -38,7 +38,7 @@ from tracklane.core.errors import ConfigError
 from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.params import plain_config
 from tracklane.core.records import RunSpec
-from tracklane.core.reduction import DECLARE
+from tracklane.core.reduction import DECLARE, FINISH
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, PipelineReport
 from tracklane.core.values import as_number
@@ -180,6 +180,8 @@ class Tracking(LogCalls):
             return self._report
         deadline = self._cfg.finish_timeout_s if timeout is None else timeout
         run_post.remove(getattr(self, "_post", None))  # no worker starts tracing into a run that is closing
+        if REDUCE_LANE in self.backends:  # the reduce judge completes every open step (shipped before the close)
+            self._put((0, (FINISH, {}), time.time(), None, REDUCE_NOTICE, 64))
         report = self._report = self._with_own_figures(self._pipe.close(exit_code, deadline))
         _unfinished.pop(self, None)
         if report.complete:

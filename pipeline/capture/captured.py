@@ -48,6 +48,8 @@ REDUCE: Final = "reduce"
 """``log(..., reduce=op)``: the payload is (values, op or {key: op}, keep_per_producer, axis)."""
 REDUCE_NOTICE: Final = "reduce_notice"
 """Rank 0's notice to the reducer (``Tracking.producer`` declares a name; ``finish``): the payload is (role, values)."""
+RECORD: Final = "record"
+"""A record made already (a judge's: workers/sinks/reduce.py, health.py): the payload is the record, sent as it is."""
 OTHER_AXES: Final = frozenset({METRICS_ON_AXIS, SYSTEM_METRICS, REDUCE_NOTICE})
 """Kinds whose step is not the trainer's."""
 assert Captured._fields[STEP] == "step" and Captured._fields[TIME] == "time" and Captured._fields[SIZE] == "size"

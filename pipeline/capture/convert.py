@@ -13,7 +13,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tracklane.capture.captured import KIND, METRICS, METRICS_ON_AXIS, REDUCE, REDUCE_NOTICE, SIZE, SYSTEM_METRICS, Captured
+from tracklane.capture.captured import (
+    KIND,
+    METRICS,
+    METRICS_ON_AXIS,
+    RECORD,
+    REDUCE,
+    REDUCE_NOTICE,
+    SIZE,
+    SYSTEM_METRICS,
+    Captured,
+)
 from tracklane.capture.rich import RecordLimits, RichConverter, thin_indices
 from tracklane.capture.verl_line import verl_data
 from tracklane.core.health_rules import LANE as HEALTH_LANE
@@ -105,6 +115,8 @@ class Converter:
         all) of about ``bulk_bytes`` or more, in records of about ``chunk_bytes``, and an artifact (its tracker
         copies or uploads a file), so a dump of hundreds of MB is converted and shipped a chunk at a time."""
         kind = item[KIND]
+        if kind == RECORD:
+            return [item.payload if isinstance(item, Captured) else item[1]], []
         if kind in _REDUCTION_KINDS:
             return self._reduction(item), []
         if kind in _SAMPLED:

@@ -112,12 +112,10 @@ class Ack:
     state_unsaved_since: float = 0.0
     """Since when (time.time(); 0: saved) the lane actor's acknowledgement state could not be saved (a full,
     read-only or failing disk): it is kept in memory and saved again once the disk takes it."""
-    answers: dict[str, Any] = field(default_factory=dict)
-    """What a sink's optional capability brings back to the trainer, by capability (pipeline/wire/ack.py checks
-    each): ``output``, the lines the console printed since the last answer, for the trainer's own stdout (a lane
-    actor's stdout reaches the driver only through Ray's log forwarding, late and prefixed); ``reduced``, the
-    reduce lane's ``{"points": [[step, {key: value}], ...], "figures": {...}}`` (host/sink.py ``Reducing``).
-    A new capability adds a key and its check, no field."""
+    output: str = ""
+    """The lines the console printed since the last answer, for the trainer's own stdout (a lane actor's stdout
+    reaches the driver only through Ray's log forwarding, late and prefixed): the one thing an answer carries
+    back besides watermarks and counts."""
 
     @property
     def stored_seq(self) -> int:
@@ -129,7 +127,7 @@ class Ack:
         handed = self.handed_by_sender.get(sender, 0)
         stored = self.stored_by_sender.get(sender, 0)
         return dataclasses.replace(self, handed=handed, stored=None if stored >= handed else stored, gap=False,
-                                   held=False, answers={})
+                                   held=False, output="")
 
 
 def _int(value: Any) -> int:

@@ -12,9 +12,8 @@ A step is complete (the lowest open one first, so the points leave in step order
     its declaration, no longer (a handle given to a process that never logs, or logs only on an axis of its own);
   - or rank 0 is finishing (``FINISH``: every step open then; a resumed run opens new ones after it);
   - or it has been open ``timeout_s`` (a producer that stopped logging without dying).
-A contribution to a step already complete is late: counted, never reduced. The points stay ``pending`` (and are
-sent to rank 0 with every answer of a new actor) until rank 0's ``CONFIRM`` for the step arrives: rank 0 spooled
-them, into every tracker, once (shipping/reduced.py).
+A contribution to a step already complete is late: counted, never reduced. The reduce judge sends each complete
+step's points into every tracker as a sender of its own (workers/sinks/reduce.py), once.
 """
 
 from __future__ import annotations
@@ -30,9 +29,9 @@ LANE = "reduce"
 OPS = ("mean", "sum", "min", "max", "count")
 """What ``reduce=`` may name, for every key or per key."""
 
-PART, DECLARE, ENDED, CONFIRM, FINISH = "part", "declare", "ended", "confirm", "finish"
+PART, DECLARE, ENDED, FINISH = "part", "declare", "ended", "finish"
 """The roles of a ``Reduction`` record: a producer's contribution, then rank 0's notices to the reducer."""
-ROLES = frozenset({PART, DECLARE, ENDED, CONFIRM, FINISH})
+ROLES = frozenset({PART, DECLARE, ENDED, FINISH})
 
 _NONE = -(2**63)  # "no step yet": below every step
 
@@ -86,8 +85,6 @@ class Reducer:
         self.opened_at: dict[int, float] = {}  # not saved: a new actor gives every open step its timeout again
         self.done = _NONE
         """Every step up to here is complete."""
-        self.pending: dict[int, dict[str, float | int]] = {}
-        """Complete steps' points that rank 0 has not confirmed yet."""
         self.emitted = 0
         self.late = 0
         """Values that came for a step already complete (or after the finish): not reduced."""
@@ -139,14 +136,12 @@ class Reducer:
         elif role == ENDED:
             for sender, last in values.items():
                 self.ended[sender] = int(last)
-        elif role == CONFIRM:
-            self.pending.pop(step, None)
         elif role == FINISH:
             self._finishing = True
 
     # -- what leaves --------------------------------------------------------------------------------------
     def complete(self) -> list[tuple[int, dict[str, float | int]]]:
-        """The steps complete now, lowest first, with their points (also kept in ``pending``)."""
+        """The steps complete now, lowest first, with their points."""
         out = []
         now = self._clock()
         while self.open:
@@ -156,7 +151,6 @@ class Reducer:
             points = {key: _result(acc) for key, acc in self.open.pop(step).items()}
             self.opened_at.pop(step, None)
             self.done = step
-            self.pending[step] = points
             self.emitted += 1
             self._note_left_out(step)
             out.append((step, points))
@@ -197,7 +191,7 @@ class Reducer:
         return {"seq": self.seq, "reached": self.reached, "contributors": sorted(self.contributors),
                 "declared": sorted(self.declared), "ended": self.ended,
                 "open": [[step, keys] for step, keys in self.open.items()], "done": self.done,
-                "pending": [[step, points] for step, points in self.pending.items()], "emitted": self.emitted,
+                "emitted": self.emitted,
                 "late": self.late, "conflicts": self.conflicts, "left_out": self.left_out}
 
     @classmethod
@@ -211,7 +205,6 @@ class Reducer:
         reducer.open = {int(step): keys for step, keys in data["open"]}
         reducer.opened_at = {step: now for step in reducer.open}
         reducer.done = int(data["done"])
-        reducer.pending = {int(step): points for step, points in data["pending"]}
         reducer.emitted, reducer.late, reducer.conflicts = int(data["emitted"]), int(data["late"]), int(data["conflicts"])
         reducer.left_out = dict(data["left_out"])
         return reducer

@@ -145,7 +145,7 @@ class LaneReport:
 
 @dataclass(slots=True, kw_only=True)
 class ReductionReport:
-    """The reduce lane (``trainer.async_log.reductions``), as its reducer last answered rank 0."""
+    """The reduce judge (``trainer.async_log.reductions``), as it last told the producers' hub."""
 
     steps: int = 0
     """Steps reduced: one point per key each, in every tracker."""
@@ -155,29 +155,22 @@ class ReductionReport:
     """Values that came for a step already reduced: not in its points (counted, warned)."""
     conflicts: int = 0
     """Values whose op differed from the op of the key's first value at that step: not in its points."""
-    repeats: int = 0
-    """Points a new reduce actor sent again that rank 0 held already: logged once."""
-    unlogged: int = 0
-    """Steps reduced after the trackers began to close: not in them; the reduce lane keeps them unconfirmed, and a
-    resumed run logs them."""
     left_out: dict[str, int] = field(default_factory=dict)
     """Producer sender id -> the first step reduced without it (it died or closed before)."""
 
     @classmethod
-    def of(cls, figures: dict[str, Any], repeats: int, unlogged: int) -> ReductionReport:
+    def of(cls, figures: dict[str, Any]) -> ReductionReport:
         return cls(steps=int(figures.get("emitted", 0)), open_steps=int(figures.get("open", 0)),
-                   late=int(figures.get("late", 0)), conflicts=int(figures.get("conflicts", 0)), repeats=repeats,
-                   unlogged=unlogged, left_out={str(k): int(v) for k, v in (figures.get("left_out") or {}).items()})
+                   late=int(figures.get("late", 0)), conflicts=int(figures.get("conflicts", 0)),
+                   left_out={str(k): int(v) for k, v in (figures.get("left_out") or {}).items()})
 
     @property
     def complete(self) -> bool:
-        return self.late == self.conflicts == self.unlogged == 0
+        return self.late == self.conflicts == 0
 
     def line(self) -> str:
         text = (f"reductions: {self.steps} steps reduced, {self.open_steps} still open, {self.late} late values, "
                 f"{self.conflicts} with another op (neither in any point)")
-        if self.unlogged:
-            text += f", {self.unlogged} reduced after the trackers closed (logged by a resumed run)"
         if self.left_out:
             text += "; " + ", ".join(f"{sender} left out from step {step}" for sender, step in self.left_out.items())
         return text

@@ -25,8 +25,8 @@ checkpoint storage does the same); the host asks ``isinstance`` once and uses it
     LaggingStore     written() / stored(point)           a store that lands in the background (wandb-core)
     Undoable         mark(records) / rollback(mark)      a partial write undone by the next actor
     CapturedOutput   capture_output() / take_output()    printed lines sent to the trainer's terminal
-    Reducing         take_reduced()                      points reduced across producers, sent to the trainer
-    Alerting         take_alerts()                       health rules that fired (workers/sinks/health.py), sent to the trainer
+    Judging          judge_into(emitter) / judged()      computes from what it receives and sends the result into every
+                                                         tracker as a sender of its own (reduce, health)
 """
 
 from __future__ import annotations
@@ -230,22 +230,27 @@ def _not_a_trackers(records: Sequence[Record]) -> None:
     pass
 
 
+class Emitter(Protocol):
+    """How a judge sends what it computed: into every tracker of the run, as a sender of its own (in a lane actor,
+    a producer with its own spool, shipping/judge_emitter.py; in-process, straight into the other sinks)."""
+
+    def emit(self, records: Sequence[Record]) -> None:
+        """Send ``records`` (each on its own step and keys) into every tracker but the judges that get none."""
+
+    def keep(self) -> None:
+        """Block until everything emitted so far is on disk (or counted as not spooled): called before a judge
+        saves a state that says it was emitted, so a restarted judge neither loses nor repeats it."""
+
+
 @runtime_checkable
-class Reducing(Protocol):
-    """The reduce lane's sink (workers/sinks/reduce.py): what it reduced goes back to the trainer, into every tracker."""
+class Judging(Protocol):
+    """A sink that is no tracker: it judges what it receives (the reducer, the RL health rules) and emits."""
 
-    def take_reduced(self) -> dict[str, Any]:
-        """``{"points": [[step, {key: value}], ...], "figures": {...}}``: the steps completed since the last call
-        (every unconfirmed one at the first call of an actor), and the reducer's figures for the report."""
+    def judge_into(self, emitter: Emitter) -> None:
+        """Where to emit, given before ``open()``."""
 
-
-@runtime_checkable
-class Alerting(Protocol):
-    """The health lane's sink (workers/sinks/health.py): the rules that fired go back to the trainer, which tells
-    the console and every tracker."""
-
-    def take_alerts(self) -> list[list[Any]]:
-        """The alerts (``Alert.to_plain()``, core/health_rules.py) that fired since the last call."""
+    def judged(self) -> dict[str, Any]:
+        """Its figures for the run's report (plain values): what the report at ``finish()`` says of it."""
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from tracklane.core.acks import Ack, SinkCounts, Work
 from tracklane.core.records import Record
-from tracklane.host.sink import Alerting, BatchPositions, CapturedOutput, LaggingStore, Reducing, Sink, Undoable
+from tracklane.host.sink import BatchPositions, CapturedOutput, LaggingStore, Sink, Undoable
 
 log = logging.getLogger("tracklane")
 
@@ -51,8 +51,6 @@ class SinkHost:
         self._lagging = sink if isinstance(sink, LaggingStore) else None
         self._undoable = sink if isinstance(sink, Undoable) else None
         self._printing = sink if isinstance(sink, CapturedOutput) else None
-        self._reducing = sink if isinstance(sink, Reducing) else None
-        self._alerting = sink if isinstance(sink, Alerting) else None
 
     def _start_unopened(self) -> None:
         """The tracker's state as this host sees it at first: not opened yet, nothing failed."""
@@ -225,27 +223,11 @@ class SinkHost:
         """The lines the sink printed since the last call ("" for a sink that does not print)."""
         return self._printing.take_output() if self._printing is not None else ""
 
-    def take_answers(self) -> dict[str, Any]:
-        """What the sink's capabilities bring back to the trainer since the last call, by capability
-        (``Ack.answers``; empty where it has none): ``output``, ``reduced``, ``alerts``."""
-        answers: dict[str, Any] = {}
-        if output := self.take_output():
-            answers["output"] = output
-        if reduced := self.take_reduced():
-            answers["reduced"] = reduced
-        if self._alerting is not None and self._opened and (alerts := self._alerting.take_alerts()):
-            answers["alerts"] = alerts
-        return answers
-
-    def take_reduced(self) -> dict[str, Any]:
-        """What the reduce lane's sink completed since the last call ({} from any other sink, or before it opened)."""
-        return self._reducing.take_reduced() if self._reducing is not None and self._opened else {}
-
     def ack(self, handed: int, stored: int | None = None, gap: bool = False, held: bool = False,
             handed_by_sender: dict[str, int] | None = None, work: Work | None = None,
-            answers: dict[str, Any] | None = None) -> Ack:
+            output: str = "") -> Ack:
         """This host's figures now, as the lane and the report read them."""
         return Ack(handed=handed, stored=None if stored == handed else stored, gap=gap, held=held,
                    handed_by_sender=handed_by_sender or {}, opened=self._opened, error=self.error, last_error=self.last_error,
                    last_error_at=self.last_error_at, counts=self.counts, where=self.sink.where() + self._node_note,
-                   pid=os.getpid(), node_id=self._node_id, work=work or Work(), answers=answers or {})
+                   pid=os.getpid(), node_id=self._node_id, work=work or Work(), output=output)

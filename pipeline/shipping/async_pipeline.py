@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from tracklane.capture.convert import Converter
@@ -17,18 +17,23 @@ from tracklane.core.records import RunSpec
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, PipelineReport
 from tracklane.host.registry import backends_with
-from tracklane.host.sink import CapturedOutput
+from tracklane.host.sink import CapturedOutput, Judging
 from tracklane.node.system_metrics import start_node_sampling
 from tracklane.node.terminal import TERMINAL
-from tracklane.shipping.alerts import AlertsStage
 from tracklane.shipping.buffer import RecordBuffer
 from tracklane.shipping.hub import ProducerHub, ProducerSpec
 from tracklane.shipping.lane_actor import LaneActor
 from tracklane.shipping.orphans import Orphans
-from tracklane.shipping.reduced import ReducedPoints, confirmed_in
 from tracklane.shipping.shipper import Shipper
 from tracklane.shipping.spool_keeper import SpoolKeeper, SpoolReloader
-from tracklane.shipping.stages import OrphansStage, ProducersStage, ReductionsStage, Stage, StoredCopiesStage
+from tracklane.shipping.stages import (
+    EndedStage,
+    OrphansStage,
+    ProducersStage,
+    RunRulesStage,
+    Stage,
+    StoredCopiesStage,
+)
 from tracklane.shipping.stream import StreamSettings
 from tracklane.shipping.streams import TrackerLane
 from tracklane.shipping.tracker_calls import TrackerCalls
@@ -64,24 +69,31 @@ class AsyncPipeline:
         _start_ray(cfg, len(backends))
         spooling = open_spooling(cfg, run, {name: settings for name, (_, settings) in backends.items()})
         trainer_node = ray.get_runtime_context().get_node_id()
-        self._reduced = _reduced_points(spooling) if REDUCE_LANE in backends else None
-        self._alerts = AlertsStage(run_rules=RunRules(rule_settings(backends[HEALTH_LANE][1].get("rules")))) \
-            if HEALTH_LANE in backends else None
-        self._lanes = {name: self._lane(name, sink_class, settings, cfg, run, spooling, trainer_node, env)
-                       for name, (sink_class, settings) in backends.items()}
-        self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
-        self._producers = ProducersStage()  # rank 0's stages: _stages
+        self._cfg, self._limits, self._run_id = cfg, limits, run.run_id
         self._pieces, self._verl_lines = backends_with(backends, "takes_pieces"), backends_with(backends, "writes_verl_lines")
+        self._producers = ProducersStage()  # rank 0's stages: _stages
+        self._hub: Any = None  # made with the first producer (or judge)
+        self._health_rules = backends[HEALTH_LANE][1].get("rules") if HEALTH_LANE in backends else None
+        self._lanes = self._make_lanes(backends, cfg, run, spooling, trainer_node, env)
+        self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
         converter = Converter(limits, backends=list(self._lanes), pieces=self._pieces, verl_lines=self._verl_lines)
         self._shipper = Shipper(cfg, self.buffer, self._lanes, converter, spool=SpoolKeeper(spooling, cfg.spool_max_bytes),
                                 tracker_calls=TrackerCalls(), stages=self._stages(cfg, spooling))
         self._shipper.start()
         # log()'s one call into the pipeline; log_trajectories()'s and the other bulk kinds' (BULK_KINDS)
         self.put, self.put_bulk = self.buffer.put, self.buffer.put_bulk
-        self._cfg, self._limits, self._run_id = cfg, limits, run.run_id
-        self._hub: Any = None  # made with the first producer
         self._started = time.time()
         self._sampling = start_node_sampling(self.put, run.run_id, cfg.system_metrics_s, self._started, trainer_node)
+
+    def _make_lanes(self, backends: dict[str, tuple[type, dict[str, Any]]], cfg: AsyncLogConfig, run: RunSpec,
+                    spooling: Spooling, trainer_node: str, env: Mapping[str, str]) -> dict[str, TrackerLane]:
+        """The trackers' lanes first: each judge emits into those made before it (the health judge, made before the
+        reduce judge, judges the reduced points too). In the run's order, for the reports."""
+        self._lanes = {}
+        for name in sorted(backends, key=lambda n: (_is_judge(backends[n][0]), n != HEALTH_LANE)):
+            sink_class, settings = backends[name]
+            self._lanes[name] = self._lane(name, sink_class, settings, cfg, run, spooling, trainer_node, env)
+        return {name: self._lanes[name] for name in backends}
 
     def _lane(self, name: str, sink_class: type, settings: dict[str, Any], cfg: AsyncLogConfig, run: RunSpec,
               spooling: Spooling, trainer_node: str, env: Mapping[str, str]) -> TrackerLane:
@@ -97,46 +109,43 @@ class AsyncPipeline:
                               trainer_node=trainer_node, priority=_priority(sink_class, cfg.background_priority),
                               stored=spooling.stored_copies.get(name, {}), env=lane_env(cfg.actor_options, env))
         options = lane_actor_options(cfg.actor_options, cfg.max_restarts, trainer_node)
-        actor = ray.remote(LaneActor).options(**options).remote(name, opening.pack())
+        emit_to = self._spec(self._lanes, run=("", 0.0)) if _is_judge(sink_class) else None  # no node metrics
+        actor = ray.remote(LaneActor).options(**options).remote(name, opening.pack(), emit_to)
         lane = TrackerLane(name, actor, StreamSettings.of(cfg), reload=SpoolReloader(spooling.spool),
-                           on_answer=self._on_answer())
+                           on_output=TERMINAL.write)
         lane.preload(spooling.pending.get(name, ()), through=spooling.first_seq)
         return lane
 
-    def _on_answer(self) -> dict[str, Callable[[Any], None]]:
-        """Where each capability's answer goes (``Ack.answers``): the console's lines to the terminal, the reduce
-        lane's points to rank 0's stream, the health lane's alerts everywhere (shipping/alerts.py)."""
-        on_answer: dict[str, Callable[[Any], None]] = {"output": TERMINAL.write}
-        if self._reduced is not None:
-            on_answer["reduced"] = self._reduced.take
-        if self._alerts is not None:
-            on_answer["alerts"] = self._alerts.take
-        return on_answer
-
     def _stages(self, cfg: AsyncLogConfig, spooling: Spooling) -> list[Stage]:
-        """Rank 0's stages (stages.py): its producers, the spools of those that die (orphans.py, under the run's
-        spool), its copy of the lanes' states, the reductions and the health alerts."""
+        """Rank 0's stages (stages.py): its producers and judges, the spools of producers that die (orphans.py,
+        under the run's spool), its copy of the lanes' states, what the reduce judge hears of ended producers, and
+        rank 0's own health rules."""
         actors = {name: lane.actor for name, lane in self._lanes.items()}
+        ended = EndedStage(self._producers) if REDUCE_LANE in self._lanes else None
         orphans = Orphans(producers_dir(spooling.spool.directory), actors, StreamSettings.of(cfg),
-                          on_gone=self._reduced.ended if self._reduced is not None else None,
-                          others=spooling.others_stored)
+                          on_gone=ended.ended if ended is not None else None, others=spooling.others_stored)
         stages: list[Stage] = [self._producers, OrphansStage(orphans), StoredCopiesStage(StoredCopies(spooling.spool.directory))]
-        if self._reduced is not None:
-            stages.append(ReductionsStage(self._reduced, self._producers))
-        if self._alerts is not None:
-            stages.append(self._alerts)
+        if ended is not None:
+            stages.append(ended)
+        if HEALTH_LANE in self._lanes:
+            stages.append(RunRulesStage(RunRules(rule_settings(self._health_rules))))
         return stages
 
     def producer_spec(self) -> ProducerSpec:
         """What a producer of this run needs (``Tracking.producer`` makes the picklable handle of it)."""
+        return self._spec(self._lanes, run=(self._run_id, self._started))
+
+    def _spec(self, lanes: dict[str, TrackerLane], run: tuple[str, float]) -> ProducerSpec:
+        """``lanes``' actors, for a producer or a judge; the hub made with the first (a run without either costs
+        no actor)."""
         import ray
 
-        if self._hub is None:  # made with the first producer: a run without producers costs no actor
+        if self._hub is None:
             self._hub = ray.remote(num_cpus=0, max_restarts=0)(ProducerHub).remote()
             self._producers.watch(self._hub)
-        actors = {name: lane.actor for name, lane in self._lanes.items()}
-        return ProducerSpec(lanes=actors, hub=self._hub, cfg=self._cfg, limits=self._limits,
-                            run=(self._run_id, self._started), pieces=self._pieces, verl_lines=self._verl_lines)
+        actors = {name: lane.actor for name, lane in lanes.items()}
+        return ProducerSpec(lanes=actors, hub=self._hub, cfg=self._cfg, limits=self._limits, run=run,
+                            pieces=self._pieces, verl_lines=self._verl_lines)
 
     @property
     def vitals(self) -> dict[str, float | int]:
@@ -176,10 +185,8 @@ class AsyncPipeline:
         return report
 
 
-def _reduced_points(spooling: Spooling) -> ReducedPoints:
-    """Rank 0's end of the reductions; after a resume it knows the steps it confirmed in batches the reduce lane
-    had not stored yet (still in the spool, sent to it again), so their points are not logged twice."""
-    return ReducedPoints(confirmed_in(spooling.spool, [entry.seq for entry in spooling.pending.get(REDUCE_LANE, ())]))
+def _is_judge(sink_class: type) -> bool:
+    return issubclass(sink_class, Judging)
 
 
 def _priority(sink_class: type, background: str | int) -> str | int:

@@ -3,16 +3,15 @@
 The caller posts a barrier and waits on ``done``; the shipper thread moves it on a phase at a time
 (``Barrier.advance``), asking the shipper (``BarrierHost``) what it alone knows:
 
-    SHIP            what was logged before the request goes out first (a dump: a batch a round)
-    SETTLE          until every lane holds the batches up to ``target`` (closing: also what live producers handed
-                    the lanes and what dead producers' spools hold), or the drain's deadline
-    REDUCE_FINISH   closing: the stages' last words (``Stage.finish``: the reduce lane's FINISH, which completes every
-                    open step; the health alerts of the last steps), settled like a batch
-    REDUCE_POINTS   what they answered with (the reduced points) sent into every tracker, settled like a batch
+    SHIP            what was logged before the request goes out first (a dump: a batch a round); a ``keep``
+                    barrier (a judge's: it waits for its spool only) is answered here
+    SETTLE          until every lane holds the batches up to ``target`` (closing: also what live producers and the
+                    judges handed the lanes, and what dead producers' spools hold), or the drain's deadline
     CALL            the trackers' flush() (or close()) called; answered when they all answered, or at the deadline
     DONE            the report is in ``report``
 
-Past the drain's deadline the reduce phases are skipped and the trackers are called with what they have.
+A close's last records (the reduce judge's FINISH) are logged before it is posted, so they are shipped and settled
+like any other; what the judges emit for them is waited for as a producer's (``producers_settled``).
 """
 
 from __future__ import annotations
@@ -35,8 +34,6 @@ close) before the caller gets a timed-out report instead: finish() returns withi
 class Phase(Enum):
     SHIP = "ship"
     SETTLE = "settle"
-    REDUCE_FINISH = "reduce_finish"
-    REDUCE_POINTS = "reduce_points"
     CALL = "call"
     DONE = "done"
 
@@ -53,9 +50,8 @@ class BarrierHost(Protocol):
     def settled(self, barrier: Barrier) -> bool:
         """Every lane holds the batches up to ``barrier.target`` (closing: producers' and dead producers' too)."""
 
-    def finish_stages(self, barrier: Barrier) -> bool:
-        """Closing, all settled: the stages' last words (the reduce lane's FINISH, the health alerts sent after the
-        barrier's target); False when there is none."""
+    def kept(self, barrier: Barrier) -> None:
+        """A keep barrier: what was logged before it is spooled; answer it (no report)."""
 
     def call_trackers(self, barrier: Barrier) -> dict[str, Any]:
         """The trackers' flush() or close() calls made (lane -> ref); {} when there is nothing to call."""
@@ -72,12 +68,17 @@ class Barrier:
 
     closing: bool
     exit_code: int
+    keep: bool = False
+    """Only until what was logged before it is in a spooled batch (``Shipper.keep``)."""
     drain_deadline: float
     deadline: float
     started: float = field(default_factory=time.monotonic)
     phase: Phase = Phase.SHIP
     target: int | None = None
     """The last batch that must be settled (set once what was logged before the barrier is shipped)."""
+    producers_since: float | None = None
+    """Closing: when the lanes first held rank 0's batches (the judges had emitted for them): the producers' figures
+    are read from a hub snapshot asked after then."""
     producer_targets: Targets | None = None
     """Closing: what producers handed each lane before finish (hub.py)."""
     producer_unshipped: dict[str, int] | None = None
@@ -93,32 +94,17 @@ class Barrier:
             if not host.ship_before(self, now):
                 return
             self.target, self.phase = host.seq, Phase.SETTLE
-        if self.phase in (Phase.SETTLE, Phase.REDUCE_FINISH, Phase.REDUCE_POINTS):
-            draining = now < self.drain_deadline
-            if draining and not host.settled(self):
+            if self.keep:
+                self.phase = Phase.DONE
+                host.kept(self)
                 return
-            if draining and self._reduce_next(host):
-                return  # the next round waits for what was just sent
+        if self.phase is Phase.SETTLE:
+            if now < self.drain_deadline and not host.settled(self):
+                return
             self.calls, self.phase = host.call_trackers(self), Phase.CALL
         if self.phase is Phase.CALL and (not self.calls or host.calls_answered(self) or now >= self.deadline):
             host.answer(self, timed_out=now >= self.deadline)
             self.phase = Phase.DONE
-
-    def _reduce_next(self, host: BarrierHost) -> bool:
-        """Closing with a reduce lane: its FINISH, then (its answer settled, and the points it completed sent by the
-        shipper's round) the points; each waited for like the batches before. False when nothing is left to send."""
-        if not self.closing:
-            return False
-        if self.phase is Phase.SETTLE:
-            if not host.finish_stages(self):
-                return False
-            self.phase = Phase.REDUCE_FINISH
-        elif self.phase is Phase.REDUCE_FINISH:
-            self.phase = Phase.REDUCE_POINTS
-        else:
-            return False
-        self.target = host.seq
-        return True
 
 
 class Requests:
@@ -129,12 +115,13 @@ class Requests:
         self._ready = ready
         self._pending: list[Barrier] = []
 
-    def post(self, *, closing: bool, exit_code: int, timeout: float) -> Barrier:
+    def post(self, *, closing: bool, exit_code: int, timeout: float, keep: bool = False) -> Barrier:
         """A flush drains until its whole deadline; a close keeps a quarter of it (up to 15 s) for the trackers
         to close properly."""
         now = time.monotonic()
         drain_s = timeout - closing_share_s(timeout) if closing else timeout
-        barrier = Barrier(closing=closing, exit_code=exit_code, drain_deadline=now + drain_s, deadline=now + timeout)
+        barrier = Barrier(closing=closing, exit_code=exit_code, drain_deadline=now + drain_s, deadline=now + timeout,
+                          keep=keep)
         with self._ready:
             self._pending.append(barrier)
             self._ready.notify_all()
@@ -158,9 +145,12 @@ def producers_settled(barrier: Barrier, hub: HubWatch | None, lanes: dict[str, A
     producer holds records it logged before the close began and has not shipped."""
     if not barrier.closing or hub is None:
         return True
-    # a snapshot asked for a report interval after the close began holds what each producer had logged by then
+    # a snapshot asked for after rank 0's batches were in the lanes (a report interval after the close began, at the
+    # least) holds what each producer had logged by then, and what the judges emitted for those batches
+    if barrier.producers_since is None:
+        barrier.producers_since = max(time.monotonic(), barrier.started + REPORT_EVERY_S)
     was_shipping = barrier.producer_unshipped
-    barrier.producer_unshipped = hub.unshipped(barrier.producer_unshipped, barrier.started + REPORT_EVERY_S)
+    barrier.producer_unshipped = hub.unshipped(barrier.producer_unshipped, barrier.producers_since)
     if barrier.producer_unshipped is None:
         return False
     # what producers handed the lanes, again while one was still shipping and once more when it has shipped: its

@@ -85,22 +85,40 @@ class ProducerFigures:
     finish waits until every live lane's actor has them (a lane gets only the batches it has records in)."""
     closed: bool = False
     """It flushed and stopped (its process is ending)."""
+    judged: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """A judge's figures for the run's report (host/sink.py ``Judging.judged``); {} for a producer."""
 
     def pack(self) -> bytes:
         return msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
 
 
 def producer_reports(snapshot: bytes, lanes: dict[str, Any]) -> dict[str, ProducerReport]:
-    """Rank 0's view of every producer at finish: ``ProducerReport`` by sender id."""
+    """Rank 0's view of every producer at finish: ``ProducerReport`` by sender id (the judges are reported as what
+    they judged: ``judged``)."""
     figures: dict[str, dict[str, Any]] = msgpack.unpackb(snapshot, raw=False)
     out = {}
     for sender, f in figures.items():
+        if is_judge(sender):
+            continue
         behind = sorted(name for name, lane in lanes.items() if not lane.dead and _lags(lane, f["lanes"].get(name, {})))
         out[sender] = ProducerReport(
             name=f["name"], sender=sender, logged=f["logged"], shipped=f["shipped"],
             dropped=f["buffer_dropped"] + f["lane_dropped"], rejected=f["rejected"], closed=f["closed"],
             unshipped=max(0, f["logged"] - f["shipped"] - f["buffer_dropped"] - f["rejected"]), lanes_behind=behind)
     return out
+
+
+def is_judge(sender: str) -> bool:
+    """A judge's producer is named after its lane; every other producer's name ends in ``#`` and 10 hex digits."""
+    return "#" not in sender
+
+
+def judged(snapshot: bytes | None) -> dict[str, dict[str, Any]]:
+    """Judge (its lane) -> its figures for the report, as it last told the hub."""
+    if snapshot is None:
+        return {}
+    return {sender: f.get("judged") or {} for sender, f in msgpack.unpackb(snapshot, raw=False).items()
+            if is_judge(sender)}
 
 
 def _lags(lane: Any, handed: dict[str, int]) -> bool:
@@ -203,3 +221,7 @@ class HubWatch:
             except Exception as exc:
                 log.warning("tracklane: the producers' hub cannot be read (%s)", exc)
         return producer_reports(self._view, lanes) if self._view is not None else {}
+
+    def judged(self) -> dict[str, dict[str, Any]]:
+        """The judges' figures as of the latest snapshot (``reports`` reads the final one)."""
+        return judged(self._view)

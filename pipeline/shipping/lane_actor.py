@@ -20,22 +20,26 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 from tracklane.config.placement import forget_process_bound
 from tracklane.core.acks import Work
 from tracklane.core.errors import CodecError
 from tracklane.host.registry import backend_class
-from tracklane.host.sink import Sink
+from tracklane.host.sink import Judging, Sink
 from tracklane.host.sink_host import SinkHost
 from tracklane.node.identity import ray_node_id
 from tracklane.node.priority import lower_priority
 from tracklane.node.process_cpu import ProcessCpu
+from tracklane.shipping.hub import ProducerSpec
+from tracklane.shipping.judge_emitter import JudgeEmitter
 from tracklane.spool.durability import Durability
 from tracklane.spool.lane_state import BULK, LaneState, bulk_sender
 from tracklane.wire.ack import pack_ack
 from tracklane.wire.batch import decode_batch
 from tracklane.wire.opening import LaneOpening
+
+_EMITTER_CLOSE_S = 5.0
 
 
 class LaneActor:
@@ -43,13 +47,18 @@ class LaneActor:
 
     _state_disk: Durability | None = None  # made at the first save (__init__ saves)
 
-    def __init__(self, lane: str, opening: bytes) -> None:
+    def __init__(self, lane: str, opening: bytes, emit_to: ProducerSpec | None = None) -> None:
+        """``emit_to``: a judge's (host/sink.py ``Judging``): the lanes it emits into, as a producer of its own."""
         spec = LaneOpening.unpack(opening)
         os.makedirs(spec.state_dir, mode=0o700, exist_ok=True)  # on another node than the trainer's: made here
         if _in_ray_actor():  # its own process
             self._set_up_process(lane, spec)
         self._state = self._load_state(lane, spec)
         sink = backend_class(spec.backend)(spec.run, spec.settings)
+        self._emitter = JudgeEmitter(lane, emit_to, sink.judged) \
+            if emit_to is not None and isinstance(sink, Judging) else None
+        if self._emitter is not None:
+            cast(Judging, sink).judge_into(self._emitter)
         self._packed_metrics = sink.reads_packed_metrics
         self._host = self._open_host(lane, sink, spec)
         # Per sender (the trainer "", each producer): the last batch handed to the tracker; the state keeps
@@ -168,6 +177,8 @@ class LaneActor:
             self._unstored.clear()
             self._state.stored.update(self._handed)
         self._save()
+        if self._emitter is not None:  # rank 0's close waited for what it emitted: it only stops now
+            self._emitter.close(_EMITTER_CLOSE_S)
         return self._answer("")
 
     def _save(self) -> None:
@@ -195,12 +206,12 @@ class LaneActor:
 
     def _answer(self, sender: str, gap: bool = False, held: bool = False) -> bytes:
         """The answer to ``sender``'s lane; it also says how far every producer got (rank 0's finish waits on it),
-        and brings rank 0 what the sink's capabilities have for it (the console's lines, the reduced points, the
-        health alerts: ``SinkHost.take_answers``); a producer's lane gets none (it is not the user's terminal)."""
+        and brings rank 0 the console's lines (``SinkHost.take_output``); a producer's lane gets none (it is not
+        the user's terminal)."""
         self._work.cpu_s = self._cpu.seconds(fresh=not sender and not gap and not held and self._fresh_cpu)
         self._fresh_cpu = False
-        answers = {} if sender else self._host.take_answers()
-        if "output" in answers and self._unstored:  # the console's store is the trainer's stdout: its lines are
+        output = "" if sender else self._host.take_output()
+        if output and self._unstored:  # the console's store is the trainer's stdout: its lines are
             self._settle()  # on their way
             self._save()
         # Rank 0's streams hear how far every sender got; a producer's only its own (an answer to each of 64
@@ -209,7 +220,7 @@ class LaneActor:
         ack = self._host.ack(self._handed.get(sender, 0), stored=self._state.stored_of(sender), gap=gap, held=held,
                              handed_by_sender={k: v for k, v in self._handed.items()
                                                if k and (streams is None or k in streams)},
-                             work=self._work, answers=answers)
+                             work=self._work, output=output)
         ack.state_unsaved_since = self._state_disk.off_since if self._state_disk is not None else 0.0
         stored = self._state.stored
         ack.stored_by_sender = stored if streams is None else {k: v for k, v in stored.items() if k in streams}

@@ -29,6 +29,7 @@ from tracklane.core.errors import ConfigError
 from tracklane.core.files import write_atomically
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import ProducerReport
+from tracklane.shipping.hub import is_judge
 from tracklane.shipping.spool_keeper import SpoolReloader
 from tracklane.shipping.stream import StreamSettings
 from tracklane.shipping.streams import TrackerLane
@@ -174,6 +175,9 @@ class Orphans:
 
     def _try_adopt(self, name: str) -> None:
         folder = os.path.join(self._directory, name)
+        early = read_mark(folder)
+        if early is not None and is_judge(early["sender"]):  # a judge's: its next process takes it back itself
+            return
         done = _delivered(folder)
         if done is not None:  # delivered by an earlier process of this run: its figures only
             self._adopted[name] = _Adoption(folder, None, done, {})

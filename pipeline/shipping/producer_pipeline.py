@@ -5,6 +5,10 @@ its lanes see it, and the folder's lock says the producer lives: if its process 
 what the folder holds (orphans.py), and the tally there counts exactly the calls that never reached it.
 It reports its figures to the run's hub (hub.py) after each shipper round, at most every
 ``REPORT_EVERY_S`` unless a barrier forces it.
+
+A judge's producer (``sender``: its lane's name, judge_emitter.py) is the same with a name that outlives its
+process: a restarted judge takes its own spool folder back (rank 0 never adopts it), numbers its batches after
+every one it ever spooled, and leaves out what an earlier process of it emitted (spool/logged_steps.py).
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from tracklane.capture.convert import Converter
 from tracklane.config.async_log import AsyncLogConfig
+from tracklane.core.errors import ConfigError
 from tracklane.node.identity import ray_node_id
 from tracklane.node.system_metrics import start_node_sampling
 from tracklane.shipping.buffer import RecordBuffer
@@ -29,9 +35,11 @@ from tracklane.shipping.spool_keeper import SpoolKeeper, SpoolReloader
 from tracklane.shipping.stages import ProgressStage
 from tracklane.shipping.stream import StreamSettings
 from tracklane.shipping.streams import TrackerLane
-from tracklane.spool.producers import Tally, producers_dir, write_mark
+from tracklane.spool.logged_steps import LoggedSteps
+from tracklane.spool.producers import Tally, producers_dir, read_tally, write_mark
 from tracklane.spool.recovery import Spooling
 from tracklane.spool.segments import Spool
+from tracklane.wire.batch import decode_batch
 
 log = logging.getLogger("tracklane")
 
@@ -39,18 +47,24 @@ log = logging.getLogger("tracklane")
 class ProducerPipeline:
     """One producer's buffer, lanes and shipper thread in one process."""
 
-    def __init__(self, name: str, key_prefix: str, axis: str | None, spec: ProducerSpec) -> None:
-        self.sender = f"{name}#{uuid.uuid4().hex[:10]}"
+    def __init__(self, name: str, key_prefix: str, axis: str | None, spec: ProducerSpec, *, sender: str = "",
+                 judged: Callable[[], dict[str, Any]] | None = None) -> None:
+        """``sender`` and ``judged``: a judge's (its lane's name; its figures for the run's report)."""
+        self.sender = sender or f"{name}#{uuid.uuid4().hex[:10]}"
+        self._judge = bool(sender)
+        self._judged = judged
         cfg = dataclasses.replace(spec.cfg, log_vitals=False)  # rank 0 reports the pipeline's figures
         self._folder = os.path.join(producers_dir(cfg.spool_dir), self.sender) if cfg.spool_dir else ""
         spool = self._open_spool(cfg, name) if self._folder else None
+        last_seq = max(spool.last_seq, read_tally(self._folder).seq) if spool is not None and self._judge else 0
         self._tally = self._open_tally() if spool is not None else None
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
         self._figures = ProducerFigures(name=name)
         self._hub = spec.hub
         self._last_report = 0.0
-        self._shipper = self._shipper_for(cfg, spool, Converter(spec.limits, key_prefix, axis, backends=list(spec.lanes),
-                                                                pieces=spec.pieces, verl_lines=spec.verl_lines), spec.lanes)
+        converter = Converter(spec.limits, key_prefix, axis, backends=list(spec.lanes), pieces=spec.pieces,
+                              verl_lines=spec.verl_lines)
+        self._shipper = self._shipper_for(cfg, spool, converter, spec.lanes, last_seq)
         self.put = self._counted_put if self._tally is not None else self.buffer.put
         self.put_bulk = self._counted_put_bulk if self._tally is not None else self.buffer.put_bulk
         self._shipper.start()
@@ -60,15 +74,21 @@ class ProducerPipeline:
         atexit.register(self._close_at_exit)
 
     def _shipper_for(self, cfg: AsyncLogConfig, spool: Spool | None, converter: Converter,
-                     actors: dict[str, Any]) -> Shipper:
+                     actors: dict[str, Any], last_seq: int) -> Shipper:
         """A producer's shipper: its own converter (its name before every key, its axis), its own spool (with its
         tally) and lanes, no tracker calls (its lanes settling is enough), and its figures told to the hub after
-        each round."""
+        each round. A judge's takes back what its spool holds (``last_seq``: the last batch it ever numbered)."""
         reload = SpoolReloader(spool) if spool is not None else None
         settings = StreamSettings.of(cfg)
         lanes = {lane: TrackerLane(lane, actor, settings, reload=reload, sender=self.sender) for lane, actor in actors.items()}
-        stage = SpoolKeeper(Spooling(spool=spool, manifest=None), cfg.spool_max_bytes, self._tally) \
-            if spool is not None else None
+        stage = None
+        if spool is not None:
+            logged = LoggedSteps.open(spool, True, lambda blob: decode_batch(blob).records) if self._judge else None
+            stage = SpoolKeeper(Spooling(spool=spool, manifest=None, first_seq=last_seq), cfg.spool_max_bytes,
+                                self._tally, logged=logged)
+            entries = spool.entries()
+            for lane in lanes.values():
+                lane.preload(entries, through=last_seq)
         return Shipper(cfg, self.buffer, lanes, converter, spool=stage, stages=[ProgressStage(self._progress)])
 
     def _open_spool(self, cfg: AsyncLogConfig, name: str) -> Spool | None:
@@ -78,7 +98,7 @@ class ProducerPipeline:
                           fsync_s=cfg.spool_fsync_s)
             write_mark(self._folder, name, self.sender)
             return spool
-        except OSError as exc:
+        except (OSError, ConfigError) as exc:  # ConfigError: locked (a judge's folder, which a replay reads)
             log.warning("tracklane: producer %s cannot spool in %s (%s); what it ships lives only in Ray",
                         self.sender, self._folder, exc)
             self._folder = ""
@@ -99,11 +119,11 @@ class ProducerPipeline:
         self.buffer.put_bulk(item)
         self._tally.put()  # type: ignore[union-attr]
 
-    def _progress(self, shipper: Any, force: bool) -> None:
+    def _progress(self, shipper: Any, force: bool) -> Any:
         """Called by the shipper thread after each round: tell the hub, at most every 0.25 s unless forced."""
         now = time.monotonic()
         if not force and now - self._last_report < REPORT_EVERY_S:
-            return
+            return None
         self._last_report = now
         figures = self._figures
         lanes = [lane.snapshot() for lane in shipper.lanes.values()]
@@ -112,13 +132,28 @@ class ProducerPipeline:
         figures.lanes = {name: lane.offered() for name, lane in shipper.lanes.items()}
         figures.buffer_dropped = self.buffer.dropped
         figures.lane_dropped = max((lane.dropped_records for lane in lanes), default=0)
+        figures.judged = self._judged() if self._judged is not None else {}
         try:
-            self._hub.update.remote(self.sender, figures.pack())
+            return self._hub.update.remote(self.sender, figures.pack())
         except Exception:  # rank 0 is gone (its hub with it): nothing left to tell
-            pass
+            return None
 
     def flush(self, timeout: float) -> bool:
         return self._shipper.flush(timeout).complete
+
+    def keep(self, timeout: float) -> bool:
+        """Everything put so far into a spooled batch (or counted as not spooled), and the hub told so before this
+        returns (a judge: rank 0's close then waits for it); True unless ``timeout`` passed first."""
+        import ray
+
+        if not self._shipper.keep(timeout):
+            return False
+        told = self._progress(self._shipper, True)
+        try:
+            ray.get(told, timeout=timeout) if told is not None else None
+        except Exception:  # the hub is gone or slow: rank 0 asks again
+            return False
+        return True
 
     def _close_at_exit(self) -> None:
         import ray
@@ -135,6 +170,7 @@ class ProducerPipeline:
         report = self._shipper.close(0, timeout)
         if self._tally is not None:
             self._tally.close()
-        if self._folder and report.complete:  # every tracker has it all: nothing for rank 0 to take over
+        if self._folder and report.complete and not self._judge:  # every tracker has it all: nothing to take over
+            # (a judge's folder stays: its tally numbers the batches of its next process, a resumed run's)
             shutil.rmtree(self._folder, ignore_errors=True)
         return report.complete

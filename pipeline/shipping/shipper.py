@@ -59,10 +59,9 @@ class Shipper:
         ``tracker_calls``: rank 0's, to flush and close the trackers at barriers (a producer's shipper only drains).
         ``stages``: what the loop drives besides the lanes (stages.py), in the order they report."""
         self._cfg, self._buffer, self._lanes, self._converter = cfg, buffer, lanes, converter
-        self._spool, self._stages = spool, list(stages)
+        self._spool, self._stages = spool, [*stages, DeadLanesStage()]
         self._tracker_calls = tracker_calls or TrackerCalls(calls_trackers=False)
-        # records handed to the lanes (vitals included); items taken out of the buffer; captured calls done (in a
-        # batch handed on (spooled), or refused whole)
+        # records handed to the lanes (vitals included); items taken from the buffer; calls done (spooled, refused)
         self.shipped_records, self.taken, self._calls_done = 0, 0, 0
         self._seq = spool.first_seq if spool is not None else 0
         self._bulk = BulkQueue()  # big parts of calls already taken, shipped a batch a round
@@ -74,7 +73,6 @@ class Shipper:
         # built on the thread that logs (the trainer's; a producer actor's): while it computes, batch longer
         self._busy = ThreadBusy() if cfg.busy_flush_interval_s > cfg.flush_interval_s else None
         self._wakeup = Wakeup(buffer.ready)
-        self._dead_lanes = DeadLanesStage()
         self._thread = threading.Thread(target=self._run, name="tracklane-shipper", daemon=True)
 
     def start(self) -> None:
@@ -100,6 +98,10 @@ class Shipper:
     def close(self, exit_code: int, timeout: float) -> PipelineReport:
         return self._await(self._requests.post(closing=True, exit_code=exit_code, timeout=timeout), timeout)
 
+    def keep(self, timeout: float) -> bool:
+        """Wait until what was put so far is in a spooled batch (or counted as not spooled); False on timeout."""
+        return self._requests.post(closing=False, exit_code=0, timeout=timeout, keep=True).done.wait(timeout)
+
     def _await(self, barrier: Barrier, timeout: float) -> PipelineReport:
         if not self._thread.is_alive() and not barrier.done.is_set():
             return self._report(barrier, timed_out=True)
@@ -119,7 +121,6 @@ class Shipper:
                     lane.pump()
                 for stage in self._stages:
                     stage.round(self)
-                self._dead_lanes.round(self)
                 self._release()
                 self._serve_barriers()
                 failures = 0
@@ -232,7 +233,6 @@ class Shipper:
             self._seq += 1
         return blob
 
-    # -- the spool -----------------------------------------------------------------------
     def _release(self) -> None:
         if self._spool is not None:
             self._spool.release(self._stored_by_all())
@@ -256,8 +256,8 @@ class Shipper:
         target = barrier.target if barrier.target is not None else self._seq
         return self._all_settled(target) and all([stage.settled(barrier, self) for stage in self._stages])
 
-    def finish_stages(self, barrier: Barrier) -> bool:
-        return any([stage.finish(barrier, self) for stage in self._stages])
+    def kept(self, barrier: Barrier) -> None:
+        self._requests.answered(barrier)
 
     def call_trackers(self, barrier: Barrier) -> dict[str, Any]:
         if barrier.closing:

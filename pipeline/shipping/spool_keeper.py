@@ -35,15 +35,17 @@ _CHECK_S = 1.0  # how often to look for a removed folder: writes into one succee
 class SpoolKeeper:
     """Keeps what a shipper shipped on its disk until every tracker stored it (not a loop ``Stage``)."""
 
-    def __init__(self, spooling: Spooling, max_bytes: int, tally: Tally | None = None) -> None:
+    def __init__(self, spooling: Spooling, max_bytes: int, tally: Tally | None = None,
+                 logged: LoggedSteps | None = None) -> None:
         """``max_bytes``: the spool's bound (``spool_max_bytes``), named in the eviction warning. ``tally``: a
-        producer's exact counts on disk, told which calls each batch holds before it is spooled."""
+        producer's exact counts on disk, told which calls each batch holds before it is spooled. ``logged``: a
+        judge's notes of what it emitted (rank 0 opens its own from the run's manifest)."""
         self.spooling = spooling
         self._tally = tally
         self._max_bytes = max_bytes
         self.spool = spooling.spool
         # rank 0's: the last step of each metric key the run shipped (a resumed run leaves out what it repeats)
-        self.logged = None if spooling.manifest is None else LoggedSteps.open(
+        self.logged = logged if spooling.manifest is None else LoggedSteps.open(
             self.spool, spooling.manifest.run.resume, lambda blob: decode_batch(blob).records)
         if self.logged is not None:
             self.spool.before_forget = self.logged.save

@@ -5,9 +5,10 @@ The shipper (shipper.py) runs the same loop on rank 0 and in a producer; what di
 wakes for any Ray answer a stage awaits (``waitables``); a flush or close passes only once every stage is
 ``settled``; a closing barrier's answer ``close``s each; every report takes each stage's figures (``report``).
 
-    ProducersStage   rank 0: its producers (hub.py); a close waits for what they handed the lanes
+    ProducersStage   rank 0: its producers and judges (hub.py); a close waits for what they handed the lanes
     OrphansStage     rank 0: the spools of producers that died (orphans.py), delivered to the lanes
-    ReductionsStage  rank 0 with a reduce lane: the points it completes (reduced.py), sent into every tracker
+    EndedStage       rank 0 with a reduce judge: the producers that ended, told to it (it stops waiting for them)
+    RunRulesStage    rank 0 with a health judge: its own rules (the trainer's pace, the lanes), alerts sent as its own
     StoredCopiesStage  rank 0: its copy of each lane's state in the spool (spool/lane_state.py)
     ProgressStage    a producer: its figures told to the hub after each round
     DeadLanesStage   every shipper: a lane that gave up is told to the other trackers
@@ -20,12 +21,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tracklane.core.records import Record, Text
+from tracklane.core.alerts import Alerts
+from tracklane.core.health_rules import LANE as HEALTH_LANE
+from tracklane.core.health_rules import LaneHealth, RunRules
+from tracklane.core.records import Record, Reduction, Text
+from tracklane.core.reduction import ENDED
+from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import PipelineReport, ReductionReport
 from tracklane.shipping.barrier import ANSWER_S, Barrier, producers_settled
 from tracklane.shipping.hub import HubWatch
 from tracklane.shipping.orphans import Orphans
-from tracklane.shipping.reduced import ReducedPoints
 from tracklane.spool.lane_state import StoredCopies
 
 if TYPE_CHECKING:
@@ -72,11 +77,6 @@ class Stage:
     def close(self, barrier: Barrier) -> None:
         """A closing barrier is being answered: the trackers are closed."""
 
-    def finish(self, barrier: Barrier, loop: Loop) -> bool:
-        """A closing barrier, all shipped and settled: send this stage's last word (barrier.py's REDUCE phases);
-        True if it sent one, or sent anything after the barrier's target, to be settled in its turn."""
-        return False
-
     def report(self, report: PipelineReport, barrier: Barrier, loop: Loop) -> None:
         """Add this stage's figures to ``report``."""
 
@@ -103,6 +103,11 @@ class ProducersStage(Stage):
         if self.hub is not None:
             wait = max(0.1, min(2.0, barrier.deadline + ANSWER_S / 2 - time.monotonic()))  # finish's deadline holds
             report.producers = self.hub.reports(loop.lanes, final=barrier.closing, timeout=wait)
+            judged = self.hub.judged()
+            if REDUCE_LANE in loop.lanes:
+                report.reductions = ReductionReport.of(judged.get(REDUCE_LANE, {}))
+            if HEALTH_LANE in loop.lanes:
+                report.alerts = list(judged.get(HEALTH_LANE, {}).get("alerts", []))
 
 
 class OrphansStage(Stage):
@@ -127,14 +132,21 @@ class OrphansStage(Stage):
         report.producers = self._orphans.merged(report.producers)
 
 
-class ReductionsStage(Stage):
-    """Rank 0 with a reduce lane: the points it completes go into every tracker; producers that closed are told
-    to it; a close sends its FINISH (barrier.py's REDUCE phases)."""
+class EndedStage(Stage):
+    """Rank 0 with a reduce judge: each producer that ended (it closed, or died: its spool found by orphans.py),
+    told to the judge with its last batch, so no step waits for it any longer."""
 
-    def __init__(self, reduced: ReducedPoints, producers: ProducersStage) -> None:
-        self._reduced = reduced
+    def __init__(self, producers: ProducersStage) -> None:
         self._producers = producers
+        self._told: set[str] = set()
+        self._out: list[Record] = []
         self._next_hub_look = 0.0
+
+    def ended(self, sender: str, last_seq: int) -> None:
+        if sender not in self._told:
+            self._told.add(sender)
+            self._out.append(Reduction(step=0, time=time.time(), role=ENDED, values={sender: last_seq},
+                                       only=[REDUCE_LANE]))
 
     def round(self, loop: Loop) -> None:
         now = time.monotonic()
@@ -142,20 +154,37 @@ class ReductionsStage(Stage):
         if hub is not None and now >= self._next_hub_look:
             self._next_hub_look = now + 1.0
             for sender, last in hub.closed().items():
-                self._reduced.ended(sender, last)
-        if loop.closing:  # the trackers are closing: what comes now stays unconfirmed in the reducer (reported)
+                self.ended(sender, last)
+        if self._out and not loop.closing:
+            records, self._out = self._out, []
+            loop.send(records)
+
+
+class RunRulesStage(Stage):
+    """Rank 0 with a health judge: the rules only rank 0 can judge (the trainer's pace, the lanes), looked at every
+    round; what fires goes into every tracker as rank 0's own records (core/alerts.py)."""
+
+    def __init__(self, rules: RunRules) -> None:
+        self._rules = rules
+        self._alerts = Alerts()
+
+    def round(self, loop: Loop) -> None:
+        if loop.closing:
             return
-        records = self._reduced.drain()
+        lanes = {name: _lane_health(lane) for name, lane in loop.lanes.items()}  # O(lanes) a round: cheap
+        records = self._alerts.records(self._rules.look(time.monotonic(), loop.last_step if loop.seq else None, lanes),
+                                       time.time())
         if records:
             loop.send(records)
 
-    def finish(self, barrier: Barrier, loop: Loop) -> bool:
-        loop.send([self._reduced.finish()])  # completes every open step
-        return True
-
     def report(self, report: PipelineReport, barrier: Barrier, loop: Loop) -> None:
-        r = self._reduced
-        report.reductions = ReductionReport.of(r.figures, r.repeats, r.unlogged)
+        report.alerts = report.alerts + self._alerts.lines()
+
+
+def _lane_health(lane: Any) -> LaneHealth:
+    """What rank 0's rules look at in one lane."""
+    down_s, why = lane.down()
+    return LaneHealth(down_s=down_s, lag_s=lane.lag_s(), down=why)
 
 
 class StoredCopiesStage(Stage):

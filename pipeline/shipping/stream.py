@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,13 +67,12 @@ class StreamSettings:
 
 class Stream:
     def __init__(self, name: str, actor: Any, settings: StreamSettings, *, reload: Reload | None = None,
-                 sender: str = "", on_answer: Mapping[str, Callable[[Any], None]] | None = None) -> None:
+                 sender: str = "", on_output: Callable[[str], None] | None = None) -> None:
         """``reload``: reads a batch back from the spool (rank 0's lanes). ``sender``: "" for the trainer's lane;
-        a producer's sender id for a producer's lane (its own sequence numbers at the same actor). ``on_answer``:
-        where each capability's answer goes (``Ack.answers``: the console's lines to the terminal, in the order
-        its answers arrive, batch order; the reduce lane's points to ``ReducedPoints``; the health alerts)."""
+        a producer's sender id for a producer's lane (its own sequence numbers at the same actor). ``on_output``:
+        where the console's lines go (``Ack.output``: to the terminal, in the order its answers arrive)."""
         self.name, self.actor, self._sender, self._settings = name, actor, sender, settings
-        self._on_answer = dict(on_answer or {})
+        self._on_output = on_output
         self.report = LaneReport(name=name)
         self.window = StreamWindow(settings.max_bytes, self.report, reload)
         self._outage = Outage(settings.backoff_s, settings.max_backoff_s, settings.max_outage_s)
@@ -158,9 +157,8 @@ class Stream:
 
     def accept(self, ack: Ack) -> None:
         """Take an answer of the actor: move the window's watermarks, merge its figures into the report."""
-        for capability, answer in ack.answers.items():
-            if capability in self._on_answer:
-                self._on_answer[capability](answer)
+        if ack.output and self._on_output is not None:
+            self._on_output(ack.output)
         self.window.take(ack.handed, ack.stored_seq)
         self._pid, self._node_id = ack.pid, ack.node_id
         self._liveness.answered()

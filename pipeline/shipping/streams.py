@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tracklane.core.acks import Ack
@@ -35,11 +35,11 @@ class TrackerLane:
     """The small and the bulk stream of one tracker's lane, with the interface of one lane."""
 
     def __init__(self, name: str, actor: Any, settings: StreamSettings, *, reload: Reload | None = None,
-                 sender: str = "", on_answer: Mapping[str, Callable[[Any], None]] | None = None) -> None:
-        """As ``Stream``'s; ``on_answer`` is the small stream's."""
+                 sender: str = "", on_output: Callable[[str], None] | None = None) -> None:
+        """As ``Stream``'s; ``on_output`` is the small stream's."""
         self.name = name
         self.actor = actor
-        self.small = Stream(name, actor, settings, reload=reload, sender=sender, on_answer=on_answer)
+        self.small = Stream(name, actor, settings, reload=reload, sender=sender, on_output=on_output)
         self.bulk = Stream(name, actor, settings, reload=reload, sender=bulk_sender(sender)) \
             if name not in (REDUCE_LANE, HEALTH_LANE) else None
         self._offered = 0  # the newest batch offered, sent or skipped

@@ -10,6 +10,8 @@ value stays: it is in the trackers, or in the spool, which delivers it first), c
 Exact across a crash: the notes are written to ``<spool>/logged_steps`` before the spool deletes a segment
 (``Spool.before_forget``), so whatever the file lacks is still in a spooled batch, which ``open`` reads back.
 Only the trainer's step axis is kept: a producer's own axis and the system metrics' seconds restart with a process.
+A judge's emitter keeps notes too (shipping/judge_emitter.py): its alerts go with their ``tracklane/alert/<rule>``
+point, so an alert at a step an earlier process of the judge reached for that rule is left out with it.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import TypeGuard
 
 import msgpack
 
+from tracklane.core.alerts import ALERT_KEY
 from tracklane.core.files import write_atomically
-from tracklane.core.records import Metrics, Record
+from tracklane.core.records import Alert, Metrics, Record
 from tracklane.spool.segments import Spool
 
 log = logging.getLogger("tracklane")
@@ -73,6 +76,8 @@ class LoggedSteps:
         return records
 
     def _new_part(self, record: Record) -> Record | None:
+        if isinstance(record, Alert):
+            return record if record.step > self._earlier.get(ALERT_KEY + record.rule, -1) else None
         if not _on_step_axis(record) or record.step > self._earlier_max:
             return record
         step, earlier = record.step, self._earlier

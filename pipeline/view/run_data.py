@@ -36,7 +36,7 @@ TRACE_TEXT_CHARS = 2000  # a trace's strings on the page (a generate call's prom
 TRACE_LIST_ITEMS = 64  # a trace's lists on the page (a generate call's output holds every token id)
 CHART_KEYS = ("critic/score/mean", "actor/kl_loss", "actor/entropy", "response_length/mean")
 """The step metrics charted on the page (every step that logged them), with the run's alerts marked."""
-ALERT_POINT = "tracklane/alert/"  # the point an alert leaves in every tracker (shipping/alerts.py)
+ALERT_POINT = "tracklane/alert/"  # the point an alert leaves in every tracker (core/alerts.py)
 ALERT_TEXTS = ("alert/", "alert_")  # its text's name: as logged, and as the file tracker's media names it
 
 

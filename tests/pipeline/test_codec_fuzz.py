@@ -793,17 +793,6 @@ _ACK_WIRE = msgpack.unpackb(pack_ack(Ack(handed=3, error="e", counts=SinkCounts(
                                 where="w", pid=12, node_id="n")), raw=False)
 
 
-_REDUCED = st.fixed_dictionaries({
-    "points": st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1),
-                                 st.dictionaries(st.text(max_size=8), st.floats(-1e9, 1e9) | st.integers(0, 9),
-                                                 max_size=3)).map(list), max_size=3),
-    "figures": st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3)})
-
-
-_ALERT = st.tuples(st.text(max_size=8), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8),
-                   st.floats(allow_nan=False) | st.integers(-9, 9), st.text(max_size=12)).map(list)
-
-
 def _ack_field(annotation: str) -> st.SearchStrategy:
     return {"int": st.integers(-(2**63), 2**64 - 1), "bool": st.booleans(), "str": st.text(max_size=12),
             "float": st.floats(0, 1e12),
@@ -813,8 +802,6 @@ def _ack_field(annotation: str) -> st.SearchStrategy:
                                     unsupported=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3),
                                     cuts=st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=3)),
             "Work": st.builds(Work, busy_s=st.floats(0, 1e9), cpu_s=st.floats(0, 1e9), records=st.integers(0, 2**63)),
-            "dict[str, Any]": st.fixed_dictionaries({}, optional={"output": st.text(max_size=12), "reduced": _REDUCED,
-                                                                   "alerts": st.lists(_ALERT, max_size=2)}),
             }[annotation]
 
 
@@ -823,21 +810,16 @@ _acks = st.fixed_dictionaries({f.name: _ack_field(str(f.type)) for f in dataclas
 
 def _ack_well_typed(ack: Ack) -> bool:
     counts = ack.counts
-    reduced = ack.answers.get("reduced")
     return (type(ack.handed) is int and type(ack.pid) is int and (ack.stored is None or type(ack.stored) is int)
             and _str_map(ack.handed_by_sender, lambda n: type(n) is int)
             and _str_map(ack.stored_by_sender, lambda n: type(n) is int)
-            and set(ack.answers) <= {"output", "reduced", "alerts"} and type(ack.answers.get("output", "")) is str
-            and all(type(a) is list and len(a) == 5 for a in ack.answers.get("alerts", []))
+            and type(ack.output) is str
             and all(type(getattr(ack, f.name)) is bool for f in dataclasses.fields(Ack) if f.type == "bool")
             and (ack.error is None or type(ack.error) is str) and type(ack.where) is str and type(ack.node_id) is str
             and (ack.last_error is None or type(ack.last_error) is str) and type(ack.last_error_at) is float
             and type(counts.failed_records) is int and type(counts.artifacts_missing) is int
             and _str_map(counts.unsupported, lambda n: type(n) is int) and _str_map(counts.cuts, lambda n: type(n) is int)
-            and type(ack.work.busy_s) is float and type(ack.work.cpu_s) is float and type(ack.work.records) is int
-            and (reduced is None or (set(reduced) == {"points", "figures"} and type(reduced["figures"]) is dict
-                                     and all(type(p) is list and type(p[0]) is int and _str_map(p[1], _is_number)
-                                             for p in reduced["points"]))))
+            and type(ack.work.busy_s) is float and type(ack.work.cpu_s) is float and type(ack.work.records) is int)
 
 
 def _unpack_or_refuse(blob: bytes) -> None:

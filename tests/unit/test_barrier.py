@@ -1,6 +1,6 @@
 """A barrier's phases (pipeline/shipping/barrier.py), driven round by round by a host that records what it is
-asked: ship first, settle, the reduce lane's FINISH then its points (closing only), call the trackers, answer; the
-drain's deadline skips what is left to drain, the deadline answers timed out."""
+asked: ship first, settle, call the trackers, answer (a keep barrier: ship, then answered); the drain's deadline
+skips what is left to drain, the deadline answers timed out."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ class Host:
 
     shipped_after: int = 0  # rounds before what was logged is all out
     settled_after: int = 0  # rounds of settle checks answered False first, per target
-    reduce_lane: bool = False
     calls: dict[str, Any] = field(default_factory=lambda: {"file": object()})
     answered_after: int = 0
     seq: int = 10
@@ -37,11 +36,8 @@ class Host:
             return True
         return False
 
-    def finish_stages(self, barrier) -> bool:
-        if self.reduce_lane:
-            self.asked.append("FINISH")
-            self.seq += 1  # the FINISH is a batch of its own
-        return self.reduce_lane
+    def kept(self, barrier: Barrier) -> None:
+        self.asked.append(f"kept {barrier.target}")
 
     def call_trackers(self, barrier: Barrier) -> dict[str, Any]:
         self.asked.append("call")
@@ -55,8 +51,9 @@ class Host:
         self.asked.append(f"answer timed_out={timed_out}")
 
 
-def barrier(closing: bool = False, drain_deadline: float = 100.0, deadline: float = 200.0) -> Barrier:
-    return Barrier(closing=closing, exit_code=0, drain_deadline=drain_deadline, deadline=deadline, started=0.0)
+def barrier(closing: bool = False, drain_deadline: float = 100.0, deadline: float = 200.0, keep: bool = False) -> Barrier:
+    return Barrier(closing=closing, exit_code=0, drain_deadline=drain_deadline, deadline=deadline, started=0.0,
+                   keep=keep)
 
 
 def rounds(b: Barrier, host: Host, times: list[float]) -> list[Phase]:
@@ -74,23 +71,16 @@ def test_a_flush_ships_settles_calls_and_answers_in_order():
     assert b.target == 10
 
 
-def test_a_flush_never_sends_the_reduce_lane_its_finish():
-    host, b = Host(reduce_lane=True), barrier(closing=False)
-    assert rounds(b, host, [1]) == [Phase.DONE]
-    assert "FINISH" not in host.asked
+def test_a_keep_barrier_is_answered_once_shipped_and_waits_for_no_lane():
+    host, b = Host(shipped_after=1), barrier(keep=True)
+    assert rounds(b, host, [1, 2]) == [Phase.SHIP, Phase.DONE]
+    assert host.asked == ["ship", "ship", "kept 10"]
 
 
-def test_a_close_with_a_reduce_lane_waits_for_its_finish_then_its_points():
-    host, b = Host(reduce_lane=True, calls={}), barrier(closing=True)
-    assert rounds(b, host, [1, 2, 3]) == [Phase.REDUCE_FINISH, Phase.REDUCE_POINTS, Phase.DONE]
-    assert host.asked == ["ship", "settled? 10", "FINISH", "settled? 11", "settled? 11", "call",
-                          "answer timed_out=False"]
-
-
-def test_past_the_drain_deadline_nothing_more_is_waited_for_or_reduced():
-    host, b = Host(shipped_after=5, settled_after=5, reduce_lane=True), barrier(closing=True, drain_deadline=2.0)
+def test_past_the_drain_deadline_nothing_more_is_waited_for():
+    host, b = Host(shipped_after=5, settled_after=5), barrier(closing=True, drain_deadline=2.0)
     assert rounds(b, host, [1, 3]) == [Phase.SHIP, Phase.DONE]
-    assert "FINISH" not in host.asked and "call" in host.asked
+    assert "call" in host.asked
     assert not any(asked.startswith("settled?") for asked in host.asked)
 
 

@@ -22,7 +22,8 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from tracklane.config.console import console_config
-from tracklane.core.records import Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
+from tracklane.core.alerts import alert_line
+from tracklane.core.records import Alert, Artifact, Generations, Histogram, Image, Metrics, RunSpec, Text, Trajectories
 from tracklane.host.sink import Sink
 from tracklane.workers.sinks.media import mean_score
 from tracklane.workers.sinks.steps import merge_by_axis_step
@@ -100,6 +101,11 @@ class ConsoleSink(Sink):
 
     def write_text(self, records: Sequence[Text]) -> None:
         self._say(f"step:{r.step} - {r.name}: {_text_line(r.text)}" for r in records)
+
+    def write_alert(self, records: Sequence[Alert]) -> None:
+        """A health rule that fired: a line per alert, the same wherever it runs (in a lane it reaches the trainer's
+        terminal through the lane's answers)."""
+        self._say(alert_line(r.rule, message) for r in records for message in r.text.splitlines())
 
     def write_image(self, records: Sequence[Image]) -> None:
         self._say(f"step:{r.step} - {r.name}: image of {len(r.png)} PNG bytes" for r in records)

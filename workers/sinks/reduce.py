@@ -1,10 +1,11 @@
 """The reduce lane's sink: every sender's batches in, one point per key and step out (core/reduction.py).
 
-Not a tracker: its store is the reducer's state, one msgpack file rewritten after every batch (``flush``), so
-what it was handed survives its actor. It keeps the last batch of every sender it was handed in that state
-and skips a batch sent again, so a batch lands once even when its actor died between the file and the lane's
-own acknowledgement state. What it completes goes back to rank 0 (``take_reduced``, in the lane's answers), which
-logs it into every tracker and confirms it (core/reduction.py).
+Not a tracker but a judge (host/sink.py ``Judging``): its store is the reducer's state, one msgpack file rewritten
+after every batch (``flush``), so what it was handed survives its actor. It keeps the last batch of every sender it
+was handed in that state and skips a batch sent again, so a batch lands once even when its actor died between the
+file and the lane's own acknowledgement state. Each step it completes it emits into every tracker, as a sender of
+its own (``Emitter``): on disk before the state that says so, so a restarted judge neither loses a step nor emits
+it twice (its emitter leaves out what an earlier one emitted: shipping/judge_emitter.py).
 
 Selected by ``trainer.async_log.reductions: true`` (the trainer adds it to the run's backends), never by
 ``trainer.logger``. Settings: ``timeout_s`` (``trainer.async_log.reduce_timeout_s``) and ``state_path`` (set by
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,7 +25,7 @@ import msgpack
 from tracklane.core.files import write_atomically
 from tracklane.core.records import Metrics, Record, Reduction, RunSpec
 from tracklane.core.reduction import PART, Reducer
-from tracklane.host.sink import Sink
+from tracklane.host.sink import Emitter, Sink
 
 log = logging.getLogger("tracklane")
 
@@ -42,8 +44,10 @@ class ReduceSink(Sink):
         self._path = str(self.settings.get("state_path") or "")
         self.reducer = Reducer(float(self.settings.get("timeout_s", DEFAULT_TIMEOUT_S)))
         self._sender, self._apply = "", True  # the synchronous path has no batches: rank 0's, every time
-        self._fresh: list[list[Any]] = []
-        self._sent_pending = False  # a new actor's first answer carries every unconfirmed step again
+        self._emitter: Emitter | None = None
+
+    def judge_into(self, emitter: Emitter) -> None:
+        self._emitter = emitter
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
         if self._path and os.path.exists(self._path):
@@ -67,20 +71,24 @@ class ReduceSink(Sink):
                     reducer.notice(record.role, record.step, record.values)
             elif not isinstance(record, Metrics) or record.axis is None:  # anything on the trainer's step
                 reducer.saw(sender, record.step)
-        self._fresh.extend([step, points] for step, points in reducer.complete())
+        self._emit()
         self._sender, self._apply = "", True
 
+    def _emit(self) -> None:
+        now = time.time()
+        points = [Metrics(step=step, values=values, time=now) for step, values in self.reducer.complete()]
+        if points and self._emitter is not None:
+            self._emitter.emit(points)
+
     def flush(self) -> None:
-        self._fresh.extend([step, points] for step, points in self.reducer.complete())  # a timeout may have passed
+        self._emit()  # a timeout may have passed
+        if self._emitter is not None:
+            self._emitter.keep()  # what was emitted is on disk before the state says it was
         if self._path:
             write_atomically(self._path, msgpack.packb(self.reducer.to_plain(), use_bin_type=True))
 
-    def take_reduced(self) -> dict[str, Any]:
-        if not self._sent_pending:
-            self._sent_pending = True
-            self._fresh = [[step, points] for step, points in sorted(self.reducer.pending.items())]
-        points, self._fresh = self._fresh, []
-        return {"points": points, "figures": self.reducer.figures()}
+    def judged(self) -> dict[str, Any]:
+        return self.reducer.figures()
 
     def where(self) -> str:
         figures = self.reducer.figures()
