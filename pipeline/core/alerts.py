@@ -9,6 +9,8 @@ emits those of its rules, rank 0 those of its own (the trainer's pace, the lanes
 
 from __future__ import annotations
 
+from typing import Any
+
 from tracklane.core.health_rules import ERROR_RULES, Alert
 from tracklane.core.records import Alert as AlertRecord
 from tracklane.core.records import Metrics, Record
@@ -45,6 +47,16 @@ class Alerts:
             out.append(AlertRecord(step=step, rule=rule, text="\n".join(a.message for a in group), time=now,
                                    level="ERROR" if rule in ERROR_RULES else "WARN"))
         return out
+
+    def to_plain(self) -> list[list[Any]]:
+        return [alert.to_plain() for alert in self.fired]
+
+    @classmethod
+    def from_plain(cls, data: Any) -> Alerts:
+        """The alerts of an earlier process of the judge (``to_plain``), taken again: each stays once."""
+        alerts = cls()
+        alerts.records([Alert.from_plain(plain) for plain in data], 0.0)
+        return alerts
 
     def lines(self) -> list[str]:
         """One line per alert taken, for the report."""

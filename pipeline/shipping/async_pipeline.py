@@ -102,8 +102,8 @@ class AsyncPipeline:
         import ray
 
         state_dir = spooling.state_dir
-        if name == REDUCE_LANE:  # its reducer's state beside the lanes' own (workers/sinks/reduce.py)
-            settings = {**settings, "state_path": os.path.join(state_dir, "reduce.reducer")}
+        if _is_judge(sink_class):  # its state beside the lanes' own (workers/sinks/reduce.py, health.py)
+            settings = {**settings, "state_path": os.path.join(state_dir, f"{name}.judge")}
         opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
                               sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
                               trainer_node=trainer_node, priority=_priority(sink_class, cfg.background_priority),

@@ -29,12 +29,17 @@ class JudgeEmitter:
         """``spec``: the lanes it emits into (every tracker's, and a judge's that judges what this one emits);
         ``judged``: the judge's figures, told to the hub with its progress."""
         self._pipeline = ProducerPipeline(lane, "", None, spec, sender=lane, judged=judged)
+        self._unkept = False  # emitted since the last keep()
 
     def emit(self, records: Sequence[Record]) -> None:
         for record in records:
             self._pipeline.put(Captured(record.step, record, record.time, None, RECORD, _RECORD_BYTES))
+        self._unkept = self._unkept or bool(records)
 
     def keep(self) -> None:
+        if not self._unkept:  # nothing new: most batches, for most judges
+            return
+        self._unkept = False
         started = time.monotonic()
         if not self._pipeline.keep(KEEP_S):
             log.warning("tracklane: a judge's records were not on disk within %.0f s", time.monotonic() - started)

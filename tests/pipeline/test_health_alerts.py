@@ -190,3 +190,34 @@ def test_each_tracker_keeps_the_alert_its_own_way(offline_trackers, mlflow_serve
 
     assert alert_points(read_swanlab_run(offline_trackers["swanlog"]).points) == expected
     assert "actor/kl_loss = 5" in read_swanlab_media(offline_trackers["swanlog"]).texts("alert/kl_blowup")[7]
+
+
+def test_a_health_judge_killed_again_and_again_emits_each_alert_once(offline_trackers, capfd):
+    """A NaN pg_loss at steps 4, 9 and 14 (non_finite fires at each: it cleared in between); the health judge's
+    actor is killed after every other step (Ray starts another, which takes the judge's spool back and is sent
+    again what its predecessor had not stored): the file holds each alert's point once, the console says each
+    once, and the report lists each once."""
+    import ray
+
+    config = _config(True)
+    config["trainer"]["async_log"]["max_restarts"] = 20
+    tracking = Tracking("health", "killed", ["console", "file"], config=config)
+    assert tracking.wait_ready(120)
+    for step in range(1, 21):
+        values = _healthy(step)
+        if step in (4, 9, 14):
+            values["actor/pg_loss"] = math.nan
+        tracking.log(values, step=step)
+        time.sleep(0.03 * (step % 4))  # the kill lands before, during or after the step's batch reached the judge
+        if step % 2 == 0:
+            ray.kill(tracking._pipe._lanes["health"].actor, no_restart=False)
+    report = tracking.finish(timeout=120)
+    assert report.complete, report.summary()
+    assert report.lanes["health"].restarts >= 1, report.summary()
+    fired = sorted(line.split(":")[0] for line in report.alerts)
+    assert fired == ["non_finite at step 14", "non_finite at step 4", "non_finite at step 9"], report.alerts
+    points = [(step, key) for step, key, _ in file_points(offline_trackers["file"]) if key.startswith("tracklane/alert/")]
+    assert sorted(points) == [(4, "tracklane/alert/non_finite"), (9, "tracklane/alert/non_finite"),
+                              (14, "tracklane/alert/non_finite")]
+    said = [line for line in capfd.readouterr().out.splitlines() if line.startswith("tracklane ALERT ")]
+    assert len(said) == 3, said

@@ -7,16 +7,22 @@ text at its step). Added by ``Tracking`` while ``trainer.health.enabled`` is tru
 ``trainer.logger``. Settings: ``rules`` (``trainer.health.rules``).
 
 Its rules' state lives in the actor: one that Ray restarts judges the steps from there on; an alert it says again
-for a step an earlier actor emitted is left out by its emitter (shipping/judge_emitter.py).
+for a step an earlier actor emitted is left out by its emitter (shipping/judge_emitter.py). What fired is on disk
+after every batch (``state_path``, set by the pipeline), after what it emitted, so the run's report lists every
+alert of the run.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgpack
+
 from tracklane.core.alerts import Alerts
+from tracklane.core.files import write_atomically
 from tracklane.core.health_rules import LANE, HealthRules, rule_settings
 from tracklane.core.records import Metrics, Record, RunSpec
 from tracklane.host.sink import Emitter, Sink
@@ -28,13 +34,20 @@ class HealthSink(Sink):
 
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
-        return {"rules": dict((trainer.get("health") or {}).get("rules") or {})}
+        return {"rules": dict((trainer.get("health") or {}).get("rules") or {}), "state_path": ""}
 
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         super().__init__(run, settings)
         self.rules = HealthRules(rule_settings(self.settings.get("rules")))
         self._alerts = Alerts()
         self._emitter: Emitter | None = None
+        self._path = str(self.settings.get("state_path") or "")
+
+    def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
+        if self._path and os.path.exists(self._path):
+            with open(self._path, "rb") as handle:
+                self._alerts = Alerts.from_plain(msgpack.unpackb(handle.read(), raw=False))
+        return {}
 
     def judge_into(self, emitter: Emitter) -> None:
         self._emitter = emitter
@@ -51,7 +64,9 @@ class HealthSink(Sink):
 
     def flush(self) -> None:
         if self._emitter is not None:
-            self._emitter.keep()
+            self._emitter.keep()  # what was emitted is on disk before the state says it fired
+        if self._path:
+            write_atomically(self._path, msgpack.packb(self._alerts.to_plain(), use_bin_type=True))
 
     def judged(self) -> dict[str, Any]:
         return {"alerts": self._alerts.lines()}
