@@ -25,7 +25,7 @@ from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.records import Record, RunSpec
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, LaneReport, PipelineReport, ReductionReport
-from tracklane.host.registry import backends_with
+from tracklane.host.registry import backend_traits
 from tracklane.host.sink import Judging
 from tracklane.host.sink_host import SinkHost
 from tracklane.sync_spool import SyncSpool
@@ -38,8 +38,7 @@ class SyncPipeline:
         self._hosts = {name: host_class(name, cls(run, settings), cfg.sink_retries, cfg.retry_backoff_s)
                        for name, (cls, settings) in backends.items()}
         self.vitals: dict[str, float | int] = {}  # nothing queues on this path: no lag, no queue
-        self._converter = Converter(limits, backends=list(backends), pieces=backends_with(backends, "takes_pieces"),
-                                    verl_lines=backends_with(backends, "writes_verl_lines"))
+        self._converter = Converter(limits, backends=list(backends), traits=backend_traits(backends))
         self._chunk_bytes = cfg.max_batch_bytes
         self._late_drops = 0
         self._last_step: Any = None

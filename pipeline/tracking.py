@@ -95,10 +95,7 @@ class Tracking(LogCalls):
             names = [name for name in names if name != HEALTH_LANE] + [HEALTH_LANE]
         for name, why in self._skipped_backends.items():
             log.warning("tracklane: backend %s %s", name, why)
-        backends = resolve_backends(names, self.run, os.environ, trainer)
-        if REDUCE_LANE in backends:
-            backends[REDUCE_LANE][1]["timeout_s"] = self._cfg.reduce_timeout_s
-        return backends
+        return resolve_backends(names, self.run, os.environ, trainer)
 
     def _post_for_workers(self) -> Any:
         """This run's producer, posted where verl's workers look for it by name (None where they will not trace)."""

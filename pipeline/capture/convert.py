@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,6 @@ from tracklane.capture.captured import (
 )
 from tracklane.capture.rich import RecordLimits, RichConverter, thin_indices
 from tracklane.capture.verl_line import verl_data
-from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.records import SYSTEM_AXIS, Artifact, Generations, Image, Metrics, Record, Reduction, Trajectories
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.reduction import PART, check_ops
@@ -47,19 +46,21 @@ _SAMPLED = {Generations.kind: "max_generations", Trajectories.kind: "max_traject
 
 class Converter:
     def __init__(self, limits: RecordLimits, key_prefix: str = "", axis: str | None = None,
-                 backends: Sequence[str] = (), pieces: frozenset[str] = frozenset(),
-                 verl_lines: frozenset[str] = frozenset()) -> None:
+                 backends: Sequence[str] = (), traits: Mapping[str, frozenset[str]] | None = None) -> None:
         """``key_prefix`` goes before every metric key and rich record name (a producer's name); ``axis``
         is what its metrics' steps count (a producer's own axis; None: the trainer's step). ``backends``:
-        the run's trackers, whose own sample limits ``records()`` applies (none given: the run's limits); ``pieces``:
-        those that add up a step's samples logged in several records (``Sink.takes_pieces``); ``verl_lines``: those
-        that write a call's dict as verl's FileLogger does (``Sink.writes_verl_lines``: verl_line.py)."""
+        the run's trackers, whose own sample limits ``records()`` applies (none given: the run's limits); ``traits``:
+        which of them add up a step's samples logged in several records (``takes_pieces``), write a call's dict as
+        verl's FileLogger does (``writes_verl_lines``: verl_line.py), or are judges, which take no samples
+        (``judges``): host/registry.py ``backend_traits``."""
         self._prefix = key_prefix
         self._axis = axis
         self._limits = limits
         self._backends = list(backends)
-        self._pieces = pieces  # backends that add up a step's samples logged in several records (Sink.takes_pieces)
-        self._verl_lines = verl_lines
+        traits = traits or {}
+        self._pieces = traits.get("takes_pieces", frozenset())
+        self._verl_lines = traits.get("writes_verl_lines", frozenset())
+        self.judges = traits.get("judges", frozenset())
         self.metrics = MetricCleaner()
         self.rich = RichConverter(limits.widest(self._backends))  # the batch carries what the most generous keeps
         self.sampled_out_by: dict[str, int] = {}
@@ -124,7 +125,7 @@ class Converter:
             later: list[Iterator[Record]] = []
             for group in self._sample_groups(item):
                 if group.nbytes >= bulk_bytes:  # chunked only where every tracker adds the chunks up
-                    targets = set(self._backends if group.only is None else group.only) - {REDUCE_LANE, HEALTH_LANE}
+                    targets = set(self._backends if group.only is None else group.only) - self.judges
                     whole = not targets or not targets <= self._pieces
                     later.append(self._group_records(group, None if whole else chunk_bytes))
                 else:
@@ -192,7 +193,7 @@ class Converter:
             return {getattr(self._limits, limit_name): only}
         groups: dict[int | None, list[str] | None] = {}
         for name in self._backends:
-            if (only is None or name in only) and name not in (REDUCE_LANE, HEALTH_LANE):  # they store no samples
+            if (only is None or name in only) and name not in self.judges:  # they store no samples
                 groups.setdefault(self._limits.samples_for(name, limit_name), []).append(name)  # type: ignore[union-attr]
         return groups
 

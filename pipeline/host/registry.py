@@ -155,6 +155,11 @@ def resolve_backends(names: list[str], run: RunSpec, env: Mapping[str, str],
     return {name: (cls, cls.resolve(run, env, trainer)) for name, cls in classes.items()}
 
 
-def backends_with(backends: dict[str, tuple[type, dict[str, Any]]], trait: str) -> frozenset[str]:
-    """The backends whose sink has ``trait`` (``Sink.takes_pieces``, ``Sink.writes_verl_lines``)."""
-    return frozenset(name for name, (sink_class, _) in backends.items() if getattr(sink_class, trait, False))
+TRAITS = ("takes_pieces", "writes_verl_lines", "judges")
+"""The sinks' class-level traits (host/sink.py) the trainer side shapes records by."""
+
+
+def backend_traits(backends: dict[str, tuple[type, dict[str, Any]]]) -> dict[str, frozenset[str]]:
+    """Each trait (``TRAITS``) -> the backends whose sink has it."""
+    return {trait: frozenset(name for name, (sink_class, _) in backends.items() if getattr(sink_class, trait, False))
+            for trait in TRAITS}

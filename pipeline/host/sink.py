@@ -72,6 +72,9 @@ class Sink:
     writes_verl_lines: ClassVar[bool] = False
     """It writes each ``log()`` call's dict as verl's FileLogger writes it: the converter renders those bytes from the
     caller's own dict (``Metrics.verl_data``: strings and nested values too, which no other tracker keeps)."""
+    judges: ClassVar[bool] = False
+    """No tracker but a judge (``Judging``): it takes the step metrics (and rank 0's notices), never samples, media or
+    artifacts, and what it computes it emits into the trackers as a sender of its own."""
     takes_pieces: ClassVar[bool] = False
     """It adds up a step's samples (rollouts, generations) logged in several records of one key: a dump too big to
     ship at once reaches it a chunk at a time. Trackers that store one document per key and step get it whole."""

@@ -16,8 +16,8 @@ from tracklane.core.health_rules import RunRules, rule_settings
 from tracklane.core.records import RunSpec
 from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, PipelineReport
-from tracklane.host.registry import backends_with
-from tracklane.host.sink import CapturedOutput, Judging
+from tracklane.host.registry import backend_traits
+from tracklane.host.sink import CapturedOutput
 from tracklane.node.system_metrics import start_node_sampling
 from tracklane.node.terminal import TERMINAL
 from tracklane.shipping.buffer import RecordBuffer
@@ -70,13 +70,13 @@ class AsyncPipeline:
         spooling = open_spooling(cfg, run, {name: settings for name, (_, settings) in backends.items()})
         trainer_node = ray.get_runtime_context().get_node_id()
         self._cfg, self._limits, self._run_id = cfg, limits, run.run_id
-        self._pieces, self._verl_lines = backends_with(backends, "takes_pieces"), backends_with(backends, "writes_verl_lines")
+        self._traits = backend_traits(backends)
         self._producers = ProducersStage()  # rank 0's stages: _stages
         self._hub: Any = None  # made with the first producer (or judge)
         self._health_rules = backends[HEALTH_LANE][1].get("rules") if HEALTH_LANE in backends else None
         self._lanes = self._make_lanes(backends, cfg, run, spooling, trainer_node, env)
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
-        converter = Converter(limits, backends=list(self._lanes), pieces=self._pieces, verl_lines=self._verl_lines)
+        converter = Converter(limits, backends=list(self._lanes), traits=self._traits)
         self._shipper = Shipper(cfg, self.buffer, self._lanes, converter, spool=SpoolKeeper(spooling, cfg.spool_max_bytes),
                                 tracker_calls=TrackerCalls(), stages=self._stages(cfg, spooling))
         self._shipper.start()
@@ -145,7 +145,7 @@ class AsyncPipeline:
             self._producers.watch(self._hub)
         actors = {name: lane.actor for name, lane in lanes.items()}
         return ProducerSpec(lanes=actors, hub=self._hub, cfg=self._cfg, limits=self._limits, run=run,
-                            pieces=self._pieces, verl_lines=self._verl_lines)
+                            traits=self._traits)
 
     @property
     def vitals(self) -> dict[str, float | int]:
@@ -186,7 +186,7 @@ class AsyncPipeline:
 
 
 def _is_judge(sink_class: type) -> bool:
-    return issubclass(sink_class, Judging)
+    return bool(getattr(sink_class, "judges", False))
 
 
 def _priority(sink_class: type, background: str | int) -> str | int:

@@ -35,10 +35,8 @@ class ProducerSpec:
     limits: RecordLimits
     run: tuple[str, float]
     """The run's id and start time (for the node's system metrics)."""
-    pieces: frozenset[str] = frozenset()
-    """The lanes whose tracker adds up a dump shipped a chunk at a time (``Sink.takes_pieces``)."""
-    verl_lines: frozenset[str] = frozenset()
-    """The lanes whose tracker writes a call's dict as verl's FileLogger does (``Sink.writes_verl_lines``)."""
+    traits: dict[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+    """Each sink trait -> the lanes whose sink has it (host/registry.py ``backend_traits``)."""
 
 
 REPORT_EVERY_S = 0.25  # how often a producer tells the hub how far it got (and at each barrier)

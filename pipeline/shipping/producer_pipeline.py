@@ -62,8 +62,7 @@ class ProducerPipeline:
         self._figures = ProducerFigures(name=name)
         self._hub = spec.hub
         self._last_report = 0.0
-        converter = Converter(spec.limits, key_prefix, axis, backends=list(spec.lanes), pieces=spec.pieces,
-                              verl_lines=spec.verl_lines)
+        converter = Converter(spec.limits, key_prefix, axis, backends=list(spec.lanes), traits=spec.traits)
         self._shipper = self._shipper_for(cfg, spool, converter, spec.lanes, last_seq)
         self.put = self._counted_put if self._tally is not None else self.buffer.put
         self.put_bulk = self._counted_put_bulk if self._tally is not None else self.buffer.put_bulk

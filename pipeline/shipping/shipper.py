@@ -28,9 +28,7 @@ import ray
 from tracklane.capture.captured import Captured
 from tracklane.capture.convert import Converter
 from tracklane.config.async_log import AsyncLogConfig
-from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.records import Metrics, Record
-from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import PipelineReport
 from tracklane.node.busy import ThreadBusy
 from tracklane.shipping.barrier import ANSWER_S, Barrier, Requests
@@ -204,7 +202,7 @@ class Shipper:
         if blob is None:
             return
         oldest = min(r.time for r in records)
-        audience = _audience(records, bulk, self._lanes)
+        audience = _audience(records, bulk, self._lanes, self._converter.judges)
         # On disk before any lane can see it; a disk fault leaves it in the lanes' memory only (spool_keeper.py).
         spooled = self._spool is not None and self._spool.append(
             self._seq, len(records), oldest, blob, self._lanes.values(), bulk, audience,
@@ -302,8 +300,9 @@ class Shipper:
         return self._converter.counted(report)
 
 
-def _audience(records: list[Record], bulk: bool, lanes: dict[str, TrackerLane]) -> frozenset[str] | None:
-    """The lanes with a record in the batch (None: every lane); a bulk batch never goes to the reduce or health lane."""
+def _audience(records: list[Record], bulk: bool, lanes: dict[str, TrackerLane], judges: frozenset[str],
+              ) -> frozenset[str] | None:
+    """The lanes with a record in the batch (None: every lane); a bulk batch never goes to a judge."""
     names: set[str] = set()
     for record in records:
         if record.only is None:
@@ -313,5 +312,5 @@ def _audience(records: list[Record], bulk: bool, lanes: dict[str, TrackerLane]) 
             break
         names.update(record.only)
     if bulk:
-        names -= {REDUCE_LANE, HEALTH_LANE}
+        names -= judges
     return frozenset(names)

@@ -8,7 +8,7 @@ stream is handed once and in order; Ray runs an actor's calls in the order they 
 waits at most for the bulk batches already in flight (``max_inflight_batches``, a chunk each).
 
 A batch the tracker has nothing in (its ``audience`` leaves it out: the file's share of a dump, when the
-dashboards keep a sample) is never sent to it. The reduce lane never gets bulk.
+dashboards keep a sample) is never sent to it. A judge's lane never gets bulk.
 
 The spool may forget a batch once every tracker's store holds it: here, once no stream still waits for it
 (``stored``).
@@ -22,8 +22,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tracklane.core.acks import Ack
-from tracklane.core.health_rules import LANE as HEALTH_LANE
-from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, LaneReport
 from tracklane.shipping.stream import Entry, Reload, Stream, StreamSettings
 from tracklane.shipping.wakeup import Wakeup
@@ -40,15 +38,14 @@ class TrackerLane:
         self.name = name
         self.actor = actor
         self.small = Stream(name, actor, settings, reload=reload, sender=sender, on_output=on_output)
-        self.bulk = Stream(name, actor, settings, reload=reload, sender=bulk_sender(sender)) \
-            if name not in (REDUCE_LANE, HEALTH_LANE) else None
+        self.bulk = Stream(name, actor, settings, reload=reload, sender=bulk_sender(sender))
         self._offered = 0  # the newest batch offered, sent or skipped
 
     @property
     def streams(self) -> list[Stream]:
-        return [self.small] if self.bulk is None else [self.small, self.bulk]
+        return [self.small, self.bulk]
 
-    def _stream(self, bulk: bool) -> Stream | None:
+    def _stream(self, bulk: bool) -> Stream:
         return self.bulk if bulk else self.small
 
     def _mine(self, audience: frozenset[str] | None) -> bool:
@@ -57,9 +54,8 @@ class TrackerLane:
     # -- feeding -------------------------------------------------------------------------
     def offer(self, entry: Entry) -> None:
         self._offered = max(self._offered, entry.seq)
-        stream = self._stream(entry.bulk)
-        if stream is not None and self._mine(entry.audience):
-            stream.offer(entry)
+        if self._mine(entry.audience):
+            self._stream(entry.bulk).offer(entry)
 
     def preload(self, entries: Iterable[SpoolEntry], through: int = 0) -> None:
         """Batches an earlier process spooled, each to its stream (those it has nothing in are skipped). ``through``:
@@ -67,19 +63,15 @@ class TrackerLane:
         lane with nothing to deliver again lets the spool forget them)."""
         entries = list(entries)
         for bulk in (False, True):
-            stream = self._stream(bulk)
-            if stream is not None:
-                stream.window.preload(e for e in entries if e.bulk == bulk and self._mine(e.audience))
+            self._stream(bulk).window.preload(e for e in entries if e.bulk == bulk and self._mine(e.audience))
         self._offered = max([self._offered, through] + [e.seq for e in entries])
 
     def holds(self, entry: Entry) -> bool:
         """Whether it would keep ``entry`` in memory (it is for this tracker and fits the stream's bound)."""
-        stream = self._stream(entry.bulk)
-        return stream is not None and self._mine(entry.audience) and stream.fits(entry.nbytes)
+        return self._mine(entry.audience) and self._stream(entry.bulk).fits(entry.nbytes)
 
     def has_room(self, nbytes: int, bulk: bool = False) -> bool:
-        stream = self._stream(bulk)
-        return stream is None or stream.has_room(nbytes)
+        return self._stream(bulk).has_room(nbytes)
 
     def wait_for_room(self, nbytes: int, bulk: bool, deadline: float, wakeup: Wakeup) -> None:
         """The block policy: pump until the stream has room for ``nbytes`` or ``deadline`` (time.monotonic) passes."""
@@ -109,8 +101,7 @@ class TrackerLane:
     def accept(self, ack: Ack) -> None:
         """An answer to a flush or close (the small stream's sender): each stream takes its own watermarks."""
         self.small.accept(ack)
-        if self.bulk is not None:
-            self.bulk.accept(ack.for_sender(self.bulk.sender))
+        self.bulk.accept(ack.for_sender(self.bulk.sender))
 
     def refresh(self) -> None:
         self.small.refresh()
@@ -187,13 +178,11 @@ class TrackerLane:
         return self.small.window.lag_s()
 
     def bulk_lag_s(self) -> float:
-        return self.bulk.window.lag_s() if self.bulk is not None else 0.0
+        return self.bulk.window.lag_s()
 
     def snapshot(self) -> LaneReport:
         report = self.small.snapshot()
         report.stored_seq = self.stored
-        if self.bulk is None:
-            return report
         bulk = self.bulk.snapshot()
         report.unstored_batches += bulk.unstored_batches
         report.unstored_records += bulk.unstored_records

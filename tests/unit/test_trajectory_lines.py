@@ -92,7 +92,7 @@ def test_a_dump_is_chunked_only_for_trackers_that_add_the_chunks_up():
     """A dump over the bulk size goes later, in chunks of about chunk_bytes for the file tracker (it appends) and
     whole for MLflow (a document a step); the dashboards' 64-row sample goes now, with the step's other records."""
     converter = Converter(record_limits({"backends": {"mlflow": {"max_trajectories": None}}}),
-                          backends=["file", "mlflow", "wandb"], pieces=frozenset({"file", "wandb"}))
+                          backends=["file", "mlflow", "wandb"], traits={"takes_pieces": frozenset({"file", "wandb"})})
     items = [{"messages": [{"role": "user", "content": "y" * 1000}], "rewards": {"score": 1.0}} for _ in range(2000)]
     now, later = converter.staged(Captured(1, (items, "rollout/trajectories"), time.time(), None, "trajectories",
                                            2000 * 1100), chunk_bytes=200_000, bulk_bytes=500_000)
@@ -105,7 +105,7 @@ def test_a_dump_is_chunked_only_for_trackers_that_add_the_chunks_up():
 
 def test_a_dump_for_the_file_tracker_alone_is_chunked():
     """With only trackers that append, the dump comes in chunks of about chunk_bytes, every row once, in order."""
-    converter = Converter(RecordLimits(), backends=["file", "wandb"], pieces=frozenset({"file", "wandb"}))
+    converter = Converter(RecordLimits(), backends=["file", "wandb"], traits={"takes_pieces": frozenset({"file", "wandb"})})
     items = [{"messages": [{"role": "user", "content": f"{i:06d}" + "y" * 1000}]} for i in range(2000)]
     now, [later] = converter.staged(Captured(1, (items, "k"), time.time(), None, "trajectories", 2000 * 1100),
                                     chunk_bytes=200_000, bulk_bytes=500_000)

@@ -31,6 +31,7 @@ from tracklane.workers.sinks.steps import merge_by_axis_step
 
 class HealthSink(Sink):
     name = LANE
+    judges = True
 
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,10 +34,12 @@ DEFAULT_TIMEOUT_S = 60.0
 
 class ReduceSink(Sink):
     name = "reduce"
+    judges = True
 
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
-        return {"timeout_s": DEFAULT_TIMEOUT_S, "state_path": ""}  # the trainer's settings and the pipeline fill them
+        timeout = (trainer.get("async_log") or {}).get("reduce_timeout_s", DEFAULT_TIMEOUT_S)
+        return {"timeout_s": float(timeout), "state_path": ""}  # the pipeline sets state_path
 
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         super().__init__(run, settings)
