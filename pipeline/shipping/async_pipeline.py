@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,6 +74,7 @@ class AsyncPipeline:
         self._traits = backend_traits(backends)
         self._producers = ProducersStage()  # rank 0's stages: _stages
         self._hub: Any = None  # made with the first producer (or judge)
+        self._hub_name = ""
         self._health_rules = backends[HEALTH_LANE][1].get("rules") if HEALTH_LANE in backends else None
         self._lanes = self._make_lanes(backends, cfg, run, spooling, trainer_node, env)
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
@@ -109,8 +111,11 @@ class AsyncPipeline:
                               trainer_node=trainer_node, priority=_priority(sink_class, cfg.background_priority),
                               stored=spooling.stored_copies.get(name, {}), env=lane_env(cfg.actor_options, env))
         options = lane_actor_options(cfg.actor_options, cfg.max_restarts, trainer_node)
-        emit_to = self._spec(self._lanes, run=("", 0.0)) if _is_judge(sink_class) else None  # no node metrics
-        actor = ray.remote(LaneActor).options(**options).remote(name, opening.pack(), emit_to)
+        hub = ""
+        if _is_judge(sink_class):  # the lanes made before it, held by the hub for it (no node metrics: run "")
+            ray.get(self._hub_actor().hold_spec.remote(name, self._spec(self._lanes, run=("", 0.0))))
+            hub = self._hub_name
+        actor = ray.remote(LaneActor).options(**options).remote(name, opening.pack(), hub)
         lane = TrackerLane(name, actor, StreamSettings.of(cfg), reload=SpoolReloader(spooling.spool),
                            on_output=TERMINAL.write)
         lane.preload(spooling.pending.get(name, ()), through=spooling.first_seq)
@@ -136,16 +141,21 @@ class AsyncPipeline:
         return self._spec(self._lanes, run=(self._run_id, self._started))
 
     def _spec(self, lanes: dict[str, TrackerLane], run: tuple[str, float]) -> ProducerSpec:
-        """``lanes``' actors, for a producer or a judge; the hub made with the first (a run without either costs
-        no actor)."""
+        """``lanes``' actors, for a producer or a judge."""
+        actors = {name: lane.actor for name, lane in lanes.items()}
+        return ProducerSpec(lanes=actors, hub=self._hub_actor(), cfg=self._cfg, limits=self._limits, run=run,
+                            traits=self._traits)
+
+    def _hub_actor(self) -> Any:
+        """The run's hub, made with the first producer or judge (a run without either costs no actor); named, so
+        a judge's lane actor finds it."""
         import ray
 
         if self._hub is None:
-            self._hub = ray.remote(num_cpus=0, max_restarts=0)(ProducerHub).remote()
+            self._hub_name = f"tracklane-hub-{uuid.uuid4().hex[:12]}"
+            self._hub = ray.remote(num_cpus=0, max_restarts=0)(ProducerHub).options(name=self._hub_name).remote()
             self._producers.watch(self._hub)
-        actors = {name: lane.actor for name, lane in lanes.items()}
-        return ProducerSpec(lanes=actors, hub=self._hub, cfg=self._cfg, limits=self._limits, run=run,
-                            traits=self._traits)
+        return self._hub
 
     @property
     def vitals(self) -> dict[str, float | int]:

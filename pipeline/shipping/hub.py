@@ -45,11 +45,21 @@ GONE_AFTER_S = 3.0
 
 
 class ProducerHub:
-    """The run's record of its producers (a Ray actor with no CPU): sender id -> latest figures."""
+    """The run's record of its producers (a Ray actor with no CPU): sender id -> latest figures. It also holds each
+    judge's ``ProducerSpec``, which a judge's lane actor asks for by the hub's name when it starts (again after a
+    restart): an actor handle among a restartable actor's constructor arguments could be gone when Ray restarts it
+    (ray-project/ray#53727)."""
 
     def __init__(self) -> None:
         self._figures: dict[str, dict[str, Any]] = {}
         self._at: dict[str, float] = {}  # sender -> monotonic time of its latest report
+        self._specs: dict[str, ProducerSpec] = {}
+
+    def hold_spec(self, lane: str, spec: ProducerSpec) -> None:
+        self._specs[lane] = spec
+
+    def spec_for(self, lane: str) -> ProducerSpec:
+        return self._specs[lane]
 
     def update(self, sender: str, figures: bytes) -> None:
         self._figures[sender] = msgpack.unpackb(figures, raw=False)

@@ -47,18 +47,16 @@ class LaneActor:
 
     _state_disk: Durability | None = None  # made at the first save (__init__ saves)
 
-    def __init__(self, lane: str, opening: bytes, emit_to: ProducerSpec | None = None) -> None:
-        """``emit_to``: a judge's (host/sink.py ``Judging``): the lanes it emits into, as a producer of its own."""
+    def __init__(self, lane: str, opening: bytes, hub: str = "") -> None:
+        """``hub``: a judge's (host/sink.py ``Judging``): the name of the run's hub, which holds what it emits into
+        (the lanes, as a producer of its own)."""
         spec = LaneOpening.unpack(opening)
         os.makedirs(spec.state_dir, mode=0o700, exist_ok=True)  # on another node than the trainer's: made here
         if _in_ray_actor():  # its own process
             self._set_up_process(lane, spec)
         self._state = self._load_state(lane, spec)
         sink = backend_class(spec.backend)(spec.run, spec.settings)
-        self._emitter = JudgeEmitter(lane, emit_to, sink.judged) \
-            if emit_to is not None and isinstance(sink, Judging) else None
-        if self._emitter is not None:
-            cast(Judging, sink).judge_into(self._emitter)
+        self._emitter = _judge_emitter(lane, sink, hub)
         self._packed_metrics = sink.reads_packed_metrics
         self._host = self._open_host(lane, sink, spec)
         # Per sender (the trainer "", each producer): the last batch handed to the tracker; the state keeps
@@ -234,6 +232,17 @@ _RANK0 = ("", bulk_sender(""))
 def _own(sender: str) -> str:
     """A producer's sender id, from either of its streams'."""
     return sender[:-len(BULK)] if sender.endswith(BULK) else sender
+
+
+def _judge_emitter(lane: str, sink: Sink, hub: str) -> JudgeEmitter | None:
+    """A judge's way into the trackers: what it emits into, asked of the run's hub by its name."""
+    import ray
+
+    if not hub or not isinstance(sink, Judging):
+        return None
+    emitter = JudgeEmitter(lane, cast(ProducerSpec, ray.get(ray.get_actor(hub).spec_for.remote(lane))), sink.judged)
+    sink.judge_into(emitter)
+    return emitter
 
 
 def _in_ray_actor() -> bool:

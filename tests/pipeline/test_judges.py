@@ -59,12 +59,14 @@ def test_a_judge_killed_between_its_spool_and_its_state_emits_once(tmp_path, jud
 
     settings = MemorySink.resolve(RUN, {}, {"memory_sink": {"dir": str(tmp_path / "memory")}})
     memory = ray.remote(max_restarts=0)(LaneActor).remote("memory", _opening("memory", settings, lanes))
-    hub = ray.remote(num_cpus=0)(ProducerHub).remote()
+    hub_name = f"judge-test-hub-{judge}"
+    hub = ray.remote(num_cpus=0)(ProducerHub).options(name=hub_name).remote()
     cfg = AsyncLogConfig(spool_dir=str(tmp_path / "spool"), flush_interval_s=0.05)
     spec = ProducerSpec(lanes={"memory": memory}, hub=hub, cfg=cfg, limits=RecordLimits(), run=("", 0.0))
     state = os.path.join(lanes, f"{judge}.judge")
+    ray.get(hub.hold_spec.remote(judge, spec))
     actor = ray.remote(max_restarts=3, max_task_retries=0)(LaneActor).remote(
-        judge, _opening(judge, {**settings, "state_path": state}, lanes), spec)
+        judge, _opening(judge, {**settings, "state_path": state}, lanes), hub_name)
 
     first = unpack_ack(ray.get(actor.apply.remote(1, 0, batch)))  # it emits the alert, or the point
     assert first.handed == 1

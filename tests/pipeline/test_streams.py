@@ -102,16 +102,16 @@ def test_a_batch_a_tracker_has_nothing_in_is_never_sent_to_it():
     ray.kill(actor)
 
 
-def test_the_reduce_lane_has_no_bulk_stream():
-    """The reducer needs the steps, never the rows: a bulk batch is skipped by its lane."""
-    actor = TwoStreamSink.remote()
-    lane = TrackerLane("reduce", actor, StreamSettings(max_bytes=1 << 20, max_inflight=2))
-    assert lane.bulk is None
-    lane.offer(_entry(1, bulk=True))
-    lane.offer(_entry(2))
-    _pump_until(lane, lambda: lane.stored == 2)
-    assert ray.get(actor.log.remote())["order"] == [2]
-    ray.kill(actor)
+def test_a_bulk_batch_never_goes_to_a_judge():
+    """The judges need the steps, never the rows: a bulk batch's audience leaves them out (an idle bulk stream)."""
+    from tracklane.core.records import Metrics, Trajectories
+    from tracklane.shipping.shipper import _audience
+
+    lanes = dict.fromkeys(["file", "wandb", "reduce", "health"])
+    rows = [Trajectories(step=1, trajectories=[], time=0.0)]
+    judges = frozenset({"reduce", "health"})
+    assert _audience(rows, True, lanes, judges) == {"file", "wandb"}  # type: ignore[arg-type]
+    assert _audience([Metrics(step=1, time=0.0, values={"x": 1.0})], False, lanes, judges) is None  # type: ignore[arg-type]
 
 
 def test_preloaded_batches_go_back_to_their_streams_and_skip_what_each_stored():
