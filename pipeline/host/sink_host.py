@@ -98,7 +98,13 @@ class SinkHost:
         the records it refuses are counted failed. ``batch``: (sender, seq) of a lane's batch."""
         mine = [r for r in records if r.only is None or self.lane in r.only]
         self.last_failed = []
-        if not mine or self._closed:
+        if mine and self._closed:  # a sender still sending after the close (a producer, a judge): held, it waits in
+            if hold:  # the sender's spool for a replay or the next resume; past its outage, counted as failed
+                return False
+            self.counts.failed_records += len(mine)
+            self.last_failed = list(mine)
+            return True
+        if not mine:
             return True
         if batch is not None and self._positions is not None:
             self._positions.begin_batch(batch[0], batch[1], records)

@@ -176,8 +176,9 @@ class Orphans:
     def _try_adopt(self, name: str) -> None:
         folder = os.path.join(self._directory, name)
         early = read_mark(folder)
-        if early is not None and is_judge(early["sender"]):  # a judge's: its next process takes it back itself
-            return
+        if early is not None and is_judge(early["sender"]) and early["sender"] in self._actors:
+            return  # a judge of this process's: its lane actor takes its folder back itself (one without: a replay
+            # --to another tracker delivers it like a dead producer's)
         done = _delivered(folder)
         if done is not None:  # delivered by an earlier process of this run: its figures only
             self._adopted[name] = _Adoption(folder, None, done, {})

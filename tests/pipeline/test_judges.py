@@ -102,3 +102,25 @@ def _wait_for(tmp_path, key: tuple[int, str]) -> None:
     while key not in _points(tmp_path):
         assert time.monotonic() < deadline, f"the judge's {key} never reached the memory tracker"
         time.sleep(0.1)
+
+
+def test_what_a_judge_could_not_deliver_is_replayed_with_the_spool(tmp_path):
+    """The memory tracker is down for the whole run: the reduce judge's points wait in its own spool folder. A
+    ``tracklane replay --to memory`` (no judge in that delivery) delivers them with rank 0's batches, each once."""
+    from tracklane import Tracking
+    from tracklane.cli.replay import replay_spool
+
+    down = tmp_path / "down"
+    down.touch()
+    config = {"trainer": {"log_async": True, "memory_sink": {"dir": str(tmp_path / "memory"), "down_while": str(down)},
+                          "async_log": {"flush_interval_s": 0.05, "reductions": True, "sink_retries": 0,
+                                        "retry_backoff_s": 0.01, "spool_dir": str(tmp_path / "spool")}}}
+    tracking = Tracking("judges", "replay", ["memory"], config=config)
+    for step in range(5):
+        tracking.log({"r/sum": float(step)}, step=step, reduce="sum")
+    report = tracking.finish(timeout=8)
+    assert not report.complete and report.spool is not None
+    assert not [key for key in _points(tmp_path) if key[1] == "r/sum"]  # nothing arrived: the tracker is down
+    down.unlink()
+    assert replay_spool(report.spool.directory, to=["memory"], exit_code=0, timeout=60, progress=False) == 0
+    assert sorted(key for key in _points(tmp_path) if key[1] == "r/sum") == [(step, "r/sum") for step in range(5)]
