@@ -43,6 +43,8 @@ from tracklane.wire.batch import decode_batch
 
 log = logging.getLogger("tracklane")
 
+_LOCKED_WAIT_S = 30.0
+
 
 class ProducerPipeline:
     """One producer's buffer, lanes and shipper thread in one process."""
@@ -55,8 +57,9 @@ class ProducerPipeline:
         self._judged = judged
         cfg = dataclasses.replace(spec.cfg, log_vitals=False)  # rank 0 reports the pipeline's figures
         self._folder = os.path.join(producers_dir(cfg.spool_dir), self.sender) if cfg.spool_dir else ""
+        folder = self._folder
         spool = self._open_spool(cfg, name) if self._folder else None
-        last_seq = max(spool.last_seq, read_tally(self._folder).seq) if spool is not None and self._judge else 0
+        last_seq = self._last_seq(spool, folder)
         self._tally = self._open_tally() if spool is not None else None
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
         self._figures = ProducerFigures(name=name)
@@ -90,18 +93,38 @@ class ProducerPipeline:
                 lane.preload(entries, through=last_seq)
         return Shipper(cfg, self.buffer, lanes, converter, spool=stage, stages=[ProgressStage(self._progress)])
 
+    def _last_seq(self, spool: Spool | None, folder: str) -> int:
+        """A judge numbers after every batch its folder ever held (its tally says so where the spool is not ours)."""
+        if not self._judge or not folder:
+            return 0
+        return max(spool.last_seq if spool is not None else 0, read_tally(folder).seq)
+
     def _open_spool(self, cfg: AsyncLogConfig, name: str) -> Spool | None:
-        """Its own folder under the run's spool, locked while it lives; None (no spool) if the disk refuses."""
-        try:
-            spool = Spool(self._folder, max_bytes=cfg.spool_max_bytes, segment_bytes=cfg.spool_segment_bytes,
-                          fsync_s=cfg.spool_fsync_s)
-            write_mark(self._folder, name, self.sender)
-            return spool
-        except (OSError, ConfigError) as exc:  # ConfigError: locked (a judge's folder, which a replay reads)
-            log.warning("tracklane: producer %s cannot spool in %s (%s); what it ships lives only in Ray",
-                        self.sender, self._folder, exc)
-            self._folder = ""
-            return None
+        """Its own folder under the run's spool, locked while it lives; None (no spool) if the disk refuses. A
+        judge's folder may still be locked by its predecessor (a killed run's actor, until its process is gone):
+        it waits for it, up to ``_LOCKED_WAIT_S``."""
+        waited_until = time.monotonic() + (_LOCKED_WAIT_S if self._judge else 0.0)
+        while True:
+            try:
+                return self._spool_in_folder(cfg, name)
+            except ConfigError as exc:  # locked
+                if time.monotonic() < waited_until:
+                    time.sleep(0.2)
+                    continue
+                error: Exception = exc
+            except OSError as exc:
+                error = exc
+            break
+        log.warning("tracklane: producer %s cannot spool in %s (%s); what it ships lives only in Ray", self.sender,
+                    self._folder, error)
+        self._folder = ""
+        return None
+
+    def _spool_in_folder(self, cfg: AsyncLogConfig, name: str) -> Spool:
+        spool = Spool(self._folder, max_bytes=cfg.spool_max_bytes, segment_bytes=cfg.spool_segment_bytes,
+                      fsync_s=cfg.spool_fsync_s)
+        write_mark(self._folder, name, self.sender)
+        return spool
 
     def _open_tally(self) -> Tally | None:
         try:
