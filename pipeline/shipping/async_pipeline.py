@@ -113,7 +113,7 @@ class AsyncPipeline:
         options = lane_actor_options(cfg.actor_options, cfg.max_restarts, trainer_node)
         hub = ""
         if _is_judge(sink_class):  # the lanes made before it, held by the hub for it (no node metrics: run "")
-            ray.get(self._hub_actor().hold_spec.remote(name, self._spec(self._lanes, run=("", 0.0))))
+            self._hub_actor().hold_spec.remote(name, self._spec(self._lanes, run=("", 0.0)))  # never waited for
             hub = self._hub_name
         actor = ray.remote(LaneActor).options(**options).remote(name, opening.pack(), hub)
         lane = TrackerLane(name, actor, StreamSettings.of(cfg), reload=SpoolReloader(spooling.spool),

@@ -58,8 +58,9 @@ class ProducerHub:
     def hold_spec(self, lane: str, spec: ProducerSpec) -> None:
         self._specs[lane] = spec
 
-    def spec_for(self, lane: str) -> ProducerSpec:
-        return self._specs[lane]
+    def spec_for(self, lane: str) -> ProducerSpec | None:
+        """None until rank 0's ``hold_spec`` for it arrived (rank 0 never waits for the hub to start)."""
+        return self._specs.get(lane)
 
     def update(self, sender: str, figures: bytes) -> None:
         self._figures[sender] = msgpack.unpackb(figures, raw=False)

@@ -39,6 +39,7 @@ from tracklane.wire.ack import pack_ack
 from tracklane.wire.batch import decode_batch
 from tracklane.wire.opening import LaneOpening
 
+_HUB_WAIT_S = 600.0  # a busy node starts the hub late; Ray restarts a judge that gives up
 _EMITTER_CLOSE_S = 1.0  # rank 0's close waited for what the judge emitted; what a tracker lacks stays on its disk
 
 
@@ -236,13 +237,27 @@ def _own(sender: str) -> str:
 
 def _judge_emitter(lane: str, sink: Sink, hub: str) -> JudgeEmitter | None:
     """A judge's way into the trackers: what it emits into, asked of the run's hub by its name."""
-    import ray
-
     if not hub or not isinstance(sink, Judging):
         return None
-    emitter = JudgeEmitter(lane, cast(ProducerSpec, ray.get(ray.get_actor(hub).spec_for.remote(lane))), sink.judged)
+    emitter = JudgeEmitter(lane, _spec_from(hub, lane), sink.judged)
     sink.judge_into(emitter)
     return emitter
+
+
+def _spec_from(hub: str, lane: str) -> ProducerSpec:
+    """The judge's spec, as rank 0 left it with the hub (the hub may still be starting, its name not yet known)."""
+    import ray
+
+    deadline = time.monotonic() + _HUB_WAIT_S
+    while True:
+        try:
+            spec: Any = ray.get(ray.get_actor(hub).spec_for.remote(lane), timeout=max(1.0, deadline - time.monotonic()))
+            if spec is not None:
+                return cast(ProducerSpec, spec)
+        except (ValueError, ray.exceptions.GetTimeoutError):  # no actor by that name yet; slow to answer
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(0.2)
 
 
 def _in_ray_actor() -> bool:
