@@ -21,10 +21,8 @@ from tracklane.capture.rich import RecordLimits
 from tracklane.config.async_log import AsyncLogConfig
 from tracklane.core.acks import Ack
 from tracklane.core.errors import ConfigError
-from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.records import Record, RunSpec
-from tracklane.core.reduction import LANE as REDUCE_LANE
-from tracklane.core.report import LaneInfo, LaneReport, PipelineReport, ReductionReport
+from tracklane.core.report import LaneInfo, LaneReport, PipelineReport
 from tracklane.host.registry import backend_traits
 from tracklane.host.sink import Judging
 from tracklane.host.sink_host import SinkHost
@@ -34,11 +32,12 @@ from tracklane.sync_spool import SyncSpool
 class SyncPipeline:
     def __init__(self, cfg: AsyncLogConfig, limits: RecordLimits, run: RunSpec,
                  backends: dict[str, tuple[type, dict[str, Any]]]) -> None:
-        host_class = SinkHost
-        self._hosts = {name: host_class(name, cls(run, settings), cfg.sink_retries, cfg.retry_backoff_s)
+        self._hosts = {name: SinkHost(name, cls(run, settings), cfg.sink_retries, cfg.retry_backoff_s)
                        for name, (cls, settings) in backends.items()}
         self.vitals: dict[str, float | int] = {}  # nothing queues on this path: no lag, no queue
-        self._converter = Converter(limits, backends=list(backends), traits=backend_traits(backends))
+        traits = backend_traits(backends)
+        self._judges = [name for name in backends if name in traits["judges"]]
+        self._converter = Converter(limits, backends=list(backends), traits=traits)
         self._chunk_bytes = cfg.max_batch_bytes
         self._late_drops = 0
         self._last_step: Any = None
@@ -46,12 +45,11 @@ class SyncPipeline:
             if cfg.spool_dir else None
         for host in self._hosts.values():
             host.open()
-        # the judges (trainer.async_log.reductions, trainer.health.enabled) emit straight into the other sinks: the
-        # health judge into the trackers', the reduce judge into those and the health judge's
-        for name, host in self._hosts.items():
-            if isinstance(host.sink, Judging):
-                targets = [n for n in self._hosts if n != name and (name == REDUCE_LANE or not _judges(self._hosts[n]))]
-                host.sink.judge_into(_InProcess(self, targets))
+        # the judges (trainer.async_log.reductions, trainer.health.enabled), last in the run, emit straight into the
+        # sinks before them (host/registry.py JUDGES)
+        names = list(self._hosts)
+        for name in self._judges:
+            cast(Judging, self._hosts[name].sink).judge_into(_InProcess(self, names[:names.index(name)]))
 
     def put(self, item: Captured) -> None:
         """Write one captured item into every tracker it is addressed to, in turn."""
@@ -110,17 +108,12 @@ class SyncPipeline:
 
     def _report(self, started: float) -> PipelineReport:
         spool = self._spool.report() if self._spool is not None else None
-        return self._converter.counted(PipelineReport(
+        report = PipelineReport(
             lanes={name: _lane_report(name, host.ack(handed=0)) for name, host in self._hosts.items()},
-            reductions=ReductionReport.of(self._judged(REDUCE_LANE)) if REDUCE_LANE in self._hosts else None,
-            alerts=list(self._judged(HEALTH_LANE).get("alerts", [])),
             dropped_records=self._late_drops, elapsed_s=time.monotonic() - started, spool=spool,
-            spooled=dict(self._spool.records) if self._spool is not None else {}))
-
-
-    def _judged(self, name: str) -> dict[str, Any]:
-        host = self._hosts.get(name)
-        return cast(Judging, host.sink).judged() if host is not None else {}
+            spooled=dict(self._spool.records) if self._spool is not None else {})
+        report.take_judged({name: cast(Judging, self._hosts[name].sink).judged() for name in self._judges}, self._judges)
+        return self._converter.counted(report)
 
 
 class _InProcess:
@@ -134,10 +127,6 @@ class _InProcess:
 
     def keep(self) -> None:
         pass  # written already
-
-
-def _judges(host: SinkHost) -> bool:
-    return isinstance(host.sink, Judging)
 
 
 def _lane_report(name: str, ack: Ack) -> LaneReport:

@@ -35,14 +35,12 @@ from tracklane.config.console import console_config
 from tracklane.config.health import health_config
 from tracklane.config.prometheus import prometheus_config
 from tracklane.core.errors import ConfigError
-from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.params import plain_config
 from tracklane.core.records import RunSpec
 from tracklane.core.reduction import DECLARE, FINISH
-from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import LaneInfo, PipelineReport
 from tracklane.core.values import as_number
-from tracklane.host.registry import BACKENDS, backend_names, resolve_backends, skip_platform
+from tracklane.host.registry import BACKENDS, backend_names, resolve_backends, skip_platform, with_judges
 from tracklane.log_calls import LogCalls
 from tracklane.pipe import open_pipe
 from tracklane.producer import Producer
@@ -89,10 +87,8 @@ class Tracking(LogCalls):
         """name -> (sink class, settings) for the backends this platform runs, the reduce lane last; the others
         are warned about and kept in ``_skipped_backends`` for the report."""
         names, self._skipped_backends = skip_platform(backend_names(default_backend))
-        if self._cfg.reductions:
-            names = [name for name in names if name != REDUCE_LANE] + [REDUCE_LANE]
-        if self._health_rules.enabled:  # its rules judge the step metrics in a lane of their own (config/health.py)
-            names = [name for name in names if name != HEALTH_LANE] + [HEALTH_LANE]
+        # the health rules judge the step metrics in a lane of their own (config/health.py)
+        names = with_judges(names, reduce=self._cfg.reductions, health=self._health_rules.enabled)
         for name, why in self._skipped_backends.items():
             log.warning("tracklane: backend %s %s", name, why)
         return resolve_backends(names, self.run, os.environ, trainer)
@@ -139,8 +135,7 @@ class Tracking(LogCalls):
         if axis is not None and (not isinstance(axis, str) or not re.fullmatch(r"[A-Za-z0-9_./-]{1,128}", axis)):
             raise ConfigError(f"a producer axis must be 1-128 letters, digits, '_', '.', '/' or '-', got {axis!r}")
         spec = self._pipe.producer_spec()
-        if REDUCE_LANE in self.backends:  # the reducer waits for a producer of this name (core/reduction.py)
-            self._put((0, (DECLARE, {name: 0}), time.time(), None, REDUCE_NOTICE, 64))
+        self._put((0, (DECLARE, {name: 0}), time.time(), None, REDUCE_NOTICE, 64))  # the reducer waits for its name
         return Producer(name, spec, key_prefix=key_prefix, axis=axis)
 
     def vitals(self) -> dict[str, float | int]:
@@ -177,8 +172,7 @@ class Tracking(LogCalls):
             return self._report
         deadline = self._cfg.finish_timeout_s if timeout is None else timeout
         run_post.remove(getattr(self, "_post", None))  # no worker starts tracing into a run that is closing
-        if REDUCE_LANE in self.backends:  # the reduce judge completes every open step (shipped before the close)
-            self._put((0, (FINISH, {}), time.time(), None, REDUCE_NOTICE, 64))
+        self._put((0, (FINISH, {}), time.time(), None, REDUCE_NOTICE, 64))  # the reducer completes every open step
         report = self._report = self._with_own_figures(self._pipe.close(exit_code, deadline))
         _unfinished.pop(self, None)
         if report.complete:

@@ -27,7 +27,6 @@ from tracklane.capture.captured import (
 from tracklane.capture.rich import RecordLimits, RichConverter, thin_indices
 from tracklane.capture.verl_line import verl_data
 from tracklane.core.records import SYSTEM_AXIS, Artifact, Generations, Image, Metrics, Record, Reduction, Trajectories
-from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.reduction import PART, check_ops
 from tracklane.core.report import PipelineReport
 from tracklane.core.trajectory_lines import TrajectoryLines
@@ -61,6 +60,7 @@ class Converter:
         self._pieces = traits.get("takes_pieces", frozenset())
         self._verl_lines = traits.get("writes_verl_lines", frozenset())
         self.judges = traits.get("judges", frozenset())
+        self._reducing = bool(traits.get("reduces"))
         self.metrics = MetricCleaner()
         self.rich = RichConverter(limits.widest(self._backends))  # the batch carries what the most generous keeps
         self.sampled_out_by: dict[str, int] = {}
@@ -205,12 +205,13 @@ class Converter:
         step = self._step(raw_step, kind)
         if step is None:
             return []
-        if REDUCE_LANE not in self._backends:
-            self._reject(kind, "reduce= needs the reduce lane: set trainer.async_log.reductions: true")
+        if not self._reducing:  # rank 0's notices need no reducer; a producer's values do
+            if kind != REDUCE_NOTICE:
+                self._reject(kind, "reduce= needs the reduce lane: set trainer.async_log.reductions: true")
             return []
         if kind == REDUCE_NOTICE:
             role, values = payload
-            return [Reduction(step=step, time=when, role=role, values=values, only=[REDUCE_LANE])]
+            return [Reduction(step=step, time=when, role=role, values=values)]
         data, reduce, keep, axis = payload
         if axis is not None or self._axis is not None:
             self._reject(kind, "reduce= reduces over the trainer's step: not on an axis of its own")
@@ -221,8 +222,7 @@ class Converter:
         except ValueError as exc:
             self._reject(kind, str(exc))
             return []
-        records: list[Record] = [Reduction(step=step, time=when, role=PART, values=values, op=op, ops=ops,
-                                           only=[REDUCE_LANE])]
+        records: list[Record] = [Reduction(step=step, time=when, role=PART, values=values, op=op, ops=ops)]
         if keep:
             records.append(Metrics(step=step, values=self.metrics.clean(data, self._prefix or "rank0/"), time=when,
                                    only=_only(backend)))

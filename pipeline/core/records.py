@@ -15,6 +15,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from tracklane.core import reduction
 from tracklane.core.errors import CodecError
 from tracklane.core.histogram import HistogramFigures, histogram_figures
 
@@ -248,7 +249,7 @@ class Reduction:
     """part: key -> number; declare: producer name -> 0; ended: sender id -> its last batch; else empty."""
     op: str = ""
     ops: dict[str, str] = field(default_factory=dict)
-    only: list[str] | None = None
+    only: list[str] | None = field(default_factory=lambda: [reduction.LANE])
 
     kind = "reduction"
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracklane.core import health_rules, reduction
 from tracklane.core.acks import Ack
 
 
@@ -211,6 +213,13 @@ class PipelineReport:
     spooled: dict[str, int] = field(default_factory=dict)
     """The synchronous path: records each tracker did not take after its retries (also counted failed in its
     lane), kept in ``spool`` for ``tracklane replay``."""
+
+    def take_judged(self, judged: dict[str, dict[str, Any]], judges: Iterable[str]) -> None:
+        """The figures the run's ``judges`` (their lanes) last told the hub (``judged``: lane -> figures)."""
+        judges = set(judges)
+        if reduction.LANE in judges:
+            self.reductions = ReductionReport.of(judged.get(reduction.LANE, {}))
+        self.alerts = list(judged.get(health_rules.LANE, {}).get("alerts", []))
 
     @property
     def complete(self) -> bool:

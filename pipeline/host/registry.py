@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from tracklane.core import health_rules, reduction
 from tracklane.core.errors import ConfigError, MissingExtraError
 from tracklane.core.records import RunSpec
 
@@ -155,7 +156,18 @@ def resolve_backends(names: list[str], run: RunSpec, env: Mapping[str, str],
     return {name: (cls, cls.resolve(run, env, trainer)) for name, cls in classes.items()}
 
 
-TRAITS = ("takes_pieces", "writes_verl_lines", "judges")
+JUDGES = (health_rules.LANE, reduction.LANE)
+"""The judges' backends, last in a run and in this order: each emits into the lanes before it (the health rules
+judge the reduced points too)."""
+
+
+def with_judges(names: list[str], **switched_on: bool) -> list[str]:
+    """``names`` with the judges last, in ``JUDGES``' order: those named and those ``switched_on`` (by their names)
+    by the config."""
+    return [n for n in names if n not in JUDGES] + [j for j in JUDGES if j in names or switched_on.get(j)]
+
+
+TRAITS = ("takes_pieces", "writes_verl_lines", "judges", "reduces")
 """The sinks' class-level traits (host/sink.py) the trainer side shapes records by."""
 
 

@@ -75,6 +75,9 @@ class Sink:
     judges: ClassVar[bool] = False
     """No tracker but a judge (``Judging``): it takes the step metrics (and rank 0's notices), never samples, media or
     artifacts, and what it computes it emits into the trackers as a sender of its own."""
+    reduces: ClassVar[bool] = False
+    """The run's reducer (a judge): ``log(..., reduce=)`` values and rank 0's notices (``Reduction`` records) go to
+    it alone; a run without one refuses the values and leaves the notices out."""
     takes_pieces: ClassVar[bool] = False
     """It adds up a step's samples (rollouts, generations) logged in several records of one key: a dump too big to
     ship at once reaches it a chunk at a time. Trackers that store one document per key and step get it whole."""

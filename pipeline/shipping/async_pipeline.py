@@ -75,12 +75,11 @@ class AsyncPipeline:
         self._producers = ProducersStage()  # rank 0's stages: _stages
         self._hub: Any = None  # made with the first producer (or judge)
         self._hub_name = ""
-        self._health_rules = backends[HEALTH_LANE][1].get("rules") if HEALTH_LANE in backends else None
         self._lanes = self._make_lanes(backends, cfg, run, spooling, trainer_node, env)
         self.buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
         converter = Converter(limits, backends=list(self._lanes), traits=self._traits)
         self._shipper = Shipper(cfg, self.buffer, self._lanes, converter, spool=SpoolKeeper(spooling, cfg.spool_max_bytes),
-                                tracker_calls=TrackerCalls(), stages=self._stages(cfg, spooling))
+                                tracker_calls=TrackerCalls(), stages=self._stages(cfg, spooling, backends))
         self._shipper.start()
         # log()'s one call into the pipeline; log_trajectories()'s and the other bulk kinds' (BULK_KINDS)
         self.put, self.put_bulk = self.buffer.put, self.buffer.put_bulk
@@ -89,13 +88,11 @@ class AsyncPipeline:
 
     def _make_lanes(self, backends: dict[str, tuple[type, dict[str, Any]]], cfg: AsyncLogConfig, run: RunSpec,
                     spooling: Spooling, trainer_node: str, env: Mapping[str, str]) -> dict[str, TrackerLane]:
-        """The trackers' lanes first: each judge emits into those made before it (the health judge, made before the
-        reduce judge, judges the reduced points too). In the run's order, for the reports."""
+        """In the run's order: the judges last (host/registry.py JUDGES), each emitting into the lanes made before it."""
         self._lanes = {}
-        for name in sorted(backends, key=lambda n: (_is_judge(backends[n][0]), n != HEALTH_LANE)):
-            sink_class, settings = backends[name]
+        for name, (sink_class, settings) in backends.items():
             self._lanes[name] = self._lane(name, sink_class, settings, cfg, run, spooling, trainer_node, env)
-        return {name: self._lanes[name] for name in backends}
+        return self._lanes
 
     def _lane(self, name: str, sink_class: type, settings: dict[str, Any], cfg: AsyncLogConfig, run: RunSpec,
               spooling: Spooling, trainer_node: str, env: Mapping[str, str]) -> TrackerLane:
@@ -104,7 +101,8 @@ class AsyncPipeline:
         import ray
 
         state_dir = spooling.state_dir
-        if _is_judge(sink_class):  # its state beside the lanes' own (workers/sinks/reduce.py, health.py)
+        judge = name in self._traits["judges"]
+        if judge:  # its state beside the lanes' own (workers/sinks/reduce.py, health.py)
             settings = {**settings, "state_path": os.path.join(state_dir, f"{name}.judge")}
         opening = LaneOpening(backend=name, run=run, settings=settings, state_dir=state_dir,
                               sink_retries=cfg.sink_retries, retry_backoff_s=cfg.retry_backoff_s,
@@ -112,7 +110,7 @@ class AsyncPipeline:
                               stored=spooling.stored_copies.get(name, {}), env=lane_env(cfg.actor_options, env))
         options = lane_actor_options(cfg.actor_options, cfg.max_restarts, trainer_node)
         hub = ""
-        if _is_judge(sink_class):  # the lanes made before it, held by the hub for it (no node metrics: run "")
+        if judge:  # the lanes made before it, held by the hub for it (no node metrics: run "")
             self._hub_actor().hold_spec.remote(name, self._spec(self._lanes, run=("", 0.0)))  # never waited for
             hub = self._hub_name
         actor = ray.remote(LaneActor).options(**options).remote(name, opening.pack(), hub)
@@ -121,19 +119,20 @@ class AsyncPipeline:
         lane.preload(spooling.pending.get(name, ()), through=spooling.first_seq)
         return lane
 
-    def _stages(self, cfg: AsyncLogConfig, spooling: Spooling) -> list[Stage]:
+    def _stages(self, cfg: AsyncLogConfig, spooling: Spooling, backends: dict[str, tuple[type, dict[str, Any]]],
+                ) -> list[Stage]:
         """Rank 0's stages (stages.py): its producers and judges, the spools of producers that die (orphans.py,
         under the run's spool), its copy of the lanes' states, what the reduce judge hears of ended producers, and
         rank 0's own health rules."""
         actors = {name: lane.actor for name, lane in self._lanes.items()}
-        ended = EndedStage(self._producers) if REDUCE_LANE in self._lanes else None
+        ended = EndedStage(self._producers, REDUCE_LANE) if REDUCE_LANE in self._lanes else None
         orphans = Orphans(producers_dir(spooling.spool.directory), actors, StreamSettings.of(cfg),
-                          on_gone=ended.ended if ended is not None else None, others=spooling.others_stored)
+                          on_gone=ended.gone if ended is not None else None, others=spooling.others_stored)
         stages: list[Stage] = [self._producers, OrphansStage(orphans), StoredCopiesStage(StoredCopies(spooling.spool.directory))]
         if ended is not None:
             stages.append(ended)
-        if HEALTH_LANE in self._lanes:
-            stages.append(RunRulesStage(RunRules(rule_settings(self._health_rules))))
+        if (health := backends.get(HEALTH_LANE)) is not None:  # the health judge's settings hold the rules
+            stages.append(RunRulesStage(RunRules(rule_settings(health[1].get("rules")))))
         return stages
 
     def producer_spec(self) -> ProducerSpec:
@@ -193,10 +192,6 @@ class AsyncPipeline:
         if console is not None and TERMINAL.dropped_chars:  # stdout did not keep up: said in the summary too
             console.cuts["stdout_chars_dropped"] = TERMINAL.dropped_chars
         return report
-
-
-def _is_judge(sink_class: type) -> bool:
-    return bool(getattr(sink_class, "judges", False))
 
 
 def _priority(sink_class: type, background: str | int) -> str | int:

@@ -17,7 +17,6 @@ import msgpack
 
 from tracklane.capture.rich import RecordLimits
 from tracklane.config.async_log import AsyncLogConfig
-from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import ProducerReport
 
 log = logging.getLogger("tracklane")
@@ -210,13 +209,13 @@ class HubWatch:
                 out[sender] = wanted
         return out
 
-    def closed(self) -> dict[str, int]:
-        """sender id -> the last batch it handed the reduce lane, for the producers that closed, as the hub last
-        said (never blocks)."""
+    def closed(self, lane: str) -> dict[str, int]:
+        """sender id -> the last batch it handed ``lane``, for the producers that closed, as the hub last said (never
+        blocks)."""
         view = self._poll()
         if view is None:
             return {}
-        return {sender: int(f["lanes"].get(REDUCE_LANE, {}).get(sender, 0))
+        return {sender: int(f["lanes"].get(lane, {}).get(sender, 0))
                 for sender, f in msgpack.unpackb(view, raw=False).items() if f["closed"]}
 
     def reports(self, lanes: dict[str, Any], final: bool, timeout: float = 2.0) -> dict[str, ProducerReport]:

@@ -236,11 +236,13 @@ def _own(sender: str) -> str:
 
 
 def _judge_emitter(lane: str, sink: Sink, hub: str) -> JudgeEmitter | None:
-    """A judge's way into the trackers: what it emits into, asked of the run's hub by its name."""
-    if not hub or not isinstance(sink, Judging):
+    """A judge's way into the trackers (rank 0 names a hub to judges only: ``judges``, host/sink.py): what it
+    emits into, asked of the run's hub by its name."""
+    if not hub:
         return None
-    emitter = JudgeEmitter(lane, _spec_from(hub, lane), sink.judged)
-    sink.judge_into(emitter)
+    judge = cast(Judging, sink)
+    emitter = JudgeEmitter(lane, _spec_from(hub, lane), judge.judged)
+    judge.judge_into(emitter)
     return emitter
 
 

@@ -27,7 +27,6 @@ import msgpack
 
 from tracklane.core.errors import ConfigError
 from tracklane.core.files import write_atomically
-from tracklane.core.reduction import LANE as REDUCE_LANE
 from tracklane.core.report import ProducerReport
 from tracklane.shipping.hub import is_judge
 from tracklane.shipping.spool_keeper import SpoolReloader
@@ -35,7 +34,7 @@ from tracklane.shipping.stream import StreamSettings
 from tracklane.shipping.streams import TrackerLane
 from tracklane.spool.producers import read_mark, read_tally
 from tracklane.spool.recovery import held_back
-from tracklane.spool.segments import Spool
+from tracklane.spool.segments import Spool, SpoolEntry
 
 log = logging.getLogger("tracklane")
 
@@ -130,10 +129,10 @@ class Orphans:
     """The producers' folder of one run, watched by rank 0's shipper thread."""
 
     def __init__(self, directory: str, actors: dict[str, Any], settings: StreamSettings,
-                 on_gone: Callable[[str, int], None] | None = None,
+                 on_gone: Callable[[str, list[SpoolEntry]], None] | None = None,
                  others: dict[str, dict[str, int]] | None = None) -> None:
         """``actors``: lane name -> its lane actor; ``settings``: the lanes' bounds (rank 0's); ``on_gone(sender,
-        last batch)``: told of each producer found gone (the reduce lane stops waiting for it once that arrived);
+        its spooled batches)``: told of each producer found gone (the reduce judge stops waiting for it);
         ``others``: the run's trackers this process does not deliver to (recovery.py ``others_stored``)."""
         self._others = others or {}
         self._on_gone = on_gone
@@ -183,7 +182,7 @@ class Orphans:
         if done is not None:  # delivered by an earlier process of this run: its figures only
             self._adopted[name] = _Adoption(folder, None, done, {})
             if self._on_gone is not None:
-                self._on_gone(done.sender, 0)
+                self._on_gone(done.sender, [])
             return
         try:
             spool = Spool(folder, max_bytes=2**62)  # never evicts: it only shrinks
@@ -205,9 +204,8 @@ class Orphans:
         lanes = {lane: TrackerLane(lane, actor, self._settings, reload=SpoolReloader(spool), sender=mark["sender"])
                  for lane, actor in self._actors.items()}
         self._adopted[name] = _Adoption(folder, spool, figures, lanes, self._others)
-        if self._on_gone is not None:  # its last batch for the reduce lane (the spool forgot those it stored)
-            self._on_gone(mark["sender"], max((e.seq for e in entries if not e.bulk and (
-                e.audience is None or REDUCE_LANE in e.audience)), default=0))
+        if self._on_gone is not None:
+            self._on_gone(mark["sender"], entries)
         if figures.batches or figures.unshipped or tally.unspooled:
             log.warning("tracklane: producer %s is gone; rank 0 delivers its %d spooled batch(es) where they are "
                         "missing (%d of its calls never reached its spool)", mark["sender"], figures.batches,

@@ -22,16 +22,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tracklane.core.alerts import Alerts
-from tracklane.core.health_rules import LANE as HEALTH_LANE
 from tracklane.core.health_rules import LaneHealth, RunRules
 from tracklane.core.records import Record, Reduction, Text
 from tracklane.core.reduction import ENDED
-from tracklane.core.reduction import LANE as REDUCE_LANE
-from tracklane.core.report import PipelineReport, ReductionReport
+from tracklane.core.report import PipelineReport
 from tracklane.shipping.barrier import ANSWER_S, Barrier, producers_settled
 from tracklane.shipping.hub import HubWatch
 from tracklane.shipping.orphans import Orphans
 from tracklane.spool.lane_state import StoredCopies
+from tracklane.spool.segments import SpoolEntry
 
 if TYPE_CHECKING:
     from tracklane.shipping.streams import TrackerLane
@@ -103,11 +102,7 @@ class ProducersStage(Stage):
         if self.hub is not None:
             wait = max(0.1, min(2.0, barrier.deadline + ANSWER_S / 2 - time.monotonic()))  # finish's deadline holds
             report.producers = self.hub.reports(loop.lanes, final=barrier.closing, timeout=wait)
-            judged = self.hub.judged()
-            if REDUCE_LANE in loop.lanes:
-                report.reductions = ReductionReport.of(judged.get(REDUCE_LANE, {}))
-            if HEALTH_LANE in loop.lanes:
-                report.alerts = list(judged.get(HEALTH_LANE, {}).get("alerts", []))
+            report.take_judged(self.hub.judged(), loop.lanes)
 
 
 class OrphansStage(Stage):
@@ -136,24 +131,30 @@ class EndedStage(Stage):
     """Rank 0 with a reduce judge: each producer that ended (it closed, or died: its spool found by orphans.py),
     told to the judge with its last batch, so no step waits for it any longer."""
 
-    def __init__(self, producers: ProducersStage) -> None:
-        self._producers = producers
+    def __init__(self, producers: ProducersStage, lane: str) -> None:
+        """``lane``: the reduce judge's."""
+        self._producers, self._lane = producers, lane
         self._told: set[str] = set()
         self._out: list[Record] = []
         self._next_hub_look = 0.0
 
+    def gone(self, sender: str, spooled: list[SpoolEntry]) -> None:
+        """A producer found gone, with what its spool still holds: its last batch for the judge is the last of them
+        it was in (the spool forgot those the judge stored)."""
+        self.ended(sender, max((e.seq for e in spooled if not e.bulk and (e.audience is None or self._lane in
+                                                                          e.audience)), default=0))
+
     def ended(self, sender: str, last_seq: int) -> None:
         if sender not in self._told:
             self._told.add(sender)
-            self._out.append(Reduction(step=0, time=time.time(), role=ENDED, values={sender: last_seq},
-                                       only=[REDUCE_LANE]))
+            self._out.append(Reduction(step=0, time=time.time(), role=ENDED, values={sender: last_seq}))
 
     def round(self, loop: Loop) -> None:
         now = time.monotonic()
         hub = self._producers.hub
         if hub is not None and now >= self._next_hub_look:
             self._next_hub_look = now + 1.0
-            for sender, last in hub.closed().items():
+            for sender, last in hub.closed(self._lane).items():
                 self.ended(sender, last)
         if self._out and not loop.closing:
             records, self._out = self._out, []

@@ -34,7 +34,7 @@ DEFAULT_TIMEOUT_S = 60.0
 
 class ReduceSink(Sink):
     name = "reduce"
-    judges = True
+    judges = reduces = True
 
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
