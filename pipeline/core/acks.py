@@ -123,7 +123,7 @@ class Ack:
 
     def for_sender(self, sender: str) -> Ack:
         """This answer (to the trainer's sender "") as its watermarks stand for another ``sender`` of the same
-        actor: a bulk stream's (shipping/streams.py), told by a flush or a close."""
+        actor: a bulk stream's (shipping/lane.py), told by a flush or a close."""
         handed = self.handed_by_sender.get(sender, 0)
         stored = self.stored_by_sender.get(sender, 0)
         return dataclasses.replace(self, handed=handed, stored=None if stored >= handed else stored, gap=False,

@@ -218,7 +218,7 @@ def _matching(patterns: Iterable[str], values: Mapping[str, Any]) -> list[str]:
 
 
 class LaneHealth(NamedTuple):
-    """What rank 0's rules look at in a lane (shipping/streams.py ``down``, ``lag_s``)."""
+    """What rank 0's rules look at in a lane (shipping/lane.py ``lane_down``, the small stream's lag)."""
 
     down_s: float
     """How long its tracker has been out of reach (0: it takes batches)."""

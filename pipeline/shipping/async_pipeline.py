@@ -23,6 +23,7 @@ from tracklane.node.system_metrics import start_node_sampling
 from tracklane.node.terminal import TERMINAL
 from tracklane.shipping.buffer import RecordBuffer
 from tracklane.shipping.hub import ProducerHub, ProducerSpec
+from tracklane.shipping.lane import Lanes, lane_info, lane_preload, open_lane
 from tracklane.shipping.lane_actor import LaneActor
 from tracklane.shipping.orphans import Orphans
 from tracklane.shipping.shipper import Shipper
@@ -35,8 +36,7 @@ from tracklane.shipping.stages import (
     Stage,
     StoredCopiesStage,
 )
-from tracklane.shipping.stream import StreamSettings
-from tracklane.shipping.streams import TrackerLane
+from tracklane.shipping.stream import Stream, StreamSettings
 from tracklane.shipping.tracker_calls import TrackerCalls
 from tracklane.spool.lane_state import StoredCopies
 from tracklane.spool.producers import producers_dir
@@ -87,7 +87,7 @@ class AsyncPipeline:
         self._sampling = start_node_sampling(self.put, run.run_id, cfg.system_metrics_s, self._started, trainer_node)
 
     def _make_lanes(self, backends: dict[str, tuple[type, dict[str, Any]]], cfg: AsyncLogConfig, run: RunSpec,
-                    spooling: Spooling, trainer_node: str, env: Mapping[str, str]) -> dict[str, TrackerLane]:
+                    spooling: Spooling, trainer_node: str, env: Mapping[str, str]) -> Lanes:
         """In the run's order: the judges last (host/registry.py JUDGES), each emitting into the lanes made before it."""
         self._lanes = {}
         for name, (sink_class, settings) in backends.items():
@@ -95,7 +95,7 @@ class AsyncPipeline:
         return self._lanes
 
     def _lane(self, name: str, sink_class: type, settings: dict[str, Any], cfg: AsyncLogConfig, run: RunSpec,
-              spooling: Spooling, trainer_node: str, env: Mapping[str, str]) -> TrackerLane:
+              spooling: Spooling, trainer_node: str, env: Mapping[str, str]) -> list[Stream]:
         """A tracker's lane actor started (it opens its tracker meanwhile), and its lane, with what the spool holds
         that its tracker lacks."""
         import ray
@@ -114,9 +114,9 @@ class AsyncPipeline:
             self._hub_actor().hold_spec.remote(name, self._spec(self._lanes, run=("", 0.0)))  # never waited for
             hub = self._hub_name
         actor = ray.remote(LaneActor).options(**options).remote(name, opening.pack(), hub)
-        lane = TrackerLane(name, actor, StreamSettings.of(cfg), reload=SpoolReloader(spooling.spool),
+        lane = open_lane(name, actor, StreamSettings.of(cfg), reload=SpoolReloader(spooling.spool),
                            on_output=TERMINAL.write)
-        lane.preload(spooling.pending.get(name, ()), through=spooling.first_seq)
+        lane_preload(lane, spooling.pending.get(name, ()), through=spooling.first_seq)
         return lane
 
     def _stages(self, cfg: AsyncLogConfig, spooling: Spooling, backends: dict[str, tuple[type, dict[str, Any]]],
@@ -124,7 +124,7 @@ class AsyncPipeline:
         """Rank 0's stages (stages.py): its producers and judges, the spools of producers that die (orphans.py,
         under the run's spool), its copy of the lanes' states, what the reduce judge hears of ended producers, and
         rank 0's own health rules."""
-        actors = {name: lane.actor for name, lane in self._lanes.items()}
+        actors = {name: lane[0].actor for name, lane in self._lanes.items()}
         ended = EndedStage(self._producers, REDUCE_LANE) if REDUCE_LANE in self._lanes else None
         orphans = Orphans(producers_dir(spooling.spool.directory), actors, StreamSettings.of(cfg),
                           on_gone=ended.gone if ended is not None else None, others=spooling.others_stored)
@@ -139,9 +139,9 @@ class AsyncPipeline:
         """What a producer of this run needs (``Tracking.producer`` makes the picklable handle of it)."""
         return self._spec(self._lanes, run=(self._run_id, self._started))
 
-    def _spec(self, lanes: dict[str, TrackerLane], run: tuple[str, float]) -> ProducerSpec:
+    def _spec(self, lanes: Lanes, run: tuple[str, float]) -> ProducerSpec:
         """``lanes``' actors, for a producer or a judge."""
-        actors = {name: lane.actor for name, lane in lanes.items()}
+        actors = {name: lane[0].actor for name, lane in lanes.items()}
         return ProducerSpec(lanes=actors, hub=self._hub_actor(), cfg=self._cfg, limits=self._limits, run=run,
                             traits=self._traits)
 
@@ -168,7 +168,7 @@ class AsyncPipeline:
 
     def wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while not all(lane.answered for lane in self._lanes.values()):
+        while not all(lane[0].answered for lane in self._lanes.values()):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
@@ -176,7 +176,7 @@ class AsyncPipeline:
 
     def lanes(self) -> dict[str, LaneInfo]:
         """Each lane's actor as of its latest answer (pid 0 until it answered: ``flush()`` first)."""
-        return {name: lane.info() for name, lane in self._lanes.items()}
+        return {name: lane_info(lane) for name, lane in self._lanes.items()}
 
     def flush(self, timeout: float) -> PipelineReport:
         return self._shipper.flush(timeout)

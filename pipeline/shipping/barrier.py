@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from tracklane.config.async_log import closing_share_s
 from tracklane.core.report import PipelineReport
 from tracklane.shipping.hub import REPORT_EVERY_S, HubWatch, Targets, behind
+from tracklane.shipping.lane import Lanes
 
 ANSWER_S = 0.5
 """How long past its deadline a barrier's answer may take (the report: the producers' last words, the spool's
@@ -140,7 +141,7 @@ class Requests:
         barrier.done.set()
 
 
-def producers_settled(barrier: Barrier, hub: HubWatch | None, lanes: dict[str, Any]) -> bool:
+def producers_settled(barrier: Barrier, hub: HubWatch | None, lanes: Lanes) -> bool:
     """Closing: every live lane has what each producer handed it before finish() (as the hub knew it), and no live
     producer holds records it logged before the close began and has not shipped."""
     if not barrier.closing or hub is None:
@@ -161,5 +162,5 @@ def producers_settled(barrier: Barrier, hub: HubWatch | None, lanes: dict[str, A
             return False
     lagging = behind(lanes, barrier.producer_targets)
     for lane in lagging:
-        lane.refresh()  # ask its actor how far each producer got
+        lane[0].refresh()  # ask its actor how far each producer got
     return not lagging and not barrier.producer_unshipped

@@ -1,7 +1,7 @@
 """The producer's buffer: where ``log()`` leaves records for the shipper thread.
 
 One queue, in the order of the calls: the shipper keeps that order for every tracker's small stream, and sends
-only a dump's big pieces (and artifacts) to the bulk stream, a chunk at a time (shipper.py, streams.py).
+only a dump's big pieces (and artifacts) to the bulk stream, a chunk at a time (shipper.py, lane.py).
 
 The caller's side is one deque append and a counter update, no lock: a lock, a condition or any extra Python on
 that path costs microseconds on this kind of machine. The bound is on estimated bytes. Only when it (or a full

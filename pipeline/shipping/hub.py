@@ -18,6 +18,7 @@ import msgpack
 from tracklane.capture.rich import RecordLimits
 from tracklane.config.async_log import AsyncLogConfig
 from tracklane.core.report import ProducerReport
+from tracklane.shipping.lane import Lanes, LaneStreams, by_sender, lane_dead
 
 log = logging.getLogger("tracklane")
 
@@ -100,7 +101,7 @@ class ProducerFigures:
         return msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
 
 
-def producer_reports(snapshot: bytes, lanes: dict[str, Any]) -> dict[str, ProducerReport]:
+def producer_reports(snapshot: bytes, lanes: Lanes) -> dict[str, ProducerReport]:
     """Rank 0's view of every producer at finish: ``ProducerReport`` by sender id (the judges are reported as what
     they judged: ``judged``)."""
     figures: dict[str, dict[str, Any]] = msgpack.unpackb(snapshot, raw=False)
@@ -108,7 +109,8 @@ def producer_reports(snapshot: bytes, lanes: dict[str, Any]) -> dict[str, Produc
     for sender, f in figures.items():
         if is_judge(sender):
             continue
-        behind = sorted(name for name, lane in lanes.items() if not lane.dead and _lags(lane, f["lanes"].get(name, {})))
+        behind = sorted(name for name, lane in lanes.items()
+                        if not lane_dead(lane) and _lags(lane, f["lanes"].get(name, {})))
         out[sender] = ProducerReport(
             name=f["name"], sender=sender, logged=f["logged"], shipped=f["shipped"],
             dropped=f["buffer_dropped"] + f["lane_dropped"], rejected=f["rejected"], closed=f["closed"],
@@ -129,9 +131,10 @@ def judged(snapshot: bytes | None) -> dict[str, dict[str, Any]]:
             if is_judge(sender)}
 
 
-def _lags(lane: Any, handed: dict[str, int]) -> bool:
+def _lags(lane: LaneStreams, handed: dict[str, int]) -> bool:
     """Whether ``lane``'s actor lacks some of what a producer handed it (stream sender id -> last batch)."""
-    return any(lane.handed_by_sender.get(sender, 0) < seq for sender, seq in handed.items())
+    got = by_sender(lane)
+    return any(got.get(sender, 0) < seq for sender, seq in handed.items())
 
 
 Targets = dict[str, dict[str, int]]
@@ -149,9 +152,9 @@ def targets(snapshot: bytes) -> Targets:
     return out
 
 
-def behind(lanes: dict[str, Any], wanted: Targets) -> list[Any]:
+def behind(lanes: Lanes, wanted: Targets) -> list[LaneStreams]:
     """The live lanes whose actor lacks some of what producers handed them (``targets``)."""
-    return [lane for name, lane in lanes.items() if not lane.dead and _lags(lane, wanted.get(name, {}))]
+    return [lane for name, lane in lanes.items() if not lane_dead(lane) and _lags(lane, wanted.get(name, {}))]
 
 
 class HubWatch:
@@ -218,7 +221,7 @@ class HubWatch:
         return {sender: int(f["lanes"].get(lane, {}).get(sender, 0))
                 for sender, f in msgpack.unpackb(view, raw=False).items() if f["closed"]}
 
-    def reports(self, lanes: dict[str, Any], final: bool, timeout: float = 2.0) -> dict[str, ProducerReport]:
+    def reports(self, lanes: Lanes, final: bool, timeout: float = 2.0) -> dict[str, ProducerReport]:
         """Every producer as the hub last said; ``final``: ask it for the producers' last words first (waiting up to
         ``timeout``)."""
         import ray

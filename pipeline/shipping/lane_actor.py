@@ -227,7 +227,7 @@ class LaneActor:
 
 
 _RANK0 = ("", bulk_sender(""))
-"""Rank 0's two streams (shipping/streams.py)."""
+"""Rank 0's two streams (shipping/lane.py)."""
 
 
 def _own(sender: str) -> str:

@@ -29,9 +29,19 @@ from tracklane.core.errors import ConfigError
 from tracklane.core.files import write_atomically
 from tracklane.core.report import ProducerReport
 from tracklane.shipping.hub import is_judge
+from tracklane.shipping.lane import (
+    Lanes,
+    all_streams,
+    give_up_together,
+    lane_dead,
+    lane_handed,
+    lane_preload,
+    lane_settled,
+    lane_stored,
+    open_lane,
+)
 from tracklane.shipping.spool_keeper import SpoolReloader
 from tracklane.shipping.stream import StreamSettings
-from tracklane.shipping.streams import TrackerLane
 from tracklane.spool.producers import read_mark, read_tally
 from tracklane.spool.recovery import held_back
 from tracklane.spool.segments import Spool, SpoolEntry
@@ -64,7 +74,7 @@ class Adopted:
 
 
 class _Adoption:
-    def __init__(self, folder: str, spool: Spool | None, figures: Adopted, lanes: dict[str, TrackerLane],
+    def __init__(self, folder: str, spool: Spool | None, figures: Adopted, lanes: Lanes,
                  others: dict[str, dict[str, int]] | None = None) -> None:
         """``others``: the run's trackers this process does not deliver to, with what each store holds per sender."""
         self.folder, self.spool, self.lanes, self.figures = folder, spool, lanes, figures
@@ -75,29 +85,32 @@ class _Adoption:
         self._spooled = {e.seq for e in entries}
         self._unspooled = read_tally(folder).unspooled
         for lane in lanes.values():
-            lane.preload(entries)
+            lane_preload(lane, entries)
 
     def pump(self) -> None:
-        for lane in self.lanes.values():
-            lane.pump()
-            if lane.answered and lane.name not in self.figures.lost and not lane.dead:
+        for name, lane in self.lanes.items():
+            for stream in lane:
+                stream.pump()
+            give_up_together(lane)
+            if lane[0].answered and name not in self.figures.lost and not lane_dead(lane):
                 # Before anything is re-sent: how far its batches got, so the refused ones past it are lost.
-                self.figures.lost[lane.name] = sum(records for seq, records in self._unspooled
-                                                   if seq > lane.handed and seq not in self._spooled)
+                self.figures.lost[name] = sum(records for seq, records in self._unspooled
+                                              if seq > lane_handed(lane) and seq not in self._spooled)
         if self.spool is None:
             return
-        self.spool.release(min([self._held, *(lane.stored for lane in self.lanes.values())]))  # a dead one's stays
-        if not self.figures.delivered and self._held >= self.last and all(lane.stored >= self.last for lane in
-                                                                          self.lanes.values()) \
-                and all(lane.dead or lane.name in self.figures.lost for lane in self.lanes.values()):
+        stored = [lane_stored(lane) for lane in self.lanes.values()]
+        self.spool.release(min([self._held, *stored]))  # a dead one's stays
+        if not self.figures.delivered and self._held >= self.last and all(seq >= self.last for seq in stored) \
+                and all(lane_dead(lane) or name in self.figures.lost for name, lane in self.lanes.items()):
             self.forget()
 
     def settled(self) -> bool:
-        return self.figures.delivered or all(lane.settled(self.last) for lane in self.lanes.values())
+        return self.figures.delivered or all(lane_settled(lane, self.last) for lane in self.lanes.values())
 
     def handed_everywhere(self) -> bool:
         """Every tracker of the run was handed all of it by a live lane (the trackers' close stores it)."""
-        return self._held >= self.last and all(not lane.dead and lane.settled(self.last) for lane in self.lanes.values())
+        return self._held >= self.last and all(not lane_dead(lane) and lane_settled(lane, self.last)
+                                               for lane in self.lanes.values())
 
     def forget(self) -> None:
         """Every tracker has it all: the segments go; what it cost stays in the folder for the run's report (a
@@ -153,7 +166,7 @@ class Orphans:
 
     def waitables(self) -> list[Any]:
         return [ref for a in self._adopted.values() if not a.figures.delivered
-                for lane in a.lanes.values() for ref in lane.waitables()]
+                for stream in all_streams(a.lanes) for ref in stream.waitables()]
 
     def settled(self) -> bool:
         """Every folder found so far is in every lane (looked for again if the last look is 0.25 s old: a
@@ -201,7 +214,7 @@ class Orphans:
         entries = spool.entries()
         figures = Adopted(name=mark["name"], sender=mark["sender"], batches=len(entries), logged=tally.puts,
                           dropped=tally.dropped, unshipped=tally.unshipped(spool.last_seq))
-        lanes = {lane: TrackerLane(lane, actor, self._settings, reload=SpoolReloader(spool), sender=mark["sender"])
+        lanes = {lane: open_lane(lane, actor, self._settings, reload=SpoolReloader(spool), sender=mark["sender"])
                  for lane, actor in self._actors.items()}
         self._adopted[name] = _Adoption(folder, spool, figures, lanes, self._others)
         if self._on_gone is not None:
@@ -229,7 +242,8 @@ class Orphans:
             f = adoption.figures
             if not f.batches and not f.unshipped and not any(f.lost.values()):
                 continue  # it closed with everything delivered, or never shipped
-            behind = sorted(n for n, lane in adoption.lanes.items() if not lane.dead and not lane.settled(adoption.last))
+            behind = sorted(n for n, lane in adoption.lanes.items()
+                            if not lane_dead(lane) and not lane_settled(lane, adoption.last))
             base = out.get(f.sender) or ProducerReport(name=f.name, sender=f.sender)
             out[f.sender] = dataclasses.replace(
                 base, logged=max(base.logged, f.logged), unshipped=f.unshipped, closed=False, died=True,

@@ -30,11 +30,11 @@ from tracklane.node.identity import ray_node_id
 from tracklane.node.system_metrics import start_node_sampling
 from tracklane.shipping.buffer import RecordBuffer
 from tracklane.shipping.hub import REPORT_EVERY_S, ProducerFigures, ProducerSpec
+from tracklane.shipping.lane import dropped_records, lane_offered, lane_preload, open_lane
 from tracklane.shipping.shipper import Shipper
 from tracklane.shipping.spool_keeper import SpoolKeeper, SpoolReloader
 from tracklane.shipping.stages import ProgressStage
 from tracklane.shipping.stream import StreamSettings
-from tracklane.shipping.streams import TrackerLane
 from tracklane.spool.logged_steps import LoggedSteps
 from tracklane.spool.producers import Tally, producers_dir, read_tally, write_mark
 from tracklane.spool.recovery import Spooling
@@ -82,7 +82,7 @@ class ProducerPipeline:
         each round. A judge's takes back what its spool holds (``last_seq``: the last batch it ever numbered)."""
         reload = SpoolReloader(spool) if spool is not None else None
         settings = StreamSettings.of(cfg)
-        lanes = {lane: TrackerLane(lane, actor, settings, reload=reload, sender=self.sender) for lane, actor in actors.items()}
+        lanes = {name: open_lane(name, actor, settings, reload=reload, sender=self.sender) for name, actor in actors.items()}
         stage = None
         if spool is not None:
             logged = LoggedSteps.open(spool, True, lambda blob: decode_batch(blob).records) if self._judge else None
@@ -90,7 +90,7 @@ class ProducerPipeline:
                                 self._tally, logged=logged)
             entries = spool.entries()
             for lane in lanes.values():
-                lane.preload(entries, through=last_seq)
+                lane_preload(lane, entries, through=last_seq)
         return Shipper(cfg, self.buffer, lanes, converter, spool=stage, stages=[ProgressStage(self._progress)])
 
     def _last_seq(self, spool: Spool | None, folder: str) -> int:
@@ -148,12 +148,11 @@ class ProducerPipeline:
             return None
         self._last_report = now
         figures = self._figures
-        lanes = [lane.snapshot() for lane in shipper.lanes.values()]
         figures.logged = shipper.taken + len(self.buffer) + self.buffer.dropped
         figures.shipped, figures.seq, figures.rejected = shipper.shipped_records, shipper.seq, shipper.rejected_records
-        figures.lanes = {name: lane.offered() for name, lane in shipper.lanes.items()}
+        figures.lanes = {name: lane_offered(lane) for name, lane in shipper.lanes.items()}
         figures.buffer_dropped = self.buffer.dropped
-        figures.lane_dropped = max((lane.dropped_records for lane in lanes), default=0)
+        figures.lane_dropped = max((dropped_records(lane) for lane in shipper.lanes.values()), default=0)
         figures.judged = self._judged() if self._judged is not None else {}
         try:
             return self._hub.update.remote(self.sender, figures.pack())

@@ -34,10 +34,10 @@ from tracklane.node.busy import ThreadBusy
 from tracklane.shipping.barrier import ANSWER_S, Barrier, Requests
 from tracklane.shipping.buffer import RecordBuffer
 from tracklane.shipping.bulk_queue import BULK_BYTES, BulkQueue
+from tracklane.shipping.lane import Lanes, all_streams, give_up_together, lane_report, lane_settled, lane_stored
 from tracklane.shipping.spool_keeper import SpoolKeeper
 from tracklane.shipping.stages import DeadLanesStage, Stage
-from tracklane.shipping.stream import Entry
-from tracklane.shipping.streams import TrackerLane
+from tracklane.shipping.stream import Entry, Stream
 from tracklane.shipping.tracker_calls import TrackerCalls
 from tracklane.shipping.vitals import read_vitals
 from tracklane.shipping.wakeup import Wakeup
@@ -49,7 +49,7 @@ _IDLE_WAIT_S = 0.2  # longest sleep while nothing is due; bounds how stale vital
 
 
 class Shipper:
-    def __init__(self, cfg: AsyncLogConfig, buffer: RecordBuffer, lanes: dict[str, TrackerLane], converter: Converter, *,
+    def __init__(self, cfg: AsyncLogConfig, buffer: RecordBuffer, lanes: Lanes, converter: Converter, *,
                  spool: SpoolKeeper | None = None, tracker_calls: TrackerCalls | None = None,
                  stages: Sequence[Stage] = ()) -> None:
         """``converter``: captured calls -> records (a producer's puts its name before every key). ``spool``: batches
@@ -82,7 +82,7 @@ class Shipper:
         return self._seq
 
     @property
-    def lanes(self) -> dict[str, TrackerLane]:
+    def lanes(self) -> Lanes:
         return self._lanes
 
     @property
@@ -116,7 +116,9 @@ class Shipper:
                 self._sleep()
                 self._ship(force=bool(self._requests))
                 for lane in self._lanes.values():
-                    lane.pump()
+                    for stream in lane:
+                        stream.pump()
+                    give_up_together(lane)
                 for stage in self._stages:
                     stage.round(self)
                 self._release()
@@ -138,13 +140,13 @@ class Shipper:
         # an empty buffer is not due; a record put meanwhile wakes no one (log() stays lock-free), so look again
         # within an interval: it is shipped no later than one interval after it was logged
         wake_at = [now + self._buffer.due(interval), now + min(_IDLE_WAIT_S, interval)]
-        wake_at += [lane.wake_at() for lane in self._lanes.values()]
+        wake_at += [stream.wake_at() for stream in all_streams(self._lanes)]
         wake_at += [d for b in self._requests.pending() for d in (b.drain_deadline, b.deadline) if d > now]
         self._wakeup.watch(self._waitables())
         self._wakeup.wait(min(wake_at) - now)
 
     def _waitables(self) -> list[Any]:
-        refs = [ref for lane in self._lanes.values() for ref in lane.waitables()]
+        refs = [ref for stream in all_streams(self._lanes) for ref in stream.waitables()]
         refs += [ref for stage in self._stages for ref in stage.waitables()]
         return refs + [ref for barrier in self._requests.pending() for ref in barrier.calls.values() if ref is not None]
 
@@ -190,14 +192,13 @@ class Shipper:
         if records and self._spool is not None and self._spool.logged is not None:
             records = self._spool.logged.keep_new(records)  # rank 0: a resumed run repeats no point of the trainer's
         if records:  # the pipeline's own figures, with every batch of calls (each process's own: not filtered)
-            self.vitals = read_vitals(self._buffer, self._converter, self._lanes.values(), self.late_drops, self._spool)
+            self.vitals = read_vitals(self._buffer, self._converter, self._lanes, self.late_drops, self._spool)
             if self._cfg.log_vitals:
                 records.append(Metrics(step=self.last_step, values=dict(self.vitals), time=time.time()))
         return records, whole
 
     def send(self, records: list[Record], items: int = 0, bulk: bool = False) -> None:
-        """One batch of ``records`` (``bulk``: for the lanes' bulk stream) to the spool and every lane it is for;
-        ``items``: the captured calls it completes."""
+        """One batch of ``records`` (``bulk``: for the bulk streams) to the spool and every stream that takes it."""
         blob = self._encode(records, self._cfg.bulk_compression_level if bulk else self._cfg.compression_level)
         if blob is None:
             return
@@ -205,18 +206,18 @@ class Shipper:
         audience = _audience(records, bulk, self._lanes, self._converter.judges)
         # On disk before any lane can see it; a disk fault leaves it in the lanes' memory only (spool_keeper.py).
         spooled = self._spool is not None and self._spool.append(
-            self._seq, len(records), oldest, blob, self._lanes.values(), bulk, audience,
+            self._seq, len(records), oldest, blob, self._lanes, bulk, audience,
             calls=(self._calls_done, self._calls_done + items, self._buffer.dropped))
         entry = Entry(seq=self._seq, ref=None, nbytes=len(blob), records=len(records), oldest_log_time=oldest,
                       spooled=spooled, bulk=bulk, audience=audience)
         # Into Ray only if a lane holds it in memory: past their bounds, lanes read it back from the spool.
-        if not spooled or any(lane.holds(entry) for lane in self._lanes.values()):
+        if not spooled or any(stream.holds(entry) for stream in all_streams(self._lanes)):
             entry.ref = ray.put(shared(blob))
         self.shipped_records += len(records)
-        for lane in self._lanes.values():
-            if self._cfg.overflow == "block":
-                lane.wait_for_room(entry.nbytes, bulk, time.monotonic() + self._cfg.block_timeout_s, self._wakeup)
-            lane.offer(entry)
+        for stream in all_streams(self._lanes):
+            if self._cfg.overflow == "block" and stream.bulk == bulk:
+                _wait_for_room(stream, entry.nbytes, time.monotonic() + self._cfg.block_timeout_s, self._wakeup)
+            stream.offer(entry)
 
     def _encode(self, records: list[Record], level: int | None) -> bytes | None:
         """The batch's bytes (its seq taken). A record msgpack cannot take (an int past 64 bits, say) is
@@ -235,9 +236,8 @@ class Shipper:
         if self._spool is not None:
             self._spool.release(self._stored_by_all())
 
-    def _stored_by_all(self) -> int:
-        """Every lane's tracker holds the batches up to here: the spool may forget them."""
-        return min((lane.stored for lane in self._lanes.values()), default=self._seq)
+    def _stored_by_all(self) -> int:  # every lane's tracker holds the batches up to here: the spool may forget them
+        return min((lane_stored(lane) for lane in self._lanes.values()), default=self._seq)
 
     # -- barriers ------------------------------------------------------------------------
     def _serve_barriers(self) -> None:
@@ -260,15 +260,15 @@ class Shipper:
     def call_trackers(self, barrier: Barrier) -> dict[str, Any]:
         if barrier.closing:
             self.closing = True
-            for lane in self._lanes.values():
-                lane.freeze()  # nothing may reach a tracker after its close
+            for stream in all_streams(self._lanes):
+                stream.freeze()  # nothing may reach a tracker after its close
         return self._tracker_calls.call(self._lanes, barrier.closing, barrier.exit_code)
 
     def calls_answered(self, barrier: Barrier) -> bool:
         return TrackerCalls.all_answered({name: ref for name, ref in barrier.calls.items() if ref is not None})
 
     def _all_settled(self, target: int) -> bool:
-        return all(lane.settled(target) for lane in self._lanes.values())
+        return all(lane_settled(lane, target) for lane in self._lanes.values())
 
     def answer(self, barrier: Barrier, timed_out: bool) -> None:
         TrackerCalls.take_answers(self._lanes, {n: ref for n, ref in barrier.calls.items() if ref is not None},
@@ -288,7 +288,7 @@ class Shipper:
 
     def _report(self, barrier: Barrier, timed_out: bool) -> PipelineReport:
         report = PipelineReport(
-            lanes={name: lane.snapshot() for name, lane in self._lanes.items()},
+            lanes={name: lane_report(lane) for name, lane in self._lanes.items()},
             buffered_records=len(self._buffer) + len(self._bulk),
             dropped_records=self._buffer.dropped + self.late_drops,
             elapsed_s=time.monotonic() - barrier.started,
@@ -300,7 +300,15 @@ class Shipper:
         return self._converter.counted(report)
 
 
-def _audience(records: list[Record], bulk: bool, lanes: dict[str, TrackerLane], judges: frozenset[str],
+def _wait_for_room(stream: Stream, nbytes: int, deadline: float, wakeup: Wakeup) -> None:
+    """The block policy: pump ``stream`` until it has room for ``nbytes`` or ``deadline`` (time.monotonic) passes."""
+    while not stream.window.has_room(nbytes) and time.monotonic() < deadline:
+        wakeup.watch(stream.waitables())
+        wakeup.wait(min(stream.wake_at(), deadline) - time.monotonic())
+        stream.pump()
+
+
+def _audience(records: list[Record], bulk: bool, lanes: Lanes, judges: frozenset[str],
               ) -> frozenset[str] | None:
     """The lanes with a record in the batch (None: every lane); a bulk batch never goes to a judge."""
     names: set[str] = set()

@@ -13,13 +13,12 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
 from typing import Any
 
 import ray
 
 from tracklane.core.report import SpoolReport
-from tracklane.shipping.streams import TrackerLane
+from tracklane.shipping.lane import Lanes, lost_on_eviction
 from tracklane.spool.durability import Durability
 from tracklane.spool.logged_steps import LoggedSteps
 from tracklane.spool.manifest import MANIFEST
@@ -67,7 +66,7 @@ class SpoolKeeper:
     def durable(self) -> bool:
         return self.durability.on
 
-    def append(self, seq: int, records: int, oldest: float, blob: bytes, lanes: Iterable[TrackerLane], bulk: bool = False,
+    def append(self, seq: int, records: int, oldest: float, blob: bytes, lanes: Lanes, bulk: bool = False,
                audience: frozenset[str] | None = None, calls: tuple[int, int, int] = (0, 0, 0)) -> bool:
         """On disk before any lane can see it: True. False when the disk refused it: the batch is then in the
         lanes' memory only. Batches the spool's bound evicts are lost to lanes that lacked them. ``calls``: the
@@ -79,20 +78,19 @@ class SpoolKeeper:
             self._tally.unspooled(seq, records)
         return spooled
 
-    def _append(self, seq: int, records: int, oldest: float, blob: bytes, lanes: Iterable[TrackerLane], bulk: bool,
+    def _append(self, seq: int, records: int, oldest: float, blob: bytes, lanes: Lanes, bulk: bool,
                 audience: frozenset[str] | None) -> bool:
-        held = list(lanes)
         if not self.durability.due():
             return self._not_spooled(1, records)
         try:
             if not self.durability.on:
-                self._restore(held)
+                self._restore(lanes)
             evicted = self.spool.append(seq, records, oldest, blob, bulk, audience)
         except OSError as exc:
             self.durability.failed(exc)
             return self._not_spooled(1, records)
         self.durability.succeeded()
-        lost = self._forget(evicted, held)
+        lost = self._forget(evicted, lanes)
         self._evicted_lost += max(lost.values(), default=0)
         if any(lost.values()):
             log.warning("tracklane: the spool reached spool_max_bytes=%d and evicted batches %d-%d; records lost "
@@ -100,7 +98,7 @@ class SpoolKeeper:
                         evicted[-1].seq, ", ".join(f"{name} {n}" for name, n in lost.items() if n))
         return True
 
-    def _restore(self, lanes: list[TrackerLane]) -> None:
+    def _restore(self, lanes: Lanes) -> None:
         """Before trying the disk again: make a removed folder again (its manifest too); batches whose files went
         with it before every tracker had them are no longer on disk."""
         gone = [e for e in self.spool.restore() if e.seq > self._released]
@@ -115,12 +113,9 @@ class SpoolKeeper:
                         ", ".join(f"{name} {n}" for name, n in lost.items() if n) or "none")
 
     @staticmethod
-    def _forget(gone: list[SpoolEntry], lanes: list[TrackerLane]) -> dict[str, int]:
+    def _forget(gone: list[SpoolEntry], lanes: Lanes) -> dict[str, int]:
         """These batches left the disk: each lane keeps those it holds in memory; returns what each lost."""
-        if not gone:
-            return {}
-        seqs = {e.seq for e in gone}
-        return {lane.name: lane.evicted(seqs) for lane in lanes}
+        return lost_on_eviction(lanes, {e.seq for e in gone}) if gone else {}
 
     def _not_spooled(self, batches: int, records: int) -> bool:
         self._unspooled_batches += batches

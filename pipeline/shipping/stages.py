@@ -28,12 +28,13 @@ from tracklane.core.reduction import ENDED
 from tracklane.core.report import PipelineReport
 from tracklane.shipping.barrier import ANSWER_S, Barrier, producers_settled
 from tracklane.shipping.hub import HubWatch
+from tracklane.shipping.lane import LaneStreams, by_sender, lane_dead, lane_down
 from tracklane.shipping.orphans import Orphans
 from tracklane.spool.lane_state import StoredCopies
 from tracklane.spool.segments import SpoolEntry
 
 if TYPE_CHECKING:
-    from tracklane.shipping.streams import TrackerLane
+    from tracklane.shipping.lane import Lanes
 
 log = logging.getLogger("tracklane")
 
@@ -41,7 +42,7 @@ class Loop(Protocol):
     """What a stage may ask of the shipper's loop."""
 
     @property
-    def lanes(self) -> dict[str, TrackerLane]: ...
+    def lanes(self) -> Lanes: ...
 
     @property
     def closing(self) -> bool:
@@ -182,10 +183,10 @@ class RunRulesStage(Stage):
         report.alerts = report.alerts + self._alerts.lines()
 
 
-def _lane_health(lane: Any) -> LaneHealth:
+def _lane_health(lane: LaneStreams) -> LaneHealth:
     """What rank 0's rules look at in one lane."""
-    down_s, why = lane.down()
-    return LaneHealth(down_s=down_s, lag_s=lane.lag_s(), down=why)
+    down_s, why = lane_down(lane)
+    return LaneHealth(down_s=down_s, lag_s=lane[0].window.lag_s(), down=why)
 
 
 class StoredCopiesStage(Stage):
@@ -195,8 +196,8 @@ class StoredCopiesStage(Stage):
         self._copies = copies
 
     def round(self, loop: Loop) -> None:
-        for lane in loop.lanes.values():
-            self._copies.update(lane.name, lane.stored_by_sender)
+        for name, lane in loop.lanes.items():
+            self._copies.update(name, by_sender(lane, stored=True))
 
 
 class DeadLanesStage(Stage):
@@ -208,16 +209,16 @@ class DeadLanesStage(Stage):
 
     def round(self, loop: Loop) -> None:
         records: list[Record] = []
-        for lane in loop.lanes.values():
-            if lane.dead and lane.name not in self._told:
-                self._told.add(lane.name)
+        for name, lane in loop.lanes.items():
+            if lane_dead(lane) and name not in self._told:
+                self._told.add(name)
+                error = lane[0].report.error
                 log.warning("tracklane: lane %s gave up: %s; what its tracker lacks stays in the spool for "
-                            "`tracklane replay` and the next resume", lane.name, lane.report.error)
-                others = [name for name in loop.lanes if name != lane.name]  # its own gets what it missed, later
+                            "`tracklane replay` and the next resume", name, error)
+                others = [other for other in loop.lanes if other != name]  # its own gets what it missed, later
                 if others:
-                    records.append(Text(step=loop.last_step, name=f"error/lane/{lane.name}", time=time.time(),
-                                        text=f"tracklane: the {lane.name} lane gave up: {lane.report.error}",
-                                        only=others))
+                    records.append(Text(step=loop.last_step, name=f"error/lane/{name}", time=time.time(),
+                                        text=f"tracklane: the {name} lane gave up: {error}", only=others))
         if records and not loop.closing:
             loop.send(records)
 

@@ -17,10 +17,9 @@ in flight, the probe, the backoff and the outage, and when to give up on it.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +28,12 @@ from ray.exceptions import ActorDiedError, RayActorError
 
 from tracklane.config.async_log import AsyncLogConfig
 from tracklane.core.acks import Ack
-from tracklane.core.report import LaneInfo, LaneReport
+from tracklane.core.report import LaneReport
 from tracklane.shipping.actor_view import LOOK_EVERY_S
 from tracklane.shipping.liveness import Liveness, Outage
 from tracklane.shipping.stream_window import Entry, Reload, StreamWindow
+from tracklane.spool.lane_state import bulk_sender
+from tracklane.spool.segments import SpoolEntry
 from tracklane.wire.ack import unpack_ack
 
 log = logging.getLogger("tracklane")
@@ -67,39 +68,53 @@ class StreamSettings:
 
 class Stream:
     def __init__(self, name: str, actor: Any, settings: StreamSettings, *, reload: Reload | None = None,
-                 sender: str = "", on_output: Callable[[str], None] | None = None) -> None:
-        """``reload``: reads a batch back from the spool (rank 0's lanes). ``sender``: "" for the trainer's lane;
-        a producer's sender id for a producer's lane (its own sequence numbers at the same actor). ``on_output``:
-        where the console's lines go (``Ack.output``: to the terminal, in the order its answers arrive)."""
-        self.name, self.actor, self._sender, self._settings = name, actor, sender, settings
+                 sender: str = "", bulk: bool = False, on_output: Callable[[str], None] | None = None) -> None:
+        """``name``: its tracker's. ``reload``: reads a batch back from the spool. ``sender``: "" for the trainer; else
+        a producer's id (its own sequence numbers at the same actor), plus ``BULK`` for its ``bulk`` stream.
+        ``on_output``: where the console's lines go (``Ack.output``: to the terminal, in the order they arrive)."""
+        self.name, self.actor, self.bulk, self._settings = name, actor, bulk, settings
+        self._sender = bulk_sender(sender) if bulk else sender
         self._on_output = on_output
         self.report = LaneReport(name=name)
         self.window = StreamWindow(settings.max_bytes, self.report, reload)
-        self._outage = Outage(settings.backoff_s, settings.max_backoff_s, settings.max_outage_s)
+        self.outage = Outage(settings.backoff_s, settings.max_backoff_s, settings.max_outage_s)
         # result ref -> seq. A recovery forgets every call: their batches are sent again in order
         # and the actor skips what it was handed already, so an older answer is never needed.
         self._calls: dict[Any, int] = {}
         self._dead, self._frozen = False, False  # frozen: the tracker is being closed
         self._task_errors = 0  # consecutive apply() calls that raised inside the actor
-        self._pid, self._node_id = 0, ""  # of the actor, from its latest answer
+        self.pid, self.node_id = 0, ""  # of the actor, from its latest answer
         self._probe: Any = self._ready()  # the first answer we wait for is the actor opening its tracker
-        self._liveness = Liveness(actor, settings.look_every_s)
+        self.liveness = Liveness(actor, settings.look_every_s)
         # As of the actor's latest answer, the last batch of each sender ("": the trainer's) its tracker was handed,
         # and the last its store holds.
         self.handed_by_sender: dict[str, int] = {}
         self.stored_by_sender: dict[str, int] = {}
         self.answered = False  # its actor answered once (it is up, its tracker opened or failed to); other threads read it
+        self._seen = 0  # the newest batch offered, taken or not
 
     # -- feeding -------------------------------------------------------------------------
-    def fits(self, nbytes: int) -> bool:
-        """Whether a batch of ``nbytes`` fits in the memory bound now (a lane that gave up holds none)."""
-        return self.window.fits(nbytes)
+    def takes(self, entry: Entry | SpoolEntry) -> bool:
+        """Whether a batch is for this stream: of its kind (small or bulk), with a record for its tracker (its
+        ``audience`` leaves it out: the file's share of a dump, when the dashboards keep a sample)."""
+        return entry.bulk == self.bulk and (entry.audience is None or self.name in entry.audience)
 
-    def has_room(self, nbytes: int) -> bool:
-        return self.window.has_room(nbytes)
+    def holds(self, entry: Entry) -> bool:
+        """Whether it would keep ``entry`` in memory: it takes it and it fits the bound (none after giving up)."""
+        return self.takes(entry) and self.window.fits(entry.nbytes)
 
     def offer(self, entry: Entry) -> None:
-        self.window.offer(entry)  # a lane that gave up keeps it on disk (stream_window.py)
+        """Every batch the shipper numbers: this stream keeps those it takes (one that gave up, on disk)."""
+        self._seen = max(self._seen, entry.seq)
+        if self.takes(entry):
+            self.window.offer(entry)
+
+    def preload(self, entries: Iterable[SpoolEntry], through: int = 0) -> None:
+        """Batches an earlier process spooled (those for it). ``through``: the last batch an earlier process
+        numbered; those not in ``entries`` its tracker's store holds already."""
+        entries = list(entries)
+        self.window.preload(e for e in entries if self.takes(e))
+        self._seen = max([self._seen, through] + [e.seq for e in entries])
 
     # -- progress ------------------------------------------------------------------------
     def waitables(self) -> list[Any]:
@@ -134,11 +149,11 @@ class Stream:
         progressed = ack.handed > self.window.handed
         self.accept(ack)
         if ack.held:  # the tracker is down: nothing of the batch was handed; send it again after a backoff
-            self._outage.held()
+            self.outage.held()
             self.report.retries += 1
-            self.report.note_error(f"tracker down, retrying in {self._outage.hold_s:.1f} s: {ack.error}")
+            self.report.note_error(f"tracker down, retrying in {self.outage.hold_s:.1f} s: {ack.error}")
             self._send_again()
-        elif (progressed or not ack.gap) and (down_s := self._outage.over()) is not None:  # the tracker is back
+        elif (progressed or not ack.gap) and (down_s := self.outage.over()) is not None:  # the tracker is back
             self.report.recovered_outages += 1
             log.warning("tracklane: lane %s: the tracker is back after %.1f s down", self.name, down_s)
         if ack.gap:
@@ -160,8 +175,8 @@ class Stream:
         if ack.output and self._on_output is not None:
             self._on_output(ack.output)
         self.window.take(ack.handed, ack.stored_seq)
-        self._pid, self._node_id = ack.pid, ack.node_id
-        self._liveness.answered()
+        self.pid, self.node_id = ack.pid, ack.node_id
+        self.liveness.answered()
         self.handed_by_sender = ack.handed_by_sender
         self.stored_by_sender = ack.stored_by_sender or self.stored_by_sender
         _tell_state_disk(self.name, self.report, ack.state_unsaved_since)
@@ -173,7 +188,7 @@ class Stream:
             return
         self.report.restarts += 1
         self.report.note_error(f"actor restarting after {type(exc).__name__}")
-        self._liveness.waiting()
+        self.liveness.waiting()
         self.window.actor_restarted()
         self._calls.clear()
         self._probe = self._ready()
@@ -181,10 +196,10 @@ class Stream:
     def _dead_for_good(self, exc: Exception) -> bool:
         """A call said the actor died: Ray's view decides whether for good (liveness.py); said again and again while
         Ray still calls it alive, it counts as a failed call."""
-        why = self._liveness.dead_after(exc)
+        why = self.liveness.dead_after(exc)
         self._task_errors += why is None
         if why is None and self._task_errors > _TASK_ERRORS_TOLERATED:
-            why = f"{self._task_errors} calls in a row said the actor died while Ray calls it {self._liveness.view}"
+            why = f"{self._task_errors} calls in a row said the actor died while Ray calls it {self.liveness.view}"
         if why is not None:
             self.give_up(why)
         return why is not None
@@ -192,14 +207,14 @@ class Stream:
     def _check_probe(self) -> None:
         done, _ = ray.wait([self._probe], timeout=0)
         if not done:  # overdue: pending, starting, alive but busy or restarting, it is waited for; dead, given up
-            if (why := self._liveness.overdue_and_dead()) is not None:
+            if (why := self.liveness.overdue_and_dead()) is not None:
                 self.give_up(why)
             return
         try:
             ack = unpack_ack(ray.get(self._probe))
         except ActorDiedError as exc:
             if not self._dead_for_good(exc):
-                self._liveness.waiting()
+                self.liveness.waiting()
                 self._probe = self._ready()
             return
         except RayActorError:
@@ -221,13 +236,13 @@ class Stream:
         if ack.handed < stored and self._probe is None and not self._dead:
             log.warning("tracklane: lane %s%s: its actor's state is behind what the tracker stored (%d < %d); told so",
                         self.name, f" ({self._sender})" if self._sender else "", ack.handed, stored)
-            self._liveness.asked()
+            self.liveness.asked()
             self._probe = self.actor.catch_up.remote(self._sender, stored)
 
     def refresh(self) -> None:
         """Ask the actor for fresh figures (how far each producer got) unless a question is out already."""
         if self._probe is None and not self._dead:
-            self._liveness.asked()
+            self.liveness.asked()
             self._probe = self._ready()
 
     def _ready(self) -> Any:
@@ -243,19 +258,19 @@ class Stream:
         if self._dead:
             return float("inf")
         if self._probe is not None:
-            return self._liveness.look_at
-        return self._outage.until if self._outage.until > time.monotonic() else float("inf")
+            return self.liveness.look_at
+        return self.outage.until if self.outage.until > time.monotonic() else float("inf")
 
     def down(self) -> tuple[float, str]:
         """How long its tracker has been out of reach, and why in words (0, "": it takes batches): the lane gave up,
         its actor has not started (or restarted) yet, or the tracker is down (liveness.py)."""
-        return self._liveness.down(self.report.error, self._outage)
+        return self.liveness.down(self.report.error, self.outage)
 
     def _submit(self) -> None:
         now = time.monotonic()
-        if now < self._outage.until or len(self._calls) >= self._settings.max_inflight:
+        if now < self.outage.until or len(self._calls) >= self._settings.max_inflight:
             return
-        final = self._outage.final(now)
+        final = self.outage.final(now)
         for entry in self.window.to_send():
             previous = self.window.sent
             ref = self.actor.apply.remote(entry.seq, previous, entry.ref, final, self._sender) if self._sender \
@@ -272,7 +287,7 @@ class Stream:
             return
         self.answered = True  # nothing to wait for
         self._dead = True
-        self._liveness.died()
+        self.liveness.died()
         self._probe = None
         self._calls.clear()
         self.report.note_error(why)
@@ -293,25 +308,14 @@ class Stream:
         return self._sender
 
     def settled(self, through_seq: int) -> bool:
-        """True once nothing up to ``through_seq`` waits in this lane (handed, dropped, or the lane gave up)."""
+        """True once nothing up to ``through_seq`` waits in this stream (handed, dropped, or it gave up)."""
         return self.window.settled(through_seq)
 
-    def info(self) -> LaneInfo:
-        return LaneInfo(name=self.name, pid=self._pid, node_id=self._node_id, unstored_bytes=self.window.nbytes)
-
-    def snapshot(self) -> LaneReport:
-        r = self.report
-        r.stored_seq = self.window.stored
-        r.unstored_batches = self.window.batches()
-        r.unstored_records = self.window.records()
-        r.lag_s = self.window.lag_s()
-        r.outage_s, r.outage_total_s = self._outage.down_s, self._outage.before_s + self._outage.down_s
-        r.lag_p50_s, r.lag_p99_s = self.window.lag_percentiles()
-        r.down_s, r.down = self.down()
-        r.first_stored_s = self._liveness.seconds_to(self.window.first_stored_at)
-        r.started_s = self._liveness.seconds_to(self._liveness.first_answer_at)
-        r.gave_up = self._dead
-        return dataclasses.replace(r)
+    def through(self, stored: bool = True) -> int:
+        """Every batch up to here was handed to the tracker (``stored``: is in its store, what the spool may forget),
+        or was not for this stream."""
+        first = self.window.first_pending(stored)
+        return self._seen if first is None else first - 1
 
 
 def _tell_state_disk(name: str, report: LaneReport, unsaved_since: float) -> None:

@@ -47,7 +47,7 @@ class Entry:
     records: int
     oldest_log_time: float  # time.time() of the batch's first log() call
     spooled: bool = True  # on disk (False: the spool's disk refused it, or there is none); only memory holds it
-    bulk: bool = False  # travels in the bulk stream (streams.py)
+    bulk: bool = False  # travels in the bulk stream (lane.py)
     audience: frozenset[str] | None = None  # the lanes it holds records for (None: all)
 
 

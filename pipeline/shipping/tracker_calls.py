@@ -8,7 +8,7 @@ from typing import Any
 import ray
 
 from tracklane.core.acks import Ack
-from tracklane.shipping.streams import TrackerLane
+from tracklane.shipping.lane import Lanes, lane_accept, lane_dead
 from tracklane.wire.ack import unpack_ack
 
 
@@ -17,14 +17,15 @@ class TrackerCalls:
         """``calls_trackers``: rank 0's; False for a producer's shipper, which only drains its lanes."""
         self._calls_trackers = calls_trackers
 
-    def call(self, lanes: dict[str, TrackerLane], closing: bool, exit_code: int) -> dict[str, Any]:
+    def call(self, lanes: Lanes, closing: bool, exit_code: int) -> dict[str, Any]:
         """lane -> the ref of its actor's ``close(exit_code)`` or ``flush()``; dead lanes are not asked."""
         calls: dict[str, Any] = {}
         if not self._calls_trackers:
             return calls
         for name, lane in lanes.items():
-            if not lane.dead:
-                calls[name] = lane.actor.close.remote(exit_code) if closing else lane.actor.flush.remote()
+            if not lane_dead(lane):
+                actor = lane[0].actor
+                calls[name] = actor.close.remote(exit_code) if closing else actor.flush.remote()
         return calls
 
     @staticmethod
@@ -40,28 +41,28 @@ class TrackerCalls:
         return results
 
     @classmethod
-    def take_answers(cls, lanes: dict[str, TrackerLane], calls: dict[str, Any], closing: bool) -> None:
+    def take_answers(cls, lanes: Lanes, calls: dict[str, Any], closing: bool) -> None:
         """Each lane takes its tracker's answer (its watermarks, its figures) or the error that stood in for it; a
         close that did not answer is an error (a flush that did not is only late: the report says timed out)."""
         results = cls.collect(calls)
         for name, result in results.items():
             if isinstance(result, Ack):
-                lanes[name].accept(result)
+                lane_accept(lanes[name], result)
             else:
-                lanes[name].report.note_error(result)
+                lanes[name][0].report.note_error(result)
         for name in calls:
             if name not in results and closing:
-                lanes[name].report.note_error("did not answer before the deadline")
+                lanes[name][0].report.note_error("did not answer before the deadline")
 
     @staticmethod
     def all_answered(calls: dict[str, Any]) -> bool:
         refs = list(calls.values())
         return not refs or len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) == len(refs)
 
-    def end(self, lanes: dict[str, TrackerLane]) -> None:
+    def end(self, lanes: Lanes) -> None:
         """The trackers are closed: end the lane actors (no restart)."""
         for lane in lanes.values() if self._calls_trackers else ():
             try:
-                ray.kill(lane.actor, no_restart=True)
+                ray.kill(lane[0].actor, no_restart=True)
             except Exception:  # already gone
                 pass

@@ -26,7 +26,7 @@ from tracklane.spool.manifest import stored_copy_path
 log = logging.getLogger("tracklane")
 
 BULK = "~bulk"
-"""Suffix of the sender id of a bulk stream (shipping/streams.py); "~" is in no producer name."""
+"""Suffix of the sender id of a bulk stream (shipping/lane.py); "~" is in no producer name."""
 
 
 def bulk_sender(sender: str) -> str:

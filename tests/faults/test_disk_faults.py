@@ -24,6 +24,7 @@ from tracklane.benchmarks import faults
 from tracklane.core.records import Batch, Metrics, RunSpec
 from tracklane.core.report import PipelineReport
 from tracklane.shipping import spool_keeper
+from tracklane.shipping.lane import stream_report
 from tracklane.shipping.lane_actor import LaneActor
 from tracklane.shipping.spool_keeper import SpoolKeeper
 from tracklane.shipping.stream import Entry, Stream, StreamSettings
@@ -102,10 +103,10 @@ def test_a_full_disk_turns_durability_off_once_and_back_on(tmp_path, caplog):
     next append is on disk again. What was spooled reads back whole: no torn or corrupt frame, only the holes."""
     with _tmpfs(tmp_path / "disk") as disk, caplog.at_level(logging.WARNING, logger="tracklane"):
         stage = _stage(disk / "spool", segment_bytes=4096)
-        assert all(stage.append(seq, 2, 0.0, _payload(seq), []) for seq in range(1, 11))
+        assert all(stage.append(seq, 2, 0.0, _payload(seq), {}) for seq in range(1, 11))
         ballast = _fill(disk)
         # The segment's last page may still have room for a frame or so; then the disk says no.
-        took = [seq for seq in range(11, 31) if stage.append(seq, 2, 0.0, _payload(seq), [])]
+        took = [seq for seq in range(11, 31) if stage.append(seq, 2, 0.0, _payload(seq), {})]
         assert took == list(range(11, 11 + len(took))) and len(took) <= 6, took
         refused = 20 - len(took)
         off = stage.report()
@@ -115,7 +116,7 @@ def test_a_full_disk_turns_durability_off_once_and_back_on(tmp_path, caplog):
             in off.line()
         assert _off_warnings(caplog) == 1 and not stage.durable
         ballast.unlink()
-        assert all(stage.append(seq, 2, 0.0, _payload(seq), []) for seq in range(31, 41))
+        assert all(stage.append(seq, 2, 0.0, _payload(seq), {}) for seq in range(31, 41))
         back = stage.report()
         assert back.durability_off_since == 0 and back.durability_outages == 1 and back.durability_off_s > 0
         assert "durability was off 1 time(s)" in back.line() and stage.durable
@@ -136,13 +137,13 @@ def test_a_removed_spool_folder_is_noticed_and_made_again(tmp_path, monkeypatch,
     monkeypatch.setattr(spool_keeper, "_CHECK_S", 0.0)
     folder = tmp_path / "spool"
     stage = _stage(folder)
-    assert all(stage.append(seq, 1, 0.0, _payload(seq), []) for seq in range(1, 6))
+    assert all(stage.append(seq, 1, 0.0, _payload(seq), {}) for seq in range(1, 6))
     shutil.rmtree(folder)
-    assert stage.append(6, 1, 0.0, _payload(6), [])  # nobody can tell yet
+    assert stage.append(6, 1, 0.0, _payload(6), {})  # nobody can tell yet
     with caplog.at_level(logging.WARNING, logger="tracklane"):
         stage.release(3)  # every lane has 1-3: their loss costs nothing
         assert not stage.durable and "ENOENT" in (stage.report().disk_error or "")
-        assert stage.append(7, 1, 0.0, _payload(7), [])
+        assert stage.append(7, 1, 0.0, _payload(7), {})
     report = stage.report()
     assert report.durability_off_since == 0 and report.durability_outages == 1
     assert (report.unspooled_batches, report.unspooled_records) == (3, 3)
@@ -197,9 +198,9 @@ def test_a_lane_keeps_unspooled_batches_in_memory_and_spills_the_spooled_ones():
     assert lane.window.in_memory() == [4, 5] and lane.window.nbytes == 80
     lane.offer(entry(6, spooled=False))  # nothing left to spill: 4, the oldest in memory only, is dropped
     assert lane.window.in_memory() == [5, 6]
-    assert lane.snapshot().dropped_records == 4
+    assert stream_report(lane).dropped_records == 4
     assert lane.window.evicted({1, 5}) == 1  # 1 was only on disk; 5 is in memory
-    assert lane.snapshot().dropped_records == 5 and not lane.window.entry(5).spooled
+    assert stream_report(lane).dropped_records == 5 and not lane.window.entry(5).spooled
 
 
 # -- a lane actor ---------------------------------------------------------------------------------

@@ -16,9 +16,9 @@ from tracklane.capture.rich import RecordLimits
 from tracklane.config.async_log import AsyncLogConfig
 from tracklane.core.acks import Ack, SinkCounts
 from tracklane.shipping.buffer import RecordBuffer
+from tracklane.shipping.lane import open_lane
 from tracklane.shipping.shipper import Shipper
 from tracklane.shipping.stream import StreamSettings
-from tracklane.shipping.streams import TrackerLane
 from tracklane.shipping.tracker_calls import TrackerCalls
 from tracklane.wire.ack import pack_ack
 from tracklane.wire.batch import decode_batch
@@ -99,7 +99,7 @@ def _config(**overrides) -> AsyncLogConfig:
 
 def _shipper(cfg: AsyncLogConfig, actors: dict) -> Shipper:
     settings = StreamSettings(max_bytes=cfg.lane_max_bytes, max_inflight=cfg.max_inflight_batches)
-    lanes = {name: TrackerLane(name, actor, settings) for name, actor in actors.items()}
+    lanes = {name: open_lane(name, actor, settings) for name, actor in actors.items()}
     buffer = RecordBuffer(cfg.queue_max_bytes, cfg.max_batch_bytes, cfg.overflow, cfg.block_timeout_s)
     shipper = Shipper(cfg, buffer, lanes, Converter(RecordLimits(), backends=list(lanes)), tracker_calls=TrackerCalls())
     shipper.start()

@@ -9,6 +9,7 @@ import pytest
 import ray
 
 from tracklane.core.acks import Ack, SinkCounts
+from tracklane.shipping.lane import lane_info, stream_report
 from tracklane.shipping.stream import Entry, Stream, StreamSettings
 from tracklane.wire.ack import pack_ack
 
@@ -112,7 +113,7 @@ def _entry(seq: int, records: int = 1, nbytes: int = 10) -> Entry:
 def _pump_until(lane: Stream, done, on_pump=None, timeout: float = _DEADLINE_S) -> None:
     deadline = time.monotonic() + timeout
     while not done():
-        assert time.monotonic() < deadline, f"condition not reached in {timeout} s: {lane.snapshot()}"
+        assert time.monotonic() < deadline, f"condition not reached in {timeout} s: {stream_report(lane)}"
         refs = lane.waitables()
         if refs:
             ray.wait(refs, num_returns=1, timeout=0.02)
@@ -152,7 +153,7 @@ def test_submits_in_order_within_max_inflight_and_settles():
         assert max(inflight) == 2  # the first submission fills the window's two slots, never more
         for flags in settled_prefixes:  # settled(k) implies settled(j) for every j < k
             assert flags == sorted(flags, reverse=True), flags
-        report = lane.snapshot()
+        report = stream_report(lane)
         assert (report.stored_seq, report.unstored_batches, report.unstored_records) == (6, 0, 0)
         assert lane.window.nbytes == 0 and lane.waitables() == [] and report.dropped_records == 0
     finally:
@@ -174,7 +175,7 @@ def test_gap_resends_from_last_acknowledged_seq():
         assert calls.count((2, 1)) == 2, calls  # lost once, re-sent once
         resent_at = len(calls) - 1 - calls[::-1].index((2, 1))
         assert calls[resent_at:] == [(2, 1), (3, 2), (4, 3), (5, 4)], calls  # one recovery, in order
-        assert lane.snapshot().stored_seq == 5
+        assert stream_report(lane).stored_seq == 5
     finally:
         _kill(actor)
 
@@ -189,7 +190,7 @@ def test_gap_answer_of_a_forgotten_call_does_not_restart_again():
     try:
         for seq in range(1, 4):
             lane.offer(_entry(seq))
-        _pump_until(lane, lambda: lane.info().pid != 0)  # the probe answered; the same pump submitted
+        _pump_until(lane, lambda: lane.pid != 0)  # the probe answered; the same pump submitted
         first = set(lane.waitables())
         assert len(first) == 3  # the first three calls, all in epoch 0
         # Recovery: with the window all in flight, a new call is only ever a re-send.
@@ -200,7 +201,7 @@ def test_gap_answer_of_a_forgotten_call_does_not_restart_again():
         assert log["gaps"] == [2, 3]
         assert log["calls"] == [(1, 0), (2, 1), (3, 2), (1, 0), (2, 1), (3, 2)]  # exactly one re-send
         assert log["order"] == [1, 2, 3]
-        assert lane.snapshot().stored_seq == 3 and not lane.dead
+        assert stream_report(lane).stored_seq == 3 and not lane.dead
     finally:
         _kill(actor, signal)
 
@@ -211,7 +212,7 @@ def test_full_lane_drops_oldest_unsent_only():
     lane = _lane(actor, max_inflight=1, max_bytes=100)
     try:
         lane.offer(_entry(1, records=1, nbytes=30))
-        _pump_until(lane, lambda: lane.info().pid != 0)  # the probe answered and batch 1 went out
+        _pump_until(lane, lambda: lane.pid != 0)  # the probe answered and batch 1 went out
         assert len(lane.waitables()) == 1
         lane.offer(_entry(2, records=2, nbytes=30))
         lane.offer(_entry(3, records=4, nbytes=30))
@@ -222,13 +223,13 @@ def test_full_lane_drops_oldest_unsent_only():
         lane.offer(_entry(5, records=16, nbytes=60))  # evicts 3 and 4
         assert lane.report.dropped_records == 2 + 4 + 8 and lane.window.nbytes == 90
         lane.pump()
-        report = lane.snapshot()
+        report = stream_report(lane)
         assert (report.unstored_batches, report.unstored_records) == (2, 1 + 16)  # batches 1 (in flight) and 5
         assert not lane.settled(1) and not lane.dead
         lane.offer(_entry(6, records=32, nbytes=71))  # 30 in flight + 71 > 100 even with 5 evicted
         assert lane.window.nbytes <= 100
         assert not lane.settled(1)  # the submitted batch is never dropped
-        assert lane.snapshot().dropped_records + lane.snapshot().unstored_records == 63  # every record accounted for
+        assert stream_report(lane).dropped_records + stream_report(lane).unstored_records == 63  # every record accounted for
     finally:
         _kill(actor)
 
@@ -240,12 +241,12 @@ def test_a_slow_actor_is_waited_for_and_said_to_be_starting_not_given_up():
     lane = _lane(actor, look_every_s=0.3)
     try:
         lane.offer(_entry(1, records=3))
-        _pump_until(lane, lambda: "starting" in lane.snapshot().down)
-        report = lane.snapshot()
+        _pump_until(lane, lambda: "starting" in stream_report(lane).down)
+        report = stream_report(lane)
         assert not lane.dead and report.down.startswith("not started after") and report.down_s > 0, report.down
         assert "opening its tracker" in report.down and report.dropped_records == 0
         _pump_until(lane, lambda: lane.settled(1))
-        report = lane.snapshot()
+        report = stream_report(lane)
         assert report.complete and report.down == "" and ray.get(actor.log.remote())["order"] == [1]
     finally:
         _kill(actor)
@@ -257,10 +258,10 @@ def test_an_actor_waiting_for_a_resource_no_node_offers_is_pending_not_dead():
     lane = _lane(actor, look_every_s=0.2)
     try:
         lane.offer(_entry(1, records=3))
-        _pump_until(lane, lambda: "pending" in lane.snapshot().down, timeout=10)
+        _pump_until(lane, lambda: "pending" in stream_report(lane).down, timeout=10)
         time.sleep(0.5)
         lane.pump()
-        report = lane.snapshot()
+        report = stream_report(lane)
         assert not lane.dead and not lane.settled(1) and report.unstored_records == 3 and report.dropped_records == 0
         assert "waiting for resource node_that_never_joins (no node offers it yet)" in report.down, report.down
     finally:
@@ -279,7 +280,7 @@ def test_an_actor_ray_reports_dead_gives_the_lane_up_and_keeps_its_batches_on_di
         ray.kill(actor, no_restart=True)
         _pump_until(lane, lambda: lane.dead)
         lane.offer(_entry(3, records=5))  # after giving up: kept as well
-        report = lane.snapshot()
+        report = stream_report(lane)
         assert report.gave_up and "actor died" in report.error and "ray.kill" in report.error, report.error
         assert report.down.startswith("gave up: actor died")
         assert report.dropped_records == 0 and report.unstored_records == 12 and report.stored_seq == 0
@@ -294,31 +295,31 @@ def test_accept_replaces_counts_and_info_names_the_actor():
     actor = FakeSink.remote(failed_per_batch=2)
     lane = _lane(actor, max_inflight=1)
     try:
-        assert lane.info().pid == 0  # nothing answered yet
+        assert lane.pid == 0  # nothing answered yet
         for seq in range(1, 4):
             lane.offer(_entry(seq))
         _pump_until(lane, lambda: lane.settled(3))
         assert lane.report.failed_records == 6  # 2, 4, 6 cumulative: the last one, not 12
-        info = lane.info()
+        info = lane_info([lane])
         assert info.pid == ray.get(actor.pid.remote()) and info.pid != os.getpid()
         assert info.node_id == "fake-node" and info.name == "fake" and info.unstored_bytes == 0
 
         lane.accept(Ack(handed=0, error="tracker said no", pid=4242, node_id="n2",
                         counts=SinkCounts(failed_records=9, unsupported={"artifact": 2},
                                           cuts={"params_truncated": 1}, artifacts_missing=1)))
-        report = lane.snapshot()
+        report = stream_report(lane)
         assert (report.failed_records, report.unsupported, report.cuts, report.artifacts_missing) == \
             (9, {"artifact": 2}, {"params_truncated": 1}, 1)
         assert report.error == "tracker said no" and report.stored_seq == 3  # an older applied never un-acks
-        assert (lane.info().pid, lane.info().node_id) == (4242, "n2")
+        assert (lane.pid, lane.info().node_id) == (4242, "n2")
 
         lane.accept(Ack(handed=3, counts=SinkCounts(failed_records=10, unsupported={"table": 1})))
-        report = lane.snapshot()
+        report = stream_report(lane)
         assert (report.failed_records, report.unsupported, report.cuts, report.artifacts_missing) == \
             (10, {"table": 1}, {}, 0)
         assert report.error is None and report.last_error == "tracker said no"  # it went through: nothing wrong now
         lane.accept(Ack(handed=3, error="and again"))
-        assert lane.snapshot().error == "and again" and lane.snapshot().failed_records == 0
+        assert stream_report(lane).error == "and again" and stream_report(lane).failed_records == 0
     finally:
         _kill(actor)
 
@@ -333,7 +334,7 @@ def test_a_recovered_tracker_is_reported_as_recovered_not_broken():
         for seq in range(1, 4):
             lane.offer(_entry(seq))
         _pump_until(lane, lambda: lane.settled(3))
-        report = lane.snapshot()
+        report = stream_report(lane)
         assert report.complete and ray.get(actor.log.remote())["order"] == [1, 2, 3]
         assert report.error is None and report.outage_s == 0.0
         assert (report.recovered_outages, report.retries) == (1, 2)
@@ -364,7 +365,7 @@ def test_probe_that_raises_is_retried_then_the_lane_dies():
     lane.offer(_entry(1, records=3))
     try:
         _pump_until(lane, lambda: lane.dead)
-        report = lane.snapshot()
+        report = stream_report(lane)
         assert report.dropped_records == 3 and "tracker init exploded" in report.error
     finally:
         _kill(actor)
@@ -376,10 +377,10 @@ def test_batch_that_cannot_fit_leaves_waiting_batches_alone():
     lane = _lane(actor, max_inflight=1, max_bytes=100)
     try:
         lane.offer(_entry(1, records=1, nbytes=30))
-        _pump_until(lane, lambda: lane.info().pid != 0)  # batch 1 submitted and in flight
+        _pump_until(lane, lambda: lane.pid != 0)  # batch 1 submitted and in flight
         lane.offer(_entry(2, records=5, nbytes=60))  # 90 held: fits
         lane.offer(_entry(3, records=7, nbytes=80))  # 30 in flight + 80 > 100 whatever is evicted
-        report = lane.snapshot()
+        report = stream_report(lane)
         assert (report.dropped_records, report.unstored_records) == (7, 6), report
     finally:
         _kill(actor)
@@ -453,7 +454,7 @@ def test_batches_not_durable_yet_are_sent_again_from_the_spool_after_a_crash(tmp
         _pump_until(lane, lambda: lane.settled(8))
         assert _applied_order(state) == [1, 2, 3, 4, 5, 4, 5, 6, 7, 8]
         assert reloaded == [4, 5]
-        report = lane.snapshot()
+        report = stream_report(lane)
         assert lane.window.stored == 6 and report.stored_seq == 6 and report.restarts == 1
         assert (report.unstored_batches, report.unstored_records, report.dropped_records) == (2, 7 + 8, 0)
     finally:
@@ -472,7 +473,7 @@ def test_without_a_spool_batches_not_durable_go_again_from_memory_after_a_crash(
             lane.offer(_entry(seq, records=seq))
         _pump_until(lane, lambda: lane.settled(8))
         assert _applied_order(state) == [1, 2, 3, 4, 5, 4, 5, 6, 7, 8]
-        report = lane.snapshot()
+        report = stream_report(lane)
         assert report.restarts == 1 and report.dropped_records == 0 and report.error is None
     finally:
         _kill(actor)
@@ -495,5 +496,5 @@ def test_lane_gives_up_after_repeated_actor_errors(ray_session):
     while not lane.dead and time.monotonic() < deadline:
         lane.pump()
         time.sleep(0.05)
-    report = lane.snapshot()
+    report = stream_report(lane)
     assert lane.dead and report.dropped_records == 3 and "disk full" in report.error

@@ -9,8 +9,8 @@ import pytest
 import ray
 
 from tracklane.core.acks import Ack
+from tracklane.shipping.lane import LaneStreams, lane_preload, lane_report, lane_stored, open_lane
 from tracklane.shipping.stream import Entry, StreamSettings
-from tracklane.shipping.streams import TrackerLane
 from tracklane.spool.segments import SpoolEntry
 from tracklane.wire.ack import pack_ack
 
@@ -50,8 +50,13 @@ class TwoStreamSink:
         return {"order": self.order, "applied": self.applied}
 
 
-def _pair(actor, max_inflight: int = 2) -> TrackerLane:
-    return TrackerLane("file", actor, StreamSettings(max_bytes=1 << 20, max_inflight=max_inflight))
+def _pair(actor, max_inflight: int = 2) -> LaneStreams:
+    return open_lane("file", actor, StreamSettings(max_bytes=1 << 20, max_inflight=max_inflight))
+
+
+def _offer(lane: LaneStreams, entry: Entry) -> None:
+    for stream in lane:
+        stream.offer(entry)
 
 
 def _entry(seq: int, bulk: bool = False, audience: frozenset[str] | None = None) -> Entry:
@@ -59,32 +64,33 @@ def _entry(seq: int, bulk: bool = False, audience: frozenset[str] | None = None)
                  audience=audience)
 
 
-def _pump_until(lane: TrackerLane, done) -> None:
+def _pump_until(lane: LaneStreams, done) -> None:
     deadline = time.monotonic() + _DEADLINE_S
     while not done():
-        assert time.monotonic() < deadline, lane.snapshot()
-        refs = lane.waitables()
+        assert time.monotonic() < deadline, lane_report(lane)
+        refs = [ref for stream in lane for ref in stream.waitables()]
         if refs:
             ray.wait(refs, num_returns=1, timeout=0.02)
-        lane.pump()
+        for stream in lane:
+            stream.pump()
 
 
 def test_a_small_batch_overtakes_the_bulk_batches_not_yet_sent():
     """Five slow bulk batches then a small one: the small one is applied after at most the bulk batches already in
     flight (max_inflight_batches), not after all five; the spool may forget nothing until the bulk is stored too."""
     actor = TwoStreamSink.remote(bulk_s=0.3)
-    lane = _pair(actor, max_inflight=2)
-    _pump_until(lane, lambda: lane.answered)
+    lane = small, bulk = _pair(actor, max_inflight=2)
+    _pump_until(lane, lambda: small.answered)
     for seq in range(1, 6):
-        lane.offer(_entry(seq, bulk=True))
-    lane.pump()
-    lane.offer(_entry(6))
-    _pump_until(lane, lambda: lane.small.window.stored == 6)
-    assert lane.stored < 6 and lane.bulk.window.stored < 5  # the bulk is still on its way: nothing settled past it
-    _pump_until(lane, lambda: lane.stored == 6)
+        _offer(lane, _entry(seq, bulk=True))
+    bulk.pump()
+    _offer(lane, _entry(6))
+    _pump_until(lane, lambda: small.window.stored == 6)
+    assert lane_stored(lane) < 6 and bulk.window.stored < 5  # the bulk is still on its way: nothing settled past it
+    _pump_until(lane, lambda: lane_stored(lane) == 6)
     order = ray.get(actor.log.remote())["order"]
     assert sorted(order) == [1, 2, 3, 4, 5, 6] and order.index(6) <= 2, order
-    assert lane.snapshot().bulk_lag_p99_s > lane.snapshot().lag_p99_s
+    assert lane_report(lane).bulk_lag_p99_s > lane_report(lane).lag_p99_s
     ray.kill(actor)
 
 
@@ -92,11 +98,11 @@ def test_a_batch_a_tracker_has_nothing_in_is_never_sent_to_it():
     """An entry whose audience leaves the lane out goes nowhere, and the spool may forget it once the rest is stored."""
     actor = TwoStreamSink.remote()
     lane = _pair(actor)
-    lane.offer(_entry(1))
-    lane.offer(_entry(2, bulk=True, audience=frozenset({"wandb"})))
-    lane.offer(_entry(3, bulk=True, audience=frozenset({"file", "wandb"})))
-    lane.offer(_entry(4, audience=frozenset({"mlflow"})))
-    _pump_until(lane, lambda: lane.stored == 4)
+    _offer(lane, _entry(1))
+    _offer(lane, _entry(2, bulk=True, audience=frozenset({"wandb"})))
+    _offer(lane, _entry(3, bulk=True, audience=frozenset({"file", "wandb"})))
+    _offer(lane, _entry(4, audience=frozenset({"mlflow"})))
+    _pump_until(lane, lambda: lane_stored(lane) == 4)
     # 1 and 3 only; in either order: they went by its two streams, and neither waits for the other
     assert sorted(ray.get(actor.log.remote())["order"]) == [1, 3]
     ray.kill(actor)
@@ -119,10 +125,11 @@ def test_preloaded_batches_go_back_to_their_streams_and_skip_what_each_stored():
     tracker holds, and only the rest is sent, once."""
     actor = TwoStreamSink.remote(applied={"": 3, "~bulk": 2})
     lane = _pair(actor)
-    lane.preload([SpoolEntry(seq=seq, records=1, oldest_log_time=time.time(), nbytes=10, segment=1, offset=0, bulk=bulk)
-                  for seq, bulk in ((1, False), (2, True), (3, False), (4, True), (5, False))])
-    lane.small.window._reload = lane.bulk.window._reload = lambda seq: ray.put(b"x")  # the spool's reader, for this test
-    _pump_until(lane, lambda: lane.stored == 5)
+    lane_preload(lane, [SpoolEntry(seq=seq, records=1, oldest_log_time=time.time(), nbytes=10, segment=1, offset=0,
+                                   bulk=bulk) for seq, bulk in ((1, False), (2, True), (3, False), (4, True), (5, False))])
+    for stream in lane:
+        stream.window._reload = lambda seq: ray.put(b"x")  # the spool's reader, for this test
+    _pump_until(lane, lambda: lane_stored(lane) == 5)
     log = ray.get(actor.log.remote())
     assert sorted(log["order"]) == [4, 5] and log["applied"] == {"": 5, "~bulk": 4}
     ray.kill(actor)
