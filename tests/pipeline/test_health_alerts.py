@@ -210,7 +210,7 @@ def test_a_health_judge_killed_again_and_again_emits_each_alert_once(offline_tra
         tracking.log(values, step=step)
         time.sleep(0.03 * (step % 4))  # the kill lands before, during or after the step's batch reached the judge
         if step % 2 == 0:
-            ray.kill(tracking._pipe._lanes["health"].actor, no_restart=False)
+            ray.kill(tracking._pipe._lanes["health"][0].actor, no_restart=False)
     report = tracking.finish(timeout=120)
     assert report.complete, report.summary()
     assert report.lanes["health"].restarts >= 1, report.summary()

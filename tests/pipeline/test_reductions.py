@@ -67,7 +67,7 @@ def test_four_producers_reduce_each_op_once_into_every_tracker(tmp_path, offline
         tracking.log({"t/sum": 1.0}, step=step, reduce="sum")
         time.sleep(0.002)
         if step == 60:  # the reduce lane's actor dies mid-run; Ray starts another, which goes on from its state
-            ray.kill(tracking._pipe._lanes["reduce"].actor, no_restart=False)
+            ray.kill(tracking._pipe._lanes["reduce"][0].actor, no_restart=False)
     senders = ray.get(first)
     ray.kill(workers[KILLED])  # after its step KILL_AFTER: the others go on without it
     rest = [w.run.remote(KILL_AFTER + 1, STEPS - 1) for i, w in enumerate(workers) if i != KILLED]

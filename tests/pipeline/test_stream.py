@@ -217,7 +217,7 @@ def test_full_lane_drops_oldest_unsent_only():
         lane.offer(_entry(2, records=2, nbytes=30))
         lane.offer(_entry(3, records=4, nbytes=30))
         assert lane.window.nbytes == 90
-        assert lane.has_room(10) and not lane.has_room(11)
+        assert lane.window.has_room(10) and not lane.window.has_room(11)
         lane.offer(_entry(4, records=8, nbytes=30))  # evicts 2, the oldest not submitted
         assert lane.report.dropped_records == 2 and lane.window.nbytes == 90
         lane.offer(_entry(5, records=16, nbytes=60))  # evicts 3 and 4
@@ -311,7 +311,7 @@ def test_accept_replaces_counts_and_info_names_the_actor():
         assert (report.failed_records, report.unsupported, report.cuts, report.artifacts_missing) == \
             (9, {"artifact": 2}, {"params_truncated": 1}, 1)
         assert report.error == "tracker said no" and report.stored_seq == 3  # an older applied never un-acks
-        assert (lane.pid, lane.info().node_id) == (4242, "n2")
+        assert (lane.pid, lane.node_id) == (4242, "n2")
 
         lane.accept(Ack(handed=3, counts=SinkCounts(failed_records=10, unsupported={"table": 1})))
         report = stream_report(lane)
