@@ -37,8 +37,7 @@ from tracklane.workers.sources.shaping import Point, binned_histogram, in_step_o
 
 KEEP_ALL = {"scalars": 0, "tensors": 0, "histograms": 0, "compressedHistograms": 0, "images": 0, "audio": 0}
 _HUGE = 1e300  # TensorFlow's outermost bucket limits are +-DBL_MAX
-_STORED_AS = {"generations": "text", "trajectories": "text", "text": "text", "histogram": "histogram",
-              "image": "image"}
+_STORED_AS = {"generations": "text", "trajectories": "text", "text": "text", "histogram": "histogram", "image": "image"}
 """What the tracklane TensorBoard sink writes each kind as (tables as markdown text); artifacts: nothing."""
 
 

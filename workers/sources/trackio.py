@@ -36,7 +36,7 @@ from tracklane.core.values import as_number
 from tracklane.host.sink import import_sdk
 from tracklane.host.source import Source, SourceRun, option
 from tracklane.workers.sinks.trackio import RESERVED_KEYS, TRACKIO_RESERVED_CONFIG, artifact_name, point_trackio_at, trackio_dir
-from tracklane.workers.sources.shaping import binned_histogram, in_step_order, png, score
+from tracklane.workers.sources.shaping import ROLLOUT_INDICES, binned_histogram, in_step_order, png, score
 
 SYSTEM_AXIS = "system/elapsed_s"  # pipeline/capture/convert.py: the system metrics' axis
 _STORED_AS = {kind: kind for kind in ("generations", "trajectories", "text", "histogram", "image", "artifact")}
@@ -205,9 +205,7 @@ def _content(trace: dict[str, Any], role: str) -> str:
 
 def _trajectory(trace: dict[str, Any], metadata: dict[str, Any]) -> Trajectory:
     meta = dict(metadata.get("meta") or {})
-    for name in ("sample_index", "rollout_index", "validation"):
-        if metadata.get(name) is not None:
-            meta[name] = metadata[name]
+    meta.update({name: metadata[name] for name in ROLLOUT_INDICES if metadata.get(name) is not None})
     calls = [{"name": str(span.get("name") or ""), "arguments": str(span.get("input") or ""),
               "result": str(span.get("output") or ""),
               "latency_s": span["duration_ms"] / 1000.0 if isinstance(span.get("duration_ms"), (int, float)) else None}

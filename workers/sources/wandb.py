@@ -44,7 +44,7 @@ from tracklane.host.sink import import_sdk
 from tracklane.host.source import Source, SourceRun, option
 from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, safe_name
 from tracklane.workers.sinks.wandb_store import apply_config, iter_payloads, metadata_step, run_files
-from tracklane.workers.sources.shaping import binned_histogram, in_step_order, png, score
+from tracklane.workers.sources.shaping import ROLLOUT_INDICES, binned_histogram, in_step_order, png, score
 
 STEP_AXIS = "tracklane/step"  # workers/sinks/wandb.py: the trainer's step
 TEXT_COLUMNS = ["step", "text"]
@@ -132,10 +132,7 @@ class WandbSource(Source):
             self._globs.append((metric.glob_name, metric.step_metric))
 
     def _axis_of(self, key: str) -> str | None:
-        axis = self._axes.get(key)
-        if axis is None:
-            axis = next((step for pattern, step in self._globs if fnmatch.fnmatchcase(key, pattern)), None)
-        return axis
+        return self._axes.get(key) or next((step for pattern, step in self._globs if fnmatch.fnmatchcase(key, pattern)), None)
 
     def _history(self, history: Any, files_dir: Path) -> None:
         items, media = history_row(history)
@@ -197,9 +194,7 @@ class WandbSource(Source):
     def _trajectory(self, row: list[Any]) -> Trajectory:
         fields = dict(zip(TRAJECTORY_COLUMNS, row, strict=True))
         meta = json.loads(fields["meta"] or "{}")
-        for name in ("sample_index", "rollout_index", "validation"):
-            if fields[name] is not None:
-                meta[name] = fields[name]
+        meta.update({name: fields[name] for name in ROLLOUT_INDICES if fields[name] is not None})
         if fields["num_tokens"]:
             self.skip("trajectory token ids (wandb keeps only their count)")
         rewards = {str(k): score(v) for k, v in json.loads(fields["rewards"] or "{}").items()}

@@ -57,13 +57,8 @@ def list_swanlab_runs(logdir: str | Path) -> list[SwanlabRunDir]:
         if first is None:  # killed before its first record reached disk: nothing to read
             continue
         start = first.start
-        found.append(SwanlabRunDir(
-            run_id=start.id,
-            experiment=start.name,
-            project=start.project,
-            started=start.started_at.seconds + start.started_at.nanos / 1e9,
-            path=store.parent,
-        ))
+        found.append(SwanlabRunDir(run_id=start.id, experiment=start.name, project=start.project,
+                                   started=start.started_at.seconds + start.started_at.nanos / 1e9, path=store.parent))
     return sorted(found, key=lambda r: (r.started, r.path.name))
 
 
@@ -80,10 +75,8 @@ def read_swanlab_run(logdir: str | Path, *, run_id: str | None = None, experimen
 
 
 def _segments(logdir: str | Path, run_id: str | None, experiment: str | None) -> list[SwanlabRunDir]:
-    segments = [
-        r for r in list_swanlab_runs(logdir)
-        if (run_id is None or r.run_id == run_id) and (experiment is None or r.experiment == experiment)
-    ]
+    segments = [r for r in list_swanlab_runs(logdir)
+                if (run_id is None or r.run_id == run_id) and (experiment is None or r.experiment == experiment)]
     ids = {r.run_id for r in segments}
     if len(ids) != 1:
         raise LookupError(f"expected one swanlab run under {logdir} (run_id={run_id!r}, "
@@ -201,12 +194,10 @@ class SwanlabMedia:
         return self.one(key)
 
 
-def read_swanlab_media(logdir: str | Path, *, run_id: str | None = None,
-                       experiment: str | None = None) -> SwanlabMedia:
+def read_swanlab_media(logdir: str | Path, *, run_id: str | None = None, experiment: str | None = None) -> SwanlabMedia:
     """Media entries and user-saved files of one run (all its segments, in start order)."""
     out = SwanlabMedia()
-    own = (SaveType.SAVE_TYPE_CONFIG, SaveType.SAVE_TYPE_METADATA, SaveType.SAVE_TYPE_REQUIREMENTS,
-           SaveType.SAVE_TYPE_CONDA)
+    own = (SaveType.SAVE_TYPE_CONFIG, SaveType.SAVE_TYPE_METADATA, SaveType.SAVE_TYPE_REQUIREMENTS, SaveType.SAVE_TYPE_CONDA)
     for segment in _segments(logdir, run_id, experiment):
         (store,) = segment.path.glob("run-*.swanlab")
         for record in _records(store):

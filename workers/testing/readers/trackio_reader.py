@@ -104,8 +104,7 @@ def list_trackio_runs(trackio_dir: str | Path, project: str) -> list[TrackioRunI
     return [TrackioRunInfo(run_id=run.id, name=run.name) for run in matching_runs(_trackio(trackio_dir), project)]
 
 
-def read_trackio_run(trackio_dir: str | Path, project: str, *, run_id: str | None = None,
-                     name: str | None = None) -> TrackioRun:
+def read_trackio_run(trackio_dir: str | Path, project: str, *, run_id: str | None = None, name: str | None = None) -> TrackioRun:
     """The run with this id and/or name (or the only run) of ``project``; ``LookupError`` unless exactly one matches."""
     trackio = _trackio(trackio_dir)
     storage = trackio.SQLiteStorage

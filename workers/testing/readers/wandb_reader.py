@@ -1,19 +1,13 @@
 """Read a wandb run back from its ``run-<id>.wandb`` files, checking every record's CRC.
 
-The file's framing (header, 32 KiB blocks, CRC'd records) is read by ``tracklane.workers.sinks.wandb_store``,
-which the wandb sink also uses to follow what reached the disk.
-
-``ReadBack.params`` is nested: wandb stores one JSON value per top-level config key,
-and each is parsed back whole (``{"actor": {"lr": 1e-6}}``); wandb's own ``_wandb``
-key is left out.
-
-Media (tables, histograms, images, html ...) are history items whose ``nested_key`` is
-``[logged key, field]``, one of the fields being ``_type``; they are not scalar points.
-A point's step is the value of its key's step metric in the row (the sink logs every key against
-one, ``define_metric``), else the row's ``_step``; the step metrics themselves are not points.
-``read_wandb_media`` returns them per step, with the files they name under the run's
-``files/`` folder (``media/table/...table.json``, ``media/images/...``), and the run's
-artifact records (offline, each file's copy waits in ``WANDB_DATA_DIR/artifacts/staging``).
+The records are parsed as the wandb source parses them (``tracklane.workers.sources.wandb``; the framing is
+``tracklane.workers.sinks.wandb_store``'s, which the wandb sink also uses to follow what reached the disk).
+``ReadBack.params`` is nested: one JSON value per top-level config key (``{"actor": {"lr": 1e-6}}``), wandb's own
+``_wandb`` left out. A point's step is the value of its key's step metric in the row (``define_metric``), else the
+row's ``_step``; the step metrics themselves are no points, nor are media values (tables, histograms, images ...:
+history items whose ``nested_key`` is ``[logged key, field]``, one field being ``_type``). ``read_wandb_media``
+returns those per step, with the files they name under the run's ``files/`` folder, and the run's artifact records
+(offline, each file's copy waits in ``WANDB_DATA_DIR/artifacts/staging``).
 """
 
 from __future__ import annotations
@@ -171,8 +165,7 @@ def read_wandb_media(wandb_dir: str | Path, run_id: str | None = None) -> WandbM
             elif kind == "artifact":
                 media.artifacts.append(_artifact(record.artifact))
             elif kind == "alert":
-                media.alerts.append({"title": record.alert.title, "text": record.alert.text,
-                                     "level": record.alert.level})
+                media.alerts.append({"title": record.alert.title, "text": record.alert.text, "level": record.alert.level})
     return media
 
 
@@ -184,8 +177,6 @@ def _table_file(value: MediaValue) -> dict[str, Any]:
 
 def _artifact(record: Any) -> StoredArtifact:
     entries = record.manifest.contents
-    return StoredArtifact(
-        name=record.name, type=record.type, metadata=json.loads(record.metadata) if record.metadata else {},
-        files={entry.path: Path(entry.local_path) for entry in entries},
-        digests={entry.path: entry.digest for entry in entries},
-    )
+    return StoredArtifact(name=record.name, type=record.type, metadata=json.loads(record.metadata) if record.metadata else {},
+                          files={entry.path: Path(entry.local_path) for entry in entries},
+                          digests={entry.path: entry.digest for entry in entries})
