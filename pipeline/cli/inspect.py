@@ -33,8 +33,7 @@ def inspect_spool(directory: str, out: Any) -> int:
             continue
         for record in records:
             out.write(json.dumps({"seq": entry.seq, "step": record.step, "kind": record.kind, "keys": _keys(record),
-                                  "time": record.time, "only": record.only, "stored_by": stored_by,
-                                  "pending": pending}) + "\n")
+                                  "time": record.time, "only": record.only, "stored_by": stored_by, "pending": pending}) + "\n")
     stats = spool.stats
     print(f"tracklane: {spool.batches} batches in {directory}; {stats.corrupt_frames} corrupt frame(s), "
           f"{stats.missing_batches} missing batch(es), {stats.torn_bytes} torn byte(s)", file=sys.stderr)

@@ -44,21 +44,17 @@ from tracklane.cli.view import DEFAULT_PORT, view_run
 from tracklane.core.errors import ConfigError, TracklaneError
 from tracklane.host.registry import SOURCES
 
-log = logging.getLogger("tracklane")
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tracklane", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    inspect = commands.add_parser("inspect", help="one JSON line per spooled record")
-    inspect.add_argument("spool_dir")
+    commands.add_parser("inspect", help="one JSON line per spooled record").add_argument("spool_dir")
     replay = commands.add_parser("replay", help="deliver a spool into its trackers (or others)")
     replay.add_argument("spool_dir")
     replay.add_argument("--to", help="comma-separated backends (default: the run's own)")
     replay.add_argument("--exit-code", type=int, default=None,
                         help="close the tracker runs with this code (default: the run's own, or 1 if it crashed)")
-    replay.add_argument("--timeout", type=float, default=600.0, help="deadline for the whole delivery, seconds")
-    replay.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _delivery_options(replay)
     _migrate_parser(commands)
     view = commands.add_parser("view", help="a run's rollouts in a local web page")
     view.add_argument("path", nargs="+", help="a spool folder, or the file tracker's .jsonl or its folder; up to 3 more "
@@ -102,8 +98,12 @@ def _migrate_parser(commands: Any) -> None:
     source.add_argument("--spool", help="spool: the spool folder to read")
     migrate.add_argument("--spool-dir", help="where the migration spools what it read (default: a new folder under "
                                              "$TRACKLANE_SPOOL_ROOT, like a run's)")
-    migrate.add_argument("--timeout", type=float, default=600.0, help="deadline for the delivery, seconds")
-    migrate.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _delivery_options(migrate)
+
+
+def _delivery_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--timeout", type=float, default=600.0, help="deadline for the whole delivery, seconds")
+    command.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def _migrate(args: argparse.Namespace) -> int:

@@ -9,10 +9,8 @@
     3. That spool is delivered the way ``tracklane replay`` delivers one (cli/replay.py ``deliver_spool``): AsyncPipeline,
        one lane actor per target, the progress bar, the report, its exit code. A migration cut short is finished
        with ``tracklane replay <spool>``, which continues the same target runs.
-    4. Each target that has a source reader is read back with it (``Source.of_target``) and compared, key by key,
-       with what the source gave: point counts, first and last step and value, and every point (NaN equals NaN;
-       values as the target stores them: float32 for TensorBoard, +-Inf as +-DBL_MAX for MLflow). Rich records
-       are compared by the steps that hold one, per name. Exit code 1 on any difference.
+    4. Each target that has a source reader is read back with it and compared, key by key, with what the source
+       gave (cli/migrate_check.py). Exit code 1 on any difference.
 
 Why records enter through a spool rather than ``put(Captured(...))``: what ``put`` takes is what a ``log_*`` call
 took (raw values), and the shipper converts it again. A migrated record is already typed, and converting it
@@ -35,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tracklane.cli.migrate_check import Holdings, compare_targets, comparison_table
-from tracklane.cli.replay import deliver_spool, undelivered
+from tracklane.cli.replay import deliver_spool, progress_bar, undelivered
 from tracklane.core.errors import ConfigError
 from tracklane.core.params import plain_config
 from tracklane.core.records import Batch, Generations, Metrics, Record, RunSpec, Trajectories
@@ -114,7 +112,7 @@ def spool_source(directory: str, manifest: RunManifest, records: Iterable[Record
         raise ConfigError(f"{directory} already holds a spool; pass another --spool-dir")
     spool = Spool(directory, max_bytes=2**62)
     held = Holdings()
-    bar = _bar(progress)
+    bar = progress_bar(progress, "read")
     try:
         os.makedirs(lanes_dir(directory), mode=0o700, exist_ok=True)
         manifest.save(directory)
@@ -135,14 +133,6 @@ def spool_source(directory: str, manifest: RunManifest, records: Iterable[Record
         if bar is not None:
             bar.close()
     return held
-
-
-def _bar(progress: bool) -> Any:
-    if not progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(unit="record", desc="read", file=sys.stderr)
 
 
 def _batches(records: Iterable[Record]) -> Iterator[list[Record]]:
@@ -179,6 +169,5 @@ def _encodable(batch: list[Record]) -> list[Record]:
     the batch as it is when it decodes, else each record tried alone, the bad ones skipped with a warning."""
     _, kept, refused = encode_what_encodes(batch, 1, 0.0, level=1, check=True)
     for record, exc in refused:
-        log.warning("tracklane: migrate: a %s record at step %s cannot be carried (%s); skipped",
-                    record.kind, record.step, exc)
+        log.warning("tracklane: migrate: a %s record at step %s cannot be carried (%s); skipped", record.kind, record.step, exc)
     return kept

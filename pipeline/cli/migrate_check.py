@@ -3,7 +3,8 @@
 What the source gave is collected as ``Holdings`` (every scalar point per key, the steps of the rich records per
 kind and name) while it is spooled; each target with a source reader (``Source.of_target``) is read back into the
 same shape and compared: point counts, first and last step and value, and every point (NaN equals NaN; values as
-the target stores them: float32 for TensorBoard, +-Inf as +-DBL_MAX for MLflow). ``comparison_table`` prints it.
+the target stores them: float32 for TensorBoard, +-Inf as +-DBL_MAX for MLflow); rich records by the steps that hold
+one, per name. ``comparison_table`` prints it.
 """
 
 from __future__ import annotations
@@ -117,8 +118,7 @@ def _check_scalars(check: TargetCheck, held: Holdings, back: Holdings, cls: type
     check.extra = sorted(set(back.scalars) - {cls.stored_key(key) for key in held.scalars})
 
 
-def _check_rich(check: TargetCheck, held: Holdings, back: Holdings, cls: type[Source],
-                unsupported: Mapping[str, int]) -> None:
+def _check_rich(check: TargetCheck, held: Holdings, back: Holdings, cls: type[Source], unsupported: Mapping[str, int]) -> None:
     kept = {}
     for kind, name in held.rich:
         if kind in unsupported:
@@ -188,8 +188,7 @@ def comparison_table(where: str, run: RunSpec, held: Holdings, checks: Mapping[s
     rows = [["key", "points", "first", "last", *names]]
     for key, (steps, values) in sorted(held.scalars.items()):
         first, last = _ends(steps, values)
-        rows.append([key, str(len(steps)), first, last,
-                     *[_cell(check, check.scalars.get(key)) for check in checks.values()]])
+        rows.append([key, str(len(steps)), first, last, *[_cell(check, check.scalars.get(key)) for check in checks.values()]])
     lines += _aligned(rows)
     if held.rich:
         rows = [["kind", "name", "steps", "first", "last", *names]]

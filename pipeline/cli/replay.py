@@ -12,8 +12,7 @@ from tracklane.core.report import PipelineReport
 from tracklane.spool.manifest import RunManifest
 
 
-def replay_spool(directory: str, to: list[str] | None, exit_code: int | None, timeout: float,
-                 progress: bool) -> int:
+def replay_spool(directory: str, to: list[str] | None, exit_code: int | None, timeout: float, progress: bool) -> int:
     from tracklane.host.registry import backend_class, resolve_backends
 
     manifest = RunManifest.load(directory)
@@ -53,8 +52,7 @@ def undelivered(report: PipelineReport) -> dict[str, int]:
     """Per tracker, the records it lacks (said on stderr); empty when every tracker has everything."""
     left = {name: lane.unstored_records for name, lane in report.lanes.items() if not lane.complete}
     if left:
-        print(f"tracklane: not everything arrived: {left}; run the same command again when the tracker is back",
-              file=sys.stderr)
+        print(f"tracklane: not everything arrived: {left}; run the same command again when the tracker is back", file=sys.stderr)
     return left
 
 
@@ -70,10 +68,7 @@ def _wait_with_progress(pipe: Any, deadline: float, progress: bool, desc: str) -
         waiting = sum(lane.unstored_records for lane in report.lanes.values())
         if total is None:
             total = waiting
-            if progress:
-                from tqdm import tqdm
-
-                bar = tqdm(total=total, unit="record", desc=desc, file=sys.stderr)
+            bar = progress_bar(progress, desc, total)
         settled = not report.timed_out
         if bar is not None:
             bar.n = total if settled else max(0, total - waiting)
@@ -82,3 +77,12 @@ def _wait_with_progress(pipe: Any, deadline: float, progress: bool, desc: str) -
             break
     if bar is not None:
         bar.close()
+
+
+def progress_bar(shown: bool, desc: str, total: int | None = None) -> Any:
+    """A tqdm bar of records on stderr, or None when it is not ``shown``."""
+    if not shown:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="record", desc=desc, file=sys.stderr)

@@ -223,14 +223,12 @@ def trace_rows(traces: list[Trace], trajectories: list[dict[str, Any]]) -> list[
     for row in trajectories:
         meta = row["meta"]
         if "sample_index" in meta and "rollout_index" in meta:
-            rollouts.setdefault(_rollout_key(meta["sample_index"], meta["rollout_index"], meta.get("validation")),
-                                row["index"])
+            rollouts.setdefault(_rollout_key(meta["sample_index"], meta["rollout_index"], meta.get("validation")), row["index"])
     first = min(trace.start_ns for trace in traces)
     rows = []
     for index, trace in enumerate(sorted(traces, key=lambda t: (t.start_ns, t.end_ns))):
         row = trace_row(index, trace, first)
-        row["trajectory"] = rollouts.get(_rollout_key(row["sample_index"], row["rollout_n"],
-                                                      trace.attributes.get("validate")))
+        row["trajectory"] = rollouts.get(_rollout_key(row["sample_index"], row["rollout_n"], trace.attributes.get("validate")))
         rows.append(row)
     return rows
 
@@ -250,8 +248,7 @@ def trace_row(index: int, trace: Trace, first_ns: int) -> dict[str, Any]:
             "attributes": attributes, "exception_type": exception_type,
             "messages": [{"role": m.get("role", ""), "content": _bounded(m.get("content", ""), cut)}
                          for m in trace.messages],
-            "inputs": _bounded(inputs, cut), "output": _bounded(output, cut), "metadata": _bounded(metadata, cut),
-            "cut": cut[0]}
+            "inputs": _bounded(inputs, cut), "output": _bounded(output, cut), "metadata": _bounded(metadata, cut), "cut": cut[0]}
 
 
 def _rollout_key(sample: Any, rollout: Any, validation: Any) -> tuple[str, str, bool]:

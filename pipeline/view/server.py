@@ -39,14 +39,13 @@ def make_server(data: RunData | list[RunData], host: str = "127.0.0.1", port: in
     """A server for ``data`` (a run, or runs: the first browsed, the others compared with it; ``?run=K`` picks one
     for /api/step) bound to host:port (0: a free one, ``server.server_port``); call ``serve_forever``."""
     runs = data if isinstance(data, list) else [data]
-    handler = type("ViewHandler", (_Handler,), {"data": runs[0], "runs": runs})
+    handler = type("ViewHandler", (_Handler,), {"runs": runs})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server
 
 
 class _Handler(BaseHTTPRequestHandler):
-    data: RunData
     runs: list[RunData]
     server_version = "tracklane-view"
 
@@ -55,22 +54,19 @@ class _Handler(BaseHTTPRequestHandler):
         route = parts.path
         if route == "/api/runs":
             self._json([self._overlay(index, run) for index, run in enumerate(self.runs)])
-        elif route.startswith("/api/step/") and parts.query:
-            self._other_step(route.removeprefix("/api/step/"), parse_qs(parts.query).get("run", ["0"])[0])
+        elif route.startswith("/api/step/"):
+            self._step(route.removeprefix("/api/step/"), parse_qs(parts.query).get("run", ["0"])[0])
         elif route == "/api/run":
             self._json(self._run_answer())
         elif route == "/api/events":
             self._events()
-        elif route.startswith("/api/step/"):
-            self._step(route.removeprefix("/api/step/"))
         else:
             self._static("index.html" if route == "/" else route.lstrip("/"))
 
     def _run_answer(self) -> dict[str, Any]:
-        snapshot = self.data.snapshot()
+        snapshot = self.runs[0].snapshot()
         return {"run": snapshot.run, "steps": list(snapshot.steps.values()), "read_at": snapshot.read_at,
-                "error": snapshot.error, "skipped": snapshot.skipped, "alerts": snapshot.alerts,
-                "charts": snapshot.charts}
+                "error": snapshot.error, "skipped": snapshot.skipped, "alerts": snapshot.alerts, "charts": snapshot.charts}
 
     def _events(self) -> None:
         """An event ``run`` (the /api/run answer) now and whenever the run was read again or its error changed;
@@ -103,17 +99,15 @@ class _Handler(BaseHTTPRequestHandler):
         return {"index": index, "run": snapshot.run, "charts": snapshot.charts, "alerts": snapshot.alerts,
                 "steps": sorted(snapshot.steps)}
 
-    def _other_step(self, text: str, run: str) -> None:
+    def _step(self, text: str, run: str) -> None:
+        """Step ``text`` of the run served as number ``run`` (0: the one browsed)."""
         if not run.isdigit() or int(run) >= len(self.runs):
             return self._error(HTTPStatus.NOT_FOUND, f"no run {run!r}: {len(self.runs)} served")
-        self._step(text, self.runs[int(run)])
-
-    def _step(self, text: str, data: RunData | None = None) -> None:
         try:
             step = int(text)
         except ValueError:
             return self._error(HTTPStatus.BAD_REQUEST, f"not a step: {text!r}")
-        snapshot = (data or self.data).snapshot()
+        snapshot = self.runs[int(run)].snapshot()
         if step not in snapshot.steps:
             return self._error(HTTPStatus.NOT_FOUND, f"step {step} holds no rollouts, generations or traces")
         self._json({"step": step, "summary": snapshot.steps[step], "trajectories": snapshot.trajectories.get(step, []),

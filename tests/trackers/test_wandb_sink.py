@@ -19,13 +19,8 @@ from tracklane.core.errors import MissingExtraError
 from tracklane.core.params import REDACTED, plain_config
 from tracklane.core.records import Metrics, RunSpec
 from tracklane.workers.sinks.wandb import WandbSink
-from tracklane.workers.sinks.wandb_store import CorruptRunFileError
-from tracklane.workers.testing.readers.wandb_reader import (
-    iter_payloads,
-    read_run_file,
-    read_wandb_run,
-    run_files,
-)
+from tracklane.workers.sinks.wandb_store import CorruptRunFileError, iter_payloads
+from tracklane.workers.testing.readers.wandb_reader import read_run_file, read_wandb_run, run_files
 
 STEPS = 300
 CONFIG = {

@@ -68,8 +68,7 @@ class FileSource(Source):
 
     @classmethod
     def of_target(cls, settings: Mapping[str, Any], run: RunSpec) -> FileSource:
-        return cls(settings["path"], settings.get("validation_dir"), settings.get("rollout_dir"),
-                   settings.get("media_dir"))
+        return cls(settings["path"], settings.get("validation_dir"), settings.get("rollout_dir"), settings.get("media_dir"))
 
     def _lines(self, path: str | None = None) -> Iterator[dict[str, Any]]:
         with open(path or self.path, encoding="utf-8") as handle:
@@ -203,11 +202,8 @@ class FileSource(Source):
 
     @classmethod
     def stored_name(cls, kind: str, name: str) -> str:
-        if kind == "generations":
-            return GENERATIONS_KEY
-        if kind == "trajectories":
-            return TRAJECTORIES_KEY
-        return safe_name(name) if kind in ("text", "image", "artifact") else name
+        fixed = {"generations": GENERATIONS_KEY, "trajectories": TRAJECTORIES_KEY}.get(kind)
+        return fixed or (safe_name(name) if kind in ("text", "image", "artifact") else name)
 
 
 def _step_files(folder: str) -> Iterator[tuple[int, str, list[dict[str, Any]]]]:

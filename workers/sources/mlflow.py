@@ -48,7 +48,7 @@ DOUBLE_MAX = 1.7976931348623157e308
 """What MLflow stores for +-Inf."""
 HISTOGRAM_STATS = ("mean", "std", "min", "max", "count")
 _STEP_FILE = re.compile(r"(generations|trajectories|histograms|text)/([^/]+)/step_(-?\d+)\.(json|txt)")
-_IMAGE_FILE = re.compile(r"images/(.+)\+step\+(-?\d+)\+timestamp\+(\d+)\+[0-9a-f-]+\.png")
+IMAGE_FILE = re.compile(r"images/(.+)\+step\+(-?\d+)\+timestamp\+(\d+)\+[0-9a-f-]+\.png")  # key, step, ms
 _THUMBNAIL = re.compile(r"images/.+\+compressed\.webp")
 _IMAGE_KEY = re.compile(r"[^a-zA-Z0-9_\-./ ]")  # MlflowClient.log_image's rule for a key
 
@@ -147,7 +147,7 @@ class MlflowSource(Source):
             with open(local, encoding="utf-8") as handle:
                 content = handle.read()
             return _step_record(kind, folder, step, content, start, history)
-        match = _IMAGE_FILE.fullmatch(path)
+        match = IMAGE_FILE.fullmatch(path)
         if match:
             with open(local, "rb") as handle:
                 data = png(handle.read())
@@ -182,8 +182,7 @@ class MlflowSource(Source):
         return mlflow_key(name)
 
 
-def _step_record(kind: str, folder: str, step: int, content: str, start: float,
-                 history: Mapping[str, list[Any]]) -> Record:
+def _step_record(kind: str, folder: str, step: int, content: str, start: float, history: Mapping[str, list[Any]]) -> Record:
     if kind == "text":
         return Text(step=step, name=folder, text=content, time=start)
     data = json.loads(content)
@@ -201,12 +200,11 @@ def _histogram(step: int, data: dict[str, Any], start: float, history: Mapping[s
     stats = {stat: point for stat in HISTOGRAM_STATS
              for point in history.get(mlflow_key(f"{name}/{stat}"), []) if point.step == step}
     nonfinite = data.get("nonfinite") or {}
-    record = binned_histogram(
+    return binned_histogram(
         step, stats["count"].timestamp / 1000 if "count" in stats else start, name, data["bin_edges"], data["counts"],
         total=data.get("count"), mean=_stat(stats, "mean"), std=_stat(stats, "std"), minimum=_stat(stats, "min"),
         maximum=_stat(stats, "max"),
         nonfinite=(int(nonfinite.get("nan", 0)), int(nonfinite.get("+inf", 0)), int(nonfinite.get("-inf", 0))))
-    return record
 
 
 def _stat(stats: Mapping[str, Any], name: str) -> float | None:

@@ -25,6 +25,8 @@ Point = tuple[int, float, str, float | int]
 """(step, time in seconds, key, value)."""
 
 _VERSION_FOLDER = re.compile(r"step_(-?\d+)")
+ROLLOUT_INDICES = ("sample_index", "rollout_index", "validation")
+"""A trajectory's meta entries that wandb and trackio keep beside it, not in its meta."""
 _RICH_ORDER = {"metrics": 0}  # at one step, the scalars first, then the rich records in source order
 
 
@@ -102,8 +104,7 @@ def trajectory(data: Mapping[str, Any]) -> Trajectory:
     rewards = {str(k): score(v) for k, v in (data.get("rewards") or {}).items()}
     return Trajectory(messages=[{str(k): str(v) for k, v in m.items()} for m in data.get("messages") or []],
                       tool_calls=[dict(call) for call in data.get("tool_calls") or []], rewards=rewards,
-                      meta=dict(data.get("meta") or {}),
-                      token_ids=np.asarray(data.get("token_ids") or [], dtype="<i4").tobytes())
+                      meta=dict(data.get("meta") or {}), token_ids=np.asarray(data.get("token_ids") or [], dtype="<i4").tobytes())
 
 
 def score(value: Any) -> float:

@@ -32,15 +32,12 @@ from tracklane.core.errors import ConfigError
 from tracklane.core.records import Image, Record, RunSpec, Text
 from tracklane.host.sink import import_sdk
 from tracklane.host.source import Source, SourceRun, option
-from tracklane.workers.sinks.tensorboard import parse_params_table
+from tracklane.workers.sinks.tensorboard import PARAMS_TAG, TEXT_SUFFIX, parse_params_table
 from tracklane.workers.sources.shaping import Point, binned_histogram, in_step_order, metrics_records, png
 
-PARAMS_TAG = "hyperparameters"  # workers/sinks/tensorboard.py writes the params there
-TEXT_SUFFIX = "/text_summary"
 KEEP_ALL = {"scalars": 0, "tensors": 0, "histograms": 0, "compressedHistograms": 0, "images": 0, "audio": 0}
 _HUGE = 1e300  # TensorFlow's outermost bucket limits are +-DBL_MAX
-_STORED_AS = {"generations": "text", "trajectories": "text", "text": "text", "histogram": "histogram",
-              "image": "image"}
+_STORED_AS = {"generations": "text", "trajectories": "text", "text": "text", "histogram": "histogram", "image": "image"}
 """What the tracklane TensorBoard sink writes each kind as (tables as markdown text); artifacts: nothing."""
 
 
@@ -70,12 +67,12 @@ class TensorboardSource(Source):
             files = sorted(Path(self.logdir).glob("*tfevents*"))
             if not files:
                 raise ConfigError(f"no TensorBoard event files in {self.logdir}")
-            self._loaded = [_load(path) for path in files]
+            self._loaded = [load_events(path) for path in files]
         return self._loaded
 
     def run(self) -> SourceRun:
         params: dict[str, Any] = {}
-        for acc in self._accumulators() + [_load(p) for p in sorted(Path(self.logdir).glob("*/*tfevents*"))]:
+        for acc in self._accumulators() + [load_events(p) for p in sorted(Path(self.logdir).glob("*/*tfevents*"))]:
             params.update(_hparams(acc))
             if PARAMS_TAG in acc.Tags()["tensors"]:
                 for event in acc.Tensors(PARAMS_TAG):
@@ -132,7 +129,8 @@ class TensorboardSource(Source):
         return _STORED_AS.get(kind)
 
 
-def _load(path: Path) -> Any:
+def load_events(path: Path) -> Any:
+    """One event file read whole: every event kept (size 0: no sampling), none purged as "orphaned"."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(path), size_guidance=KEEP_ALL, purge_orphaned_data=False)

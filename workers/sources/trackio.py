@@ -36,7 +36,7 @@ from tracklane.core.values import as_number
 from tracklane.host.sink import import_sdk
 from tracklane.host.source import Source, SourceRun, option
 from tracklane.workers.sinks.trackio import RESERVED_KEYS, TRACKIO_RESERVED_CONFIG, artifact_name, point_trackio_at, trackio_dir
-from tracklane.workers.sources.shaping import binned_histogram, in_step_order, png, score
+from tracklane.workers.sources.shaping import ROLLOUT_INDICES, binned_histogram, in_step_order, png, score
 
 SYSTEM_AXIS = "system/elapsed_s"  # pipeline/capture/convert.py: the system metrics' axis
 _STORED_AS = {kind: kind for kind in ("generations", "trajectories", "text", "histogram", "image", "artifact")}
@@ -71,10 +71,8 @@ class TrackioSource(Source):
 
     def _run(self) -> Any:
         if self._found is None:
-            trackio, storage = import_sdk(type(self)), self._storage()
-            exists = storage.get_project_db_path(self.project).exists()
-            runs = [run for run in (trackio.Api().runs(self.project) if exists else [])
-                    if (self.run_name is None or run.name == self.run_name) and (self.run_id is None or run.id == self.run_id)]
+            self._storage()
+            runs = matching_runs(import_sdk(type(self)), self.project, self.run_name, self.run_id)
             if len(runs) != 1:
                 raise ConfigError(f"expected one trackio run {self.run_name or ''!r} in project {self.project!r} of "
                                   f"{self.folder}, found {[run.name for run in runs]} (pass --run NAME)")
@@ -101,7 +99,7 @@ class TrackioSource(Source):
         return iter(in_step_order(records))
 
     def _row(self, row: dict[str, Any], media: Path) -> list[Record]:
-        step, when = int(row.pop("step")), _seconds(row.pop("timestamp"))
+        step, when = int(row.pop("step")), seconds_of(row.pop("timestamp"))
         values: dict[str, float | int] = {}
         rich: list[Record] = []
         for key, value in row.items():
@@ -121,7 +119,7 @@ class TrackioSource(Source):
         return ([Metrics(step=step, values=values, time=when)] if values else []) + rich
 
     def _system(self, row: dict[str, Any], records: list[Record]) -> None:
-        when = _seconds(row.pop("timestamp"))
+        when = seconds_of(row.pop("timestamp"))
         elapsed = row.pop(SYSTEM_AXIS, None)
         if not isinstance(elapsed, (int, float)):
             self.skip("trackio system metrics rows")
@@ -160,13 +158,21 @@ class TrackioSource(Source):
         return artifact_name(name) if kind == "artifact" else cls.stored_key(name)
 
 
-def _seconds(timestamp: str) -> float:
+def matching_runs(trackio: Any, project: str, name: str | None = None, run_id: str | None = None) -> list[Any]:
+    """The runs of ``project`` (none where it does not exist) with this name and/or id, oldest first."""
+    exists = trackio.SQLiteStorage.get_project_db_path(project).exists()
+    return [run for run in (trackio.Api().runs(project) if exists else [])
+            if (name is None or run.name == name) and (run_id is None or run.id == run_id)]
+
+
+def seconds_of(timestamp: str) -> float:
+    """An ISO timestamp as trackio stores it, in seconds since the epoch."""
     return datetime.fromisoformat(timestamp).timestamp()
 
 
 def _created(record: Mapping[str, Any]) -> float:
     created = record.get("created_at")
-    return _seconds(created) if isinstance(created, str) else 0.0
+    return seconds_of(created) if isinstance(created, str) else 0.0
 
 
 def _is_traces(value: Any) -> bool:
@@ -183,7 +189,7 @@ def _grouped(traces: list[dict[str, Any]]) -> Iterator[tuple[int, str, list[dict
 
 
 def _traces(step: int, key: str, traces: list[dict[str, Any]]) -> Record:
-    when = _seconds(traces[0]["timestamp"])
+    when = seconds_of(traces[0]["timestamp"])
     metadata = [t.get("metadata") or {} for t in traces]
     if all(m.get("source") == "validation_generations" for m in metadata):
         samples = [[_content(t, "user"), _content(t, "assistant"), score(m.get("score"))]
@@ -199,9 +205,7 @@ def _content(trace: dict[str, Any], role: str) -> str:
 
 def _trajectory(trace: dict[str, Any], metadata: dict[str, Any]) -> Trajectory:
     meta = dict(metadata.get("meta") or {})
-    for name in ("sample_index", "rollout_index", "validation"):
-        if metadata.get(name) is not None:
-            meta[name] = metadata[name]
+    meta.update({name: metadata[name] for name in ROLLOUT_INDICES if metadata.get(name) is not None})
     calls = [{"name": str(span.get("name") or ""), "arguments": str(span.get("input") or ""),
               "result": str(span.get("output") or ""),
               "latency_s": span["duration_ms"] / 1000.0 if isinstance(span.get("duration_ms"), (int, float)) else None}

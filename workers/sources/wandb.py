@@ -43,8 +43,8 @@ from tracklane.core.values import as_number
 from tracklane.host.sink import import_sdk
 from tracklane.host.source import Source, SourceRun, option
 from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, safe_name
-from tracklane.workers.sinks.wandb_store import apply_config, iter_payloads, run_files
-from tracklane.workers.sources.shaping import binned_histogram, in_step_order, png, score
+from tracklane.workers.sinks.wandb_store import apply_config, iter_payloads, metadata_step, run_files
+from tracklane.workers.sources.shaping import ROLLOUT_INDICES, binned_histogram, in_step_order, png, score
 
 STEP_AXIS = "tracklane/step"  # workers/sinks/wandb.py: the trainer's step
 TEXT_COLUMNS = ["step", "text"]
@@ -99,12 +99,9 @@ class WandbSource(Source):
         if self._run is not None:
             return
         import_sdk(type(self))
-        from wandb.proto import wandb_internal_pb2
-
         self._run = SourceRun(project="", experiment="", where=f"wandb run files {', '.join(map(str, self.files))}")
         for path in self.files:
-            for payload in iter_payloads(path):
-                record = wandb_internal_pb2.Record.FromString(payload)  # type: ignore[attr-defined]  # generated
+            for record in run_records(path):
                 self._apply(record, path.parent / "files")
         if not self._run.experiment:
             self._run.experiment = self._run.run_id or "run"
@@ -135,13 +132,10 @@ class WandbSource(Source):
             self._globs.append((metric.glob_name, metric.step_metric))
 
     def _axis_of(self, key: str) -> str | None:
-        axis = self._axes.get(key)
-        if axis is None:
-            axis = next((step for pattern, step in self._globs if fnmatch.fnmatchcase(key, pattern)), None)
-        return axis
+        return self._axes.get(key) or next((step for pattern, step in self._globs if fnmatch.fnmatchcase(key, pattern)), None)
 
     def _history(self, history: Any, files_dir: Path) -> None:
-        items, media = _row(history)
+        items, media = history_row(history)
         row_step = int(items["_step"]) if isinstance(items.get("_step"), (int, float)) else int(history.step.num)
         when = float(items["_timestamp"]) if isinstance(items.get("_timestamp"), (int, float)) else self._time
         self._time = when
@@ -153,7 +147,7 @@ class WandbSource(Source):
         for key, value in items.items():
             if key.startswith("_") or key in axes:
                 continue
-            number = _number(value)
+            number = as_number(value)  # JSON values: a bool as 0 or 1, a list or dict None
             if number is None:
                 self.skip(f"{type(value).__name__} history values")
                 continue
@@ -200,9 +194,7 @@ class WandbSource(Source):
     def _trajectory(self, row: list[Any]) -> Trajectory:
         fields = dict(zip(TRAJECTORY_COLUMNS, row, strict=True))
         meta = json.loads(fields["meta"] or "{}")
-        for name in ("sample_index", "rollout_index", "validation"):
-            if fields[name] is not None:
-                meta[name] = fields[name]
+        meta.update({name: fields[name] for name in ROLLOUT_INDICES if fields[name] is not None})
         if fields["num_tokens"]:
             self.skip("trajectory token ids (wandb keeps only their count)")
         rewards = {str(k): score(v) for k, v in json.loads(fields["rewards"] or "{}").items()}
@@ -224,7 +216,8 @@ class WandbSource(Source):
                 target = os.path.join(path, entry.path)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 shutil.copy2(entry.local_path, target)
-        step = _metadata_step(artifact.metadata)
+        step = metadata_step(artifact.metadata)
+        step = int(step) if isinstance(step, (int, float)) and math.isfinite(step) else 0
         self._records.append(Artifact(step=step, path=path, name=artifact.name, type=artifact.type, time=self._time))
 
     # -- how wandb stores what the wandb sink hands it -------------------------------------------
@@ -237,7 +230,15 @@ class WandbSource(Source):
         return safe_name(name, "-") if kind == "artifact" else name
 
 
-def _row(history: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+def run_records(path: Path) -> Iterator[Any]:
+    """The ``Record`` messages (wandb's own schema) of one ``.wandb`` file, in order."""
+    from wandb.proto import wandb_internal_pb2
+
+    for payload in iter_payloads(path):
+        yield wandb_internal_pb2.Record.FromString(payload)  # type: ignore[attr-defined]  # generated protobuf
+
+
+def history_row(history: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """(plain items by key, media values by logged key) of one history record."""
     items: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {}
@@ -254,15 +255,13 @@ def _row(history: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
 
 
 def _value(item: Any) -> Any:
-    return json.loads(item.value_json) if item.value_json else None
-
-
-def _number(value: Any) -> float | int | None:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, (int, float)):
-        return as_number(value)
-    return None
+    """wandb 0.31 writes ``value_json``; the typed ``value`` oneof is read too, should a writer use it."""
+    typed = item.WhichOneof("value")
+    if typed == "json":
+        return json.loads(item.json)
+    if typed is not None:
+        return None if typed == "none" else getattr(item, typed)
+    return json.loads(item.value_json) if item.value_json else None  # Python's json reads NaN and Infinity
 
 
 def _verl_generations(columns: list[str]) -> bool:
@@ -276,12 +275,4 @@ def _verl_generations(columns: list[str]) -> bool:
 def _verl_samples(row: list[Any]) -> list[list[Any]]:
     cells = row[1:]
     return [[str(cells[i]), str(cells[i + 1]), score(cells[i + 2])] for i in range(0, len(cells), 3)]
-
-
-def _metadata_step(metadata: str) -> int:
-    try:
-        step = json.loads(metadata).get("step") if metadata else None
-    except (ValueError, AttributeError):
-        return 0
-    return int(step) if isinstance(step, (int, float)) and math.isfinite(step) else 0
 

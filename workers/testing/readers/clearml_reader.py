@@ -33,7 +33,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,16 +45,24 @@ from tracklane.workers.testing.readers import ReadBack
 EXIT_TAG = "tracklane.exit_code="
 RUN_TAG = "tracklane.run_id:"
 CONFIG_NAME = "Hyperparameters"
+_Source = Callable[[str], bytes | None]
+"""A session's files by their name in it: ``data/<key>``, ``task.json`` ...; None when it has none of the name."""
 
 
 @dataclass
-class ClearmlScalar:
+class ClearmlEvent:
+    """What every event of metrics.jsonl has: where it is (title, series, iteration) and when it was reported."""
+
     title: str
     series: str
     iteration: int
-    value: float
     timestamp: int
-    """Milliseconds since the epoch, when the value was reported."""
+    """Milliseconds since the epoch, when it was reported."""
+
+
+@dataclass
+class ClearmlScalar(ClearmlEvent):
+    value: float
 
     @property
     def key(self) -> str:
@@ -62,13 +70,9 @@ class ClearmlScalar:
 
 
 @dataclass
-class ClearmlPlot:
+class ClearmlPlot(ClearmlEvent):
     """A "plot" event: a table or a histogram as plotly JSON."""
 
-    title: str
-    series: str
-    iteration: int
-    timestamp: int
     plot: dict[str, Any]
 
     def table(self) -> tuple[list[Any], list[list[Any]]]:
@@ -84,13 +88,9 @@ class ClearmlPlot:
 
 
 @dataclass
-class ClearmlSample:
+class ClearmlSample(ClearmlEvent):
     """A debug sample (image, text or other media) and its file's bytes."""
 
-    title: str
-    series: str
-    iteration: int
-    timestamp: int
     key: str
     """The file's path under the session's data/ folder."""
     content: bytes | None
@@ -170,7 +170,7 @@ def read_clearml_run(cache_dir: str | Path, *, task_id: str | None = None, run_i
     Raises ``LookupError`` when none or several match."""
     found = []
     for folder in clearml_sessions(cache_dir):
-        data = _task_dict(_Folder(folder))
+        data = _task_dict(_session(folder), folder)
         tags = data.get("tags") or []
         if ((task_id is None or data.get("id") == task_id) and (run_id is None or RUN_TAG + run_id in tags)
                 and (experiment is None or data.get("name") == experiment)):
@@ -184,17 +184,16 @@ def read_clearml_run(cache_dir: str | Path, *, task_id: str | None = None, run_i
 def read_clearml_session(path: str | Path) -> ClearmlRun:
     """One offline session: its folder, or the zip ClearML wrote beside it at close."""
     path = Path(path)
-    source: _Source = _Zip(path) if path.is_file() else _Folder(path)
-    data = _task_dict(source)
+    source = _session(path)
+    data = _task_dict(source, path)
     out = ClearmlRun(task_id=str(data.get("id", "")), name=str(data.get("name", "")),
                      project=str(data.get("project_name", "")), status=data.get("status"),
                      tags=list(data.get("tags") or []), folder=path if path.is_dir() else None)
     out.exit_code = _exit_code(out.tags)
     _read_configuration(data.get("configuration") or {}, out)
     _read_events(source, out)
-    _read_artifacts(source, (data.get("execution") or {}).get("artifacts") or [], str(data.get("offline_folder", "")),
-                    out)
-    out.console = [str(event.get("msg", "")) for event in _jsonl_events(source.read("log.jsonl"))]
+    _read_artifacts(source, (data.get("execution") or {}).get("artifacts") or [], str(data.get("offline_folder", "")), out)
+    out.console = [str(event.get("msg", "")) for event in _jsonl_events(source("log.jsonl"))]
     return out
 
 
@@ -214,17 +213,17 @@ def _read_configuration(configuration: dict[str, Any], out: ClearmlRun) -> None:
 
 
 def _read_events(source: _Source, out: ClearmlRun) -> None:
-    for event in _jsonl_events(source.read("metrics.jsonl")):
+    for event in _jsonl_events(source("metrics.jsonl")):
         kind = event.get("type")
-        common = (str(event["metric"]), str(event["variant"]), int(event.get("iter", 0)))
+        common = (str(event["metric"]), str(event["variant"]), int(event.get("iter", 0)), int(event.get("timestamp", 0)))
         if kind == "training_stats_scalar":
-            out.scalar_events.append(ClearmlScalar(*common, float(event["value"]), int(event["timestamp"])))
+            out.scalar_events.append(ClearmlScalar(*common, float(event["value"])))
             out.points.append((common[2], scalar_key(common[0], common[1]), float(event["value"])))
         elif kind == "plot":
-            out.plots.append(ClearmlPlot(*common, int(event["timestamp"]), json.loads(event["plot_str"])))
+            out.plots.append(ClearmlPlot(*common, json.loads(event["plot_str"])))
         elif kind == "training_debug_image":
             key = str(event.get("key", ""))
-            out.samples.append(ClearmlSample(*common, int(event["timestamp"]), key, source.read(f"data/{key}")))
+            out.samples.append(ClearmlSample(*common, key, source(f"data/{key}")))
 
 
 def _read_artifacts(source: _Source, artifacts: list[dict[str, Any]], offline_folder: str, out: ClearmlRun) -> None:
@@ -233,19 +232,18 @@ def _read_artifacts(source: _Source, artifacts: list[dict[str, Any]], offline_fo
     for artifact in artifacts:
         uri, key = str(artifact.get("uri") or ""), str(artifact.get("key", ""))
         local = uri[len(prefix):] if uri.startswith(prefix) else ""
-        content = source.read(f"data/{local}") if local else None
+        content = source(f"data/{local}") if local else None
         metadata = {str(k): str(v) for k, v in (artifact.get("display_data") or [])}
-        out.artifacts[key] = ClearmlArtifact(key, str(artifact.get("type", "")), metadata, uri.rsplit("/", 1)[-1],
-                                             content)
+        out.artifacts[key] = ClearmlArtifact(key, str(artifact.get("type", "")), metadata, uri.rsplit("/", 1)[-1], content)
 
 
-def _task_dict(source: _Source) -> dict[str, Any]:
-    raw = source.read("task.json")
+def _task_dict(source: _Source, path: Path) -> dict[str, Any]:
+    raw = source("task.json")
     if raw is None:
-        raise LookupError(f"{source} holds no task.json: not a ClearML offline session")
+        raise LookupError(f"{path} holds no task.json: not a ClearML offline session")
     data = json.loads(raw)
     if not isinstance(data, dict):
-        raise ValueError(f"{source}: task.json is not an object")
+        raise ValueError(f"{path}: task.json is not an object")
     return data
 
 
@@ -273,29 +271,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class _Folder:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def read(self, name: str) -> bytes | None:
-        file = self.path.joinpath(*name.split("/"))
-        return file.read_bytes() if file.is_file() else None
-
-    def __str__(self) -> str:
-        return str(self.path)
-
-
-class _Zip:
-    def __init__(self, path: Path) -> None:
-        self.path = path
+def _session(path: Path) -> _Source:
+    """The files of a session folder, or of the zip ClearML wrote beside it at close."""
+    if path.is_file():
         with zipfile.ZipFile(path) as archive:
-            self._members = {info.filename: archive.read(info) for info in archive.infolist() if not info.is_dir()}
-
-    def read(self, name: str) -> bytes | None:
-        return self._members.get(name)
-
-    def __str__(self) -> str:
-        return str(self.path)
-
-
-_Source = _Folder | _Zip
+            return {info.filename: archive.read(info) for info in archive.infolist() if not info.is_dir()}.get
+    return lambda name: file.read_bytes() if (file := path.joinpath(*name.split("/"))).is_file() else None

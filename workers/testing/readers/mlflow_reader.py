@@ -10,6 +10,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from tracklane.workers.sources.mlflow import IMAGE_FILE
 from tracklane.workers.testing.readers import ReadBack
 
 
@@ -30,11 +31,8 @@ def find_mlflow_run_ids(tracking_uri: str, project: str, run_name: str) -> list[
     experiment = client.get_experiment_by_name(project)
     if experiment is None:
         return []
-    runs = client.search_runs(
-        [experiment.experiment_id],
-        filter_string=f"attributes.run_name = '{run_name}'",
-        order_by=["attributes.start_time ASC"],
-    )
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"attributes.run_name = '{run_name}'",
+                              order_by=["attributes.start_time ASC"])
     return [run.info.run_id for run in runs]
 
 
@@ -75,14 +73,12 @@ def read_mlflow_steps(tracking_uri: str, run_id: str, folder: str) -> dict[int, 
     return out
 
 
-_IMAGE_FILE = re.compile(r"images/(?P<key>.+)\+step\+(?P<step>-?\d+)\+timestamp\+\d+\+[0-9a-f-]+\.png")
-
 
 def read_mlflow_images(tracking_uri: str, run_id: str) -> dict[str, dict[int, list[bytes]]]:
     """Images logged with ``log_image(key=, step=)``: key ("/" as "~") -> step -> PNG bytes, thumbnails left out."""
     out: dict[str, dict[int, list[bytes]]] = {}
     for path, data in read_mlflow_artifact_dir(tracking_uri, run_id, "images").items():
-        match = _IMAGE_FILE.fullmatch(path)
+        match = IMAGE_FILE.fullmatch(path)
         if match:
-            out.setdefault(match["key"], {}).setdefault(int(match["step"]), []).append(data)
+            out.setdefault(match[1], {}).setdefault(int(match[2]), []).append(data)
     return out

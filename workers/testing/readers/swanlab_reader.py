@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import struct
-import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,10 @@ from swanlab.proto.swanlab.record.v1.record_pb2 import Record
 from swanlab.proto.swanlab.run.v1.run_pb2 import RunState
 from swanlab.proto.swanlab.save.v1.save_pb2 import SaveType
 
+from tracklane.workers.sinks.wandb_store import scan
 from tracklane.workers.testing.readers import ReadBack
 
 _HEADER = struct.Struct("<4sHB")  # ident, magic, version
-_CHUNK = struct.Struct("<IHB")  # crc32, length, chunk type
-_BLOCK = 32768
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 _SYSTEM_PREFIX = "__swanlab__."  # swanlab's own hardware metrics, not the user's
 
 
@@ -59,13 +57,8 @@ def list_swanlab_runs(logdir: str | Path) -> list[SwanlabRunDir]:
         if first is None:  # killed before its first record reached disk: nothing to read
             continue
         start = first.start
-        found.append(SwanlabRunDir(
-            run_id=start.id,
-            experiment=start.name,
-            project=start.project,
-            started=start.started_at.seconds + start.started_at.nanos / 1e9,
-            path=store.parent,
-        ))
+        found.append(SwanlabRunDir(run_id=start.id, experiment=start.name, project=start.project,
+                                   started=start.started_at.seconds + start.started_at.nanos / 1e9, path=store.parent))
     return sorted(found, key=lambda r: (r.started, r.path.name))
 
 
@@ -82,10 +75,8 @@ def read_swanlab_run(logdir: str | Path, *, run_id: str | None = None, experimen
 
 
 def _segments(logdir: str | Path, run_id: str | None, experiment: str | None) -> list[SwanlabRunDir]:
-    segments = [
-        r for r in list_swanlab_runs(logdir)
-        if (run_id is None or r.run_id == run_id) and (experiment is None or r.experiment == experiment)
-    ]
+    segments = [r for r in list_swanlab_runs(logdir)
+                if (run_id is None or r.run_id == run_id) and (experiment is None or r.experiment == experiment)]
     ids = {r.run_id for r in segments}
     if len(ids) != 1:
         raise LookupError(f"expected one swanlab run under {logdir} (run_id={run_id!r}, "
@@ -108,31 +99,17 @@ def _read_segment(run_dir: Path, out: ReadBack) -> None:
         out.params = {key: item["value"] for key, item in stored.items()}
 
 
-def _records(store: Path):
-    """Every ``Record`` in a ``.swanlab`` file, up to a cut-off tail; a bad checksum raises ``ValueError``."""
+def _records(store: Path) -> Iterator[Record]:
+    """Every ``Record`` in a ``.swanlab`` file, up to a cut-off tail; a bad checksum raises ``ValueError``. The
+    chunks are LevelDB's log records, framed as wandb frames its ``.wandb`` file (``wandb_store.scan``)."""
     data = store.read_bytes()
     if len(data) < _HEADER.size:
         return
     ident, _, version = _HEADER.unpack_from(data)
     if ident != b":SWL" or version != 2:
         raise ValueError(f"{store}: not a swanlab v2 store (ident {ident!r}, version {version})")
-    offset, message = _HEADER.size, b""
-    while offset + _CHUNK.size <= len(data):
-        if _BLOCK - offset % _BLOCK < _CHUNK.size:  # block tail too small for a header: padding
-            offset += _BLOCK - offset % _BLOCK
-            continue
-        crc, length, kind = _CHUNK.unpack_from(data, offset)
-        chunk = data[offset + _CHUNK.size: offset + _CHUNK.size + length]
-        if len(chunk) < length:  # cut off by a killed process: its last bytes never reached disk
-            return
-        if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc:
-            raise ValueError(f"{store}: bad checksum at byte {offset}")
-        offset += _CHUNK.size + length
-        message = chunk if kind in (_FULL, _FIRST) else message + chunk
-        if kind in (_FULL, _LAST):
-            record = Record()
-            record.ParseFromString(message)
-            yield record
+    for message, _ in scan(data[_HEADER.size:], _HEADER.size, store):
+        yield Record.FromString(message)
 
 
 # Column type -> folder under media/ (swanlab's own map: swanlab.sdk.internal.pkg.adapter.medium).
@@ -217,12 +194,10 @@ class SwanlabMedia:
         return self.one(key)
 
 
-def read_swanlab_media(logdir: str | Path, *, run_id: str | None = None,
-                       experiment: str | None = None) -> SwanlabMedia:
+def read_swanlab_media(logdir: str | Path, *, run_id: str | None = None, experiment: str | None = None) -> SwanlabMedia:
     """Media entries and user-saved files of one run (all its segments, in start order)."""
     out = SwanlabMedia()
-    own = (SaveType.SAVE_TYPE_CONFIG, SaveType.SAVE_TYPE_METADATA, SaveType.SAVE_TYPE_REQUIREMENTS,
-           SaveType.SAVE_TYPE_CONDA)
+    own = (SaveType.SAVE_TYPE_CONFIG, SaveType.SAVE_TYPE_METADATA, SaveType.SAVE_TYPE_REQUIREMENTS, SaveType.SAVE_TYPE_CONDA)
     for segment in _segments(logdir, run_id, experiment):
         (store,) = segment.path.glob("run-*.swanlab")
         for record in _records(store):

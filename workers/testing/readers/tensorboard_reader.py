@@ -6,23 +6,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-from tracklane.workers.sinks.tensorboard import parse_params_table, table_cells
+from tracklane.workers.sinks.tensorboard import PARAMS_TAG, parse_params_table, table_cells
+from tracklane.workers.sources.tensorboard import KEEP_ALL as KEEP_ALL  # benchmarks/chaos_check.py reads with it
+from tracklane.workers.sources.tensorboard import load_events
 from tracklane.workers.testing.readers import ReadBack
 
-PARAMS_TAG = "hyperparameters"
-KEEP_ALL = {"scalars": 0, "tensors": 0, "histograms": 0, "compressedHistograms": 0, "images": 0}
+
+def _accumulators(logdir: str | Path) -> list[Any]:
+    """One loaded accumulator per event file, oldest first: every event (no sampling), none purged, so a step
+    written twice across a restart shows up twice."""
+    return [load_events(path) for path in sorted(Path(logdir).glob("events.out.tfevents.*"))]
 
 
 def read_tensorboard_dir(logdir: str | Path) -> ReadBack:
     """All scalar points of all event files in ``logdir`` (file by file, duplicates kept) and params."""
     back = ReadBack()
-    for path in sorted(Path(logdir).glob("events.out.tfevents.*")):
-        # One accumulator per file, keeping every point (size 0 = no sampling) and no purging,
-        # so a step written twice across a restart shows up twice.
-        acc = EventAccumulator(str(path), size_guidance=KEEP_ALL, purge_orphaned_data=False)
-        acc.Reload()
+    for acc in _accumulators(logdir):
         tags = acc.Tags()
         for tag in tags["scalars"]:
             back.points += [(event.step, tag, event.value) for event in acc.Scalars(tag)]
@@ -48,9 +47,7 @@ class RichEvents:
 def read_tensorboard_rich(logdir: str | Path) -> RichEvents:
     """Every text, histogram and image event of every event file in ``logdir``, duplicates kept."""
     back = RichEvents()
-    for path in sorted(Path(logdir).glob("events.out.tfevents.*")):
-        acc = EventAccumulator(str(path), size_guidance=KEEP_ALL, purge_orphaned_data=False)
-        acc.Reload()
+    for acc in _accumulators(logdir):
         tags = acc.Tags()
         for tag in tags["tensors"]:
             if tag != PARAMS_TAG:

@@ -1,29 +1,21 @@
-"""Read back a run from trackio's (0.43) local store through trackio's own reading API.
+"""Read back a run from trackio's (0.43) local store through trackio's own reading API, no SQL of our own.
 
-The store is ``<TRACKIO_DIR>/<project>.db`` (SQLite) plus media/, artifacts/ and traces/ beside it.
-Everything here goes through trackio, no SQL of our own: ``trackio.Api().runs(project)`` for the runs
-(names, ids, configs, alerts), and the ``SQLiteStorage`` functions its dashboard server calls
-(trackio/server.py ``get_logs``, ``get_traces``, ``get_system_logs``): ``get_logs`` (every row: step,
-timestamp and the logged values, top-level "NaN"/"Infinity" turned back into floats), ``get_traces``,
-``get_system_logs``, ``get_run_artifacts`` and ``get_artifact_manifest``; an artifact's files are read from
-trackio's content-addressed store (``trackio.cas.blob_path``).
-
-trackio reads ``TRACKIO_DIR`` once at import, so each function first points the imported trackio at the
-folder asked for (``tracklane.workers.sinks.trackio.point_trackio_at``); a sink of this process moves it back to its
-own folder before its next write.
+The store and the calls are ``tracklane.workers.sources.trackio``'s (``trackio.Api().runs`` and the ``SQLiteStorage``
+functions trackio's dashboard calls; an artifact's files from ``trackio.cas.blob_path``). trackio reads
+``TRACKIO_DIR`` once at import, so each function first points the imported trackio at the folder asked for
+(``point_trackio_at``); a sink of this process moves it back to its own folder before its next write.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tracklane.workers.sinks.trackio import EXIT_ALERT_TITLE, TRACKIO_RESERVED_CONFIG, point_trackio_at
+from tracklane.workers.sources.trackio import matching_runs, seconds_of
 from tracklane.workers.testing.readers import ReadBack
-
-TRACKIO_CONFIG_KEYS = ("_Username", "_Created", "_Group")  # what trackio adds to every run's config
 
 
 @dataclass
@@ -101,39 +93,33 @@ class TrackioRun(ReadBack):
 
     def exit_code(self) -> int | None:
         """The exit code of the newest "trainer exited" alert the trackio sink wrote at close (None: no close)."""
-        sink = importlib.import_module("tracklane.workers.sinks.trackio")
         for alert in self.alerts:
-            if alert["title"] == sink.EXIT_ALERT_TITLE:
+            if alert["title"] == EXIT_ALERT_TITLE:
                 return int(str(alert["text"]).removeprefix("exit code "))
         return None
 
 
 def list_trackio_runs(trackio_dir: str | Path, project: str) -> list[TrackioRunInfo]:
     """Every run of ``project`` in the store, oldest first (none when the project does not exist)."""
-    trackio = _trackio(trackio_dir)
-    if not trackio.SQLiteStorage.get_project_db_path(project).exists():
-        return []
-    return [TrackioRunInfo(run_id=run.id, name=run.name) for run in trackio.Api().runs(project)]
+    return [TrackioRunInfo(run_id=run.id, name=run.name) for run in matching_runs(_trackio(trackio_dir), project)]
 
 
-def read_trackio_run(trackio_dir: str | Path, project: str, *, run_id: str | None = None,
-                     name: str | None = None) -> TrackioRun:
+def read_trackio_run(trackio_dir: str | Path, project: str, *, run_id: str | None = None, name: str | None = None) -> TrackioRun:
     """The run with this id and/or name (or the only run) of ``project``; ``LookupError`` unless exactly one matches."""
     trackio = _trackio(trackio_dir)
     storage = trackio.SQLiteStorage
-    runs = [run for run in (trackio.Api().runs(project) if storage.get_project_db_path(project).exists() else [])
-            if (run_id is None or run.id == run_id) and (name is None or run.name == name)]
+    runs = matching_runs(trackio, project, name, run_id)
     if len(runs) != 1:
         raise LookupError(f"expected one trackio run in project {project!r} of {trackio_dir} (run_id={run_id!r}, "
                           f"name={name!r}), found {[(r.name, r.id) for r in runs]}")
     (run,) = runs
     out = TrackioRun(run_id=run.id, name=run.name, config=dict(run.config or {}), alerts=run.alerts(),
                      media_dir=Path(trackio.utils.MEDIA_DIR))
-    out.params = {key: value for key, value in out.config.items() if key not in TRACKIO_CONFIG_KEYS}
+    out.params = {key: value for key, value in out.config.items() if key not in TRACKIO_RESERVED_CONFIG}
     _read_rows(storage.get_logs(project, run_id=run.id), out)
     _read_traces(storage.get_traces(project, run_id=run.id, sort="step_asc"), out)
     for row in storage.get_system_logs(project, run_id=run.id):
-        when = _seconds(row.pop("timestamp"))
+        when = seconds_of(row.pop("timestamp"))
         out.system += [(when, key, value) for key, value in row.items()]
     out.artifacts = _read_artifacts(trackio, project, run)
     out.status = None if out.exit_code() is None else f"exit_code={out.exit_code()}"
@@ -142,13 +128,13 @@ def read_trackio_run(trackio_dir: str | Path, project: str, *, run_id: str | Non
 
 def _trackio(trackio_dir: str | Path) -> Any:
     trackio = importlib.import_module("trackio")
-    importlib.import_module("tracklane.workers.sinks.trackio").point_trackio_at(Path(trackio_dir).absolute())
+    point_trackio_at(Path(trackio_dir).absolute())
     return trackio
 
 
 def _read_rows(rows: list[dict[str, Any]], out: TrackioRun) -> None:
     for row in rows:
-        step, when = row.pop("step"), _seconds(row.pop("timestamp"))
+        step, when = row.pop("step"), seconds_of(row.pop("timestamp"))
         for key, value in row.items():
             if isinstance(value, (int, float)):
                 out.points.append((step, key, value))
@@ -172,6 +158,3 @@ def _read_artifacts(trackio: Any, project: str, run: Any) -> list[TrackioArtifac
                                      aliases=sorted(record["aliases"]), metadata=record["metadata"] or {}, files=files))
     return found
 
-
-def _seconds(timestamp: str) -> float:
-    return datetime.fromisoformat(timestamp).timestamp()

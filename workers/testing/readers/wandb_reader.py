@@ -1,19 +1,13 @@
 """Read a wandb run back from its ``run-<id>.wandb`` files, checking every record's CRC.
 
-The file's framing (header, 32 KiB blocks, CRC'd records) is read by ``tracklane.workers.sinks.wandb_store``,
-which the wandb sink also uses to follow what reached the disk.
-
-``ReadBack.params`` is nested: wandb stores one JSON value per top-level config key,
-and each is parsed back whole (``{"actor": {"lr": 1e-6}}``); wandb's own ``_wandb``
-key is left out.
-
-Media (tables, histograms, images, html ...) are history items whose ``nested_key`` is
-``[logged key, field]``, one of the fields being ``_type``; they are not scalar points.
-A point's step is the value of its key's step metric in the row (the sink logs every key against
-one, ``define_metric``), else the row's ``_step``; the step metrics themselves are not points.
-``read_wandb_media`` returns them per step, with the files they name under the run's
-``files/`` folder (``media/table/...table.json``, ``media/images/...``), and the run's
-artifact records (offline, each file's copy waits in ``WANDB_DATA_DIR/artifacts/staging``).
+The records are parsed as the wandb source parses them (``tracklane.workers.sources.wandb``; the framing is
+``tracklane.workers.sinks.wandb_store``'s, which the wandb sink also uses to follow what reached the disk).
+``ReadBack.params`` is nested: one JSON value per top-level config key (``{"actor": {"lr": 1e-6}}``), wandb's own
+``_wandb`` left out. A point's step is the value of its key's step metric in the row (``define_metric``), else the
+row's ``_step``; the step metrics themselves are no points, nor are media values (tables, histograms, images ...:
+history items whose ``nested_key`` is ``[logged key, field]``, one field being ``_type``). ``read_wandb_media``
+returns those per step, with the files they name under the run's ``files/`` folder, and the run's artifact records
+(offline, each file's copy waits in ``WANDB_DATA_DIR/artifacts/staging``).
 """
 
 from __future__ import annotations
@@ -27,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tracklane.workers.sinks.wandb_store import apply_config
+from tracklane.workers.sources.wandb import history_row, run_records
 from tracklane.workers.testing.readers import ReadBack
 
 
@@ -56,79 +51,35 @@ def run_files(wandb_dir: str | Path, run_id: str | None = None) -> list[Path]:
 def read_run_file(path: str | Path, axes: dict[str, str] | None = None) -> ReadBack:
     """One ``.wandb`` file: history points, config, and the exit code as ``exit_code=N``. ``axes``
     (key -> its step metric) is filled from the file's metric records (and may come from earlier files)."""
-    from wandb.proto import wandb_internal_pb2  # the record schema is wandb's own
-
     back = ReadBack()
-    axes = {} if axes is None else axes
-    for payload in iter_payloads(path):
-        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # generated protobuf
-        record.ParseFromString(payload)
-        kind = record.WhichOneof("record_type")
-        if kind == "metric":
-            _define(axes, record.metric)
-        elif kind == "history":
-            back.points.extend(_history_points(record.history, axes))
-        elif kind == "run":
-            apply_config(back.params, record.run.config)
-        elif kind == "config":
-            apply_config(back.params, record.config)
+    for kind, record in _records(Path(path), {} if axes is None else axes):
+        if kind == "history":
+            step, items, _ = record
+            back.points += [(step, key, value) for key, value in items.items() if isinstance(value, (int, float))
+                            and not isinstance(value, bool)]
+        elif kind in ("run", "config"):
+            apply_config(back.params, record.run.config if kind == "run" else record.config)
         elif kind == "exit":
             back.status = f"exit_code={record.exit.exit_code}"
     return back
 
 
-def iter_payloads(path: str | Path) -> Iterator[bytes]:
-    """The record payloads of a ``.wandb`` file, each CRC-checked and reassembled; a torn last record ends
-    it (its writer was killed mid-write), damage elsewhere raises ``tracklane.workers.sinks.wandb_store.CorruptRunFileError``."""
-    from tracklane.workers.sinks.wandb_store import iter_payloads as payloads
-
-    return payloads(path)
-
-
-def _define(axes: dict[str, str], metric: Any) -> None:
-    if metric.name and metric.step_metric:
-        axes[metric.name] = metric.step_metric
-
-
-def _history_points(history: Any, axes: dict[str, str]) -> Iterator[tuple[int, str, float]]:
-    step, items, _ = _history_row(history, axes)
-    steps = set(axes.values())
-    for key, value in items.items():
-        if not key.startswith("_") and key not in steps and isinstance(value, (int, float)) \
-                and not isinstance(value, bool):
-            yield step, key, value
-
-
-def _history_row(history: Any, axes: dict[str, str] | None = None
-                 ) -> tuple[int, dict[str, Any], dict[str, dict[str, Any]]]:
-    """(step, plain items by key, media values by logged key) of one history record."""
-    items: dict[str, Any] = {}
-    nested: dict[str, dict[str, Any]] = {}
-    for item in history.item:
-        if len(item.nested_key) > 1:
-            nested.setdefault(item.nested_key[0], {})["/".join(item.nested_key[1:])] = _item_value(item)
+def _records(path: Path, axes: dict[str, str]) -> Iterator[tuple[str, Any]]:
+    """(kind, record) of each record of a run file; a history record as (step, its points' items, its media),
+    the step being the value of its keys' step metric in the row (``define_metric``s fill ``axes``), else ``_step``."""
+    for record in run_records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "metric" and record.metric.name and record.metric.step_metric:
+            axes[record.metric.name] = record.metric.step_metric
+        elif kind == "history":
+            items, media = history_row(record.history)
+            step = next((int(items[axes[key]]) for key in (*items, *media)
+                         if key in axes and isinstance(items.get(axes[key]), (int, float))),
+                        int(items["_step"]) if "_step" in items else record.history.step.num)
+            steps = set(axes.values())
+            yield kind, (step, {k: v for k, v in items.items() if not k.startswith("_") and k not in steps}, media)
         else:
-            items[item.key or "/".join(item.nested_key)] = _item_value(item)
-    media = {key: fields for key, fields in nested.items() if "_type" in fields}
-    for key, fields in nested.items():  # a nested dict that is no media value: its leaves, as before
-        if key not in media:
-            items.update({f"{key}/{name}": value for name, value in fields.items()})
-    step = int(items["_step"]) if "_step" in items else history.step.num
-    for key in (*items, *media):  # the row's step metric, if its keys have one
-        axis = (axes or {}).get(key)
-        if axis is not None and isinstance(items.get(axis), (int, float)):
-            return int(items[axis]), items, media
-    return step, items, media
-
-
-def _item_value(item: Any) -> Any:
-    """wandb 0.31 writes ``value_json``; the typed ``value`` oneof is read too, should a writer use it."""
-    typed = item.WhichOneof("value")
-    if typed == "json":
-        return json.loads(item.json)
-    if typed is not None:
-        return None if typed == "none" else getattr(item, typed)
-    return json.loads(item.value_json)  # Python's json reads NaN, Infinity and -Infinity
+            yield kind, record
 
 
 @dataclass
@@ -204,25 +155,17 @@ class WandbMedia:
 
 def read_wandb_media(wandb_dir: str | Path, run_id: str | None = None) -> WandbMedia:
     """Media values and artifact records of one run (every run file of it, oldest first)."""
-    from wandb.proto import wandb_internal_pb2
-
     media = WandbMedia()
     axes: dict[str, str] = {}
     for path in run_files(wandb_dir, run_id):
-        files_dir = Path(path).parent / "files"
-        for payload in iter_payloads(path):
-            record = wandb_internal_pb2.Record.FromString(payload)  # type: ignore[attr-defined]  # generated protobuf
-            kind = record.WhichOneof("record_type")
-            if kind == "metric":
-                _define(axes, record.metric)
-            elif kind == "history":
-                step, _, values = _history_row(record.history, axes)
-                media.values += [MediaValue(step, key, fields, files_dir) for key, fields in values.items()]
+        for kind, record in _records(path, axes):
+            if kind == "history":
+                step, _, values = record
+                media.values += [MediaValue(step, key, fields, path.parent / "files") for key, fields in values.items()]
             elif kind == "artifact":
                 media.artifacts.append(_artifact(record.artifact))
             elif kind == "alert":
-                media.alerts.append({"title": record.alert.title, "text": record.alert.text,
-                                     "level": record.alert.level})
+                media.alerts.append({"title": record.alert.title, "text": record.alert.text, "level": record.alert.level})
     return media
 
 
@@ -234,8 +177,6 @@ def _table_file(value: MediaValue) -> dict[str, Any]:
 
 def _artifact(record: Any) -> StoredArtifact:
     entries = record.manifest.contents
-    return StoredArtifact(
-        name=record.name, type=record.type, metadata=json.loads(record.metadata) if record.metadata else {},
-        files={entry.path: Path(entry.local_path) for entry in entries},
-        digests={entry.path: entry.digest for entry in entries},
-    )
+    return StoredArtifact(name=record.name, type=record.type, metadata=json.loads(record.metadata) if record.metadata else {},
+                          files={entry.path: Path(entry.local_path) for entry in entries},
+                          digests={entry.path: entry.digest for entry in entries})
