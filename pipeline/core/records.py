@@ -8,10 +8,11 @@ is for, from ``log(..., backend=...)``; None means all).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Union, get_args
 
 import numpy as np
 
@@ -260,8 +261,7 @@ BULK_KINDS = frozenset({Generations.kind, Trajectories.kind, Image.kind, Artifac
 """Kinds that travel in a lane's bulk stream (rollout dumps, tables, media, rollout traces): small records (metrics, params, text,
 histograms, the run's health keys) overtake them, and a full buffer never evicts a small record for them."""
 
-RECORD_TYPES: dict[str, type] = {cls.kind: cls for cls in (Metrics, Generations, Trajectories, Histogram, Text,
-                                                            Alert, Image, Artifact, Trace, Reduction)}
+RECORD_TYPES: dict[str, type] = {cls.kind: cls for cls in get_args(Record)}
 """Kind tag on the wire -> record class."""
 
 
@@ -292,8 +292,7 @@ class RunSpec:
 
     def to_plain(self) -> dict[str, Any]:
         """Its fields as a msgpack-able map (a lane actor's opening, a spool's manifest); ``from_plain`` reads it."""
-        return {"project": self.project, "experiment": self.experiment, "params": self.params,
-                "run_id": self.run_id, "resume": self.resume}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_plain(cls, data: Any) -> RunSpec:
