@@ -117,7 +117,7 @@ class AsyncLogConfig:
         for name in _POSITIVE:
             _positive(name, getattr(self, name))
         for name in _NOT_NEGATIVE:
-            if getattr(self, name) is not None:  # max_outage_s: None is "until finish()'s deadline"
+            if name != "max_outage_s" or self.max_outage_s is not None:  # None: until finish()'s deadline
                 _positive(name, getattr(self, name), allow_zero=True)
         if 0 < self.system_metrics_s < 1:
             raise ConfigError("trainer.async_log.system_metrics_s must be 0 (off) or at least 1 second (its axis counts "

@@ -300,10 +300,9 @@ class RunSpec:
         (``resume``, a bool, may be missing: a manifest written before it was kept reads as False)."""
         if not isinstance(data, dict):
             raise CodecError(f"a run must be a map, got {type(data).__name__}")
-        for name, kind in (("project", str), ("experiment", str), ("params", dict), ("run_id", str)):
-            if not isinstance(data.get(name), kind):
-                raise CodecError(f"a run's {name} must be a {kind.__name__}, got {type(data.get(name)).__name__}")
-        if not isinstance(data.get("resume", False), bool):
-            raise CodecError(f"a run's resume must be a bool, got {type(data['resume']).__name__}")
+        for name, kind in (("project", str), ("experiment", str), ("params", dict), ("run_id", str), ("resume", bool)):
+            value = data.get(name, False if name == "resume" else None)
+            if not isinstance(value, kind):
+                raise CodecError(f"a run's {name} must be a {kind.__name__}, got {type(value).__name__}")
         return cls(project=data["project"], experiment=data["experiment"], params=data["params"],
                    run_id=data["run_id"], resume=data.get("resume", False))

@@ -123,12 +123,12 @@ class SystemSampler:
         self._thread: threading.Thread | None = None
         self._process = psutil.Process()
         self._take_reference_points()
-        self._readers: list[tuple[str, Callable[[], dict[str, float]]]] = [
-            ("cpu/percent", self._cpu), ("cpu/load_1m", self._load), ("memory", self._memory),
-            ("disk/percent", self._disk_usage),
+        self._readers: list[_Reader] = [
+            ("cpu/percent", self._cpu), _one("cpu/load_1m", lambda: os.getloadavg()[0]), ("memory", self._memory),
+            _one("disk/percent", lambda: psutil.disk_usage(self._disk_path).percent),
             ("disk", lambda: self._rates("disk", _disk_bytes, "disk/read_mb_s", "disk/write_mb_s")),
             ("network", lambda: self._rates("network", _net_bytes, "network/sent_mb_s", "network/recv_mb_s")),
-            ("process/rss_gb", self._rss), *_gpu_readers()]
+            _one("process/rss_gb", lambda: self._process.memory_info().rss / _GB), *_gpu_readers()]
 
     def _take_reference_points(self) -> None:
         """What the first sample's rates are measured from (CPU times, disk and network counters)."""
@@ -204,19 +204,10 @@ class SystemSampler:
         idle = (now.idle + getattr(now, "iowait", 0.0)) - (before.idle + getattr(before, "iowait", 0.0))
         return {"cpu/percent": 100.0 * max(0.0, total - idle) / total if total > 0 else 0.0}  # 0.0: no tick yet
 
-    def _load(self) -> dict[str, float]:
-        return {"cpu/load_1m": float(os.getloadavg()[0])}
-
     def _memory(self) -> dict[str, float]:
         memory = psutil.virtual_memory()
         return {"memory/used_gb": memory.used / _GB, "memory/available_gb": memory.available / _GB,
                 "memory/percent": float(memory.percent)}
-
-    def _disk_usage(self) -> dict[str, float]:
-        return {"disk/percent": float(psutil.disk_usage(self._disk_path).percent)}
-
-    def _rss(self) -> dict[str, float]:
-        return {"process/rss_gb": self._process.memory_info().rss / _GB}
 
     def _rates(self, group: str, read: Callable[[], tuple[int, int] | None], *names: str) -> dict[str, float]:
         """MB/s of two byte counters since their last reading, as ``names``; none on the first, or without counters."""
@@ -255,7 +246,16 @@ def _net_bytes() -> tuple[int, int] | None:
     return sum(c.bytes_sent for c in outside), sum(c.bytes_recv for c in outside)
 
 
-def _gpu_readers() -> list[tuple[str, Callable[[], dict[str, float]]]]:
+_Reader = tuple[str, Callable[[], dict[str, float]]]
+"""A reading's name (for its warning) and what reads it: its keys and values."""
+
+
+def _one(name: str, read: Callable[[], float]) -> _Reader:
+    """A reading of one figure, keyed ``name``."""
+    return name, lambda: {name: float(read())}
+
+
+def _gpu_readers() -> list[_Reader]:
     """A reading per GPU and figure, through NVML (the optional nvidia-ml-py); none without a driver or device."""
     try:
         import pynvml
@@ -271,18 +271,16 @@ def _gpu_readers() -> list[tuple[str, Callable[[], dict[str, float]]]]:
     return [reader for index, handle in enumerate(handles) for reader in _gpu(pynvml, handle, f"gpu/{index}/")]
 
 
-def _gpu(nvml: Any, handle: Any, key: str) -> list[tuple[str, Callable[[], dict[str, float]]]]:
+def _gpu(nvml: Any, handle: Any, key: str) -> list[_Reader]:
     """One GPU's readings, keyed ``gpu/<NVML index>/<name>``."""
 
     def memory() -> dict[str, float]:
         info = nvml.nvmlDeviceGetMemoryInfo(handle)
         return {key + "memory_used_gb": info.used / _GB, key + "memory_percent": 100.0 * info.used / info.total}
 
-    return [(key + "util_percent", lambda: {key + "util_percent": float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)}),
-            (key + "memory", memory),
-            (key + "temperature_c", lambda: {key + "temperature_c": float(
-                nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))}),
-            (key + "power_w", lambda: {key + "power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0})]  # from mW
+    return [_one(key + "util_percent", lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu), (key + "memory", memory),
+            _one(key + "temperature_c", lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+            _one(key + "power_w", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)]  # from milliwatts
 
 
 def start_node_sampling(put: Callable[[Any], None], run_id: str, interval_s: float, started: float,

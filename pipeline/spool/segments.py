@@ -123,8 +123,8 @@ class Spool:
         self.stats = SpoolStats()
         self._segments: list[_Segment] = []
         self._index: dict[int, SpoolEntry] = {}
-        self._last_seq = 0  # the highest seq ever indexed (kept when its segment is deleted)
-        self._bytes = 0  # sum of the segments' sizes
+        self.last_seq = 0  # the highest seq ever indexed (kept when its segment is deleted)
+        self.nbytes = 0  # sum of the segments' sizes
         self._fd: int | None = None  # the active segment, opened for appending
         self._last_fsync = time.monotonic()
         self._dirty = False
@@ -148,13 +148,13 @@ class Spool:
 
     def _scan(self) -> None:
         self._segments = _scan_folder(self.directory, self._readonly, self.stats, self._index)
-        self._bytes = sum(segment.size for segment in self._segments)
-        self._last_seq = max(self._index, default=0)
+        self.nbytes = sum(segment.size for segment in self._segments)
+        self.last_seq = max(self._index, default=0)
 
     def _add(self, segment: _Segment, entry: SpoolEntry) -> None:
         segment.add(entry)
         self._index[entry.seq] = entry
-        self._last_seq = max(self._last_seq, entry.seq)
+        self.last_seq = max(self.last_seq, entry.seq)
 
     # -- what it holds -------------------------------------------------------------------
     def entries(self) -> list[SpoolEntry]:
@@ -165,14 +165,6 @@ class Spool:
     def batches(self) -> int:
         """How many batches it holds."""
         return len(self._index)
-
-    @property
-    def last_seq(self) -> int:
-        return self._last_seq
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
 
     def read(self, seq: int) -> bytes | None:
         """The payload of batch ``seq``, or None if it is gone or damaged."""
@@ -212,7 +204,7 @@ class Spool:
         entry = SpoolEntry(seq=seq, records=records, oldest_log_time=oldest_log_time, nbytes=len(payload),
                            segment=segment.first, offset=segment.size, bulk=bulk, audience=audience or None)
         segment.size += len(header) + len(payload)
-        self._bytes += len(header) + len(payload)
+        self.nbytes += len(header) + len(payload)
         self._add(segment, entry)
         self._dirty = True
         self.sync_if_due()
@@ -259,10 +251,11 @@ class Spool:
     def _delete(self, segment: _Segment) -> None:
         if self.before_forget is not None:
             self.before_forget()
-        self._bytes -= segment.size
+        self.nbytes -= segment.size
         for entry in segment.entries:
             self._index.pop(entry.seq, None)
-        with contextlib.suppress(OSError):  # gone already, or a read-only disk keeps it: a resume skips what is stored
+        # gone already, or a read-only disk keeps it: a resume skips what every lane's tracker stored
+        with contextlib.suppress(OSError):
             os.remove(segment.path)
 
     def sync_if_due(self) -> None:
