@@ -114,13 +114,11 @@ class AsyncLogConfig:
     dashboard)."""
 
     def __post_init__(self) -> None:
-        for name in ("queue_max_bytes", "lane_max_bytes", "max_batch_bytes", "max_inflight_batches"):
+        for name in _POSITIVE:
             _positive(name, getattr(self, name))
-        for name in ("flush_interval_s", "busy_flush_interval_s", "block_timeout_s", "finish_timeout_s",
-                     "retry_backoff_s"):
-            _positive(name, getattr(self, name),
-                      allow_zero=name in ("busy_flush_interval_s", "block_timeout_s", "retry_backoff_s"))
-        _positive("system_metrics_s", self.system_metrics_s, allow_zero=True)
+        for name in _NOT_NEGATIVE:
+            if name != "max_outage_s" or self.max_outage_s is not None:  # None: until finish()'s deadline
+                _positive(name, getattr(self, name), allow_zero=True)
         if 0 < self.system_metrics_s < 1:
             raise ConfigError("trainer.async_log.system_metrics_s must be 0 (off) or at least 1 second (its axis counts "
                               f"whole seconds), got {self.system_metrics_s}")
@@ -134,19 +132,18 @@ class AsyncLogConfig:
                               f"got {self.bulk_compression_level}")
         if self.sink_retries < 0 or self.max_restarts < 0:
             raise ConfigError("trainer.async_log.sink_retries and max_restarts must be >= 0")
-        for name in ("spool_max_bytes", "spool_segment_bytes", "max_retry_backoff_s"):
-            _positive(name, getattr(self, name))
-        for name in ("spool_fsync_s", "spool_retention_s"):
-            _positive(name, getattr(self, name), allow_zero=True)
-        if self.max_outage_s is not None:
-            _positive("max_outage_s", self.max_outage_s, allow_zero=True)
         if not isinstance(self.reductions, bool):
             raise ConfigError(f"trainer.async_log.reductions must be true or false, got {self.reductions!r}")
-        _positive("reduce_timeout_s", self.reduce_timeout_s)
         if self.spool_segment_bytes > self.spool_max_bytes:
             raise ConfigError("trainer.async_log.spool_segment_bytes must not exceed spool_max_bytes")
         if self.max_batch_bytes > min(self.lane_max_bytes, self.queue_max_bytes):
             raise ConfigError("trainer.async_log.max_batch_bytes must not exceed lane_max_bytes or queue_max_bytes")
+
+
+_POSITIVE = ("queue_max_bytes", "lane_max_bytes", "max_batch_bytes", "max_inflight_batches", "flush_interval_s",
+             "finish_timeout_s", "spool_max_bytes", "spool_segment_bytes", "max_retry_backoff_s", "reduce_timeout_s")
+_NOT_NEGATIVE = ("busy_flush_interval_s", "block_timeout_s", "retry_backoff_s", "system_metrics_s", "spool_fsync_s",
+                 "spool_retention_s", "max_outage_s")
 
 
 def _positive(name: str, value: Any, allow_zero: bool = False) -> None:
@@ -222,11 +219,9 @@ def configured_closing_share_s(section: Mapping[str, Any] | None) -> float:
 
 def trainer_section(config: Any) -> dict[str, Any]:
     """``config["trainer"]`` as a plain dict ({} when absent), for dicts and OmegaConf alike."""
-    if config is None:
-        return {}
     try:
         trainer = config["trainer"]
-    except (KeyError, TypeError, IndexError):  # OmegaConf's missing-key error is a KeyError
+    except (KeyError, TypeError, IndexError):  # OmegaConf's missing-key error is a KeyError; None is no config
         return {}
     if trainer is None:
         return {}

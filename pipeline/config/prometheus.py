@@ -55,13 +55,10 @@ def prometheus_config(section: Mapping[str, Any] | None, env: Mapping[str, str] 
     """The section (a plain mapping) with the environment's fallbacks, refusing unknown keys and bad values."""
     section = dict(section or {})
     refuse_unknown_keys(section, PrometheusConfig.__slots__, "trainer.prometheus")
-    env = env or {}
-    if section.get("host") is None:
-        section["host"] = env.get(HOST_ENV) or DEFAULT_HOST
-    if section.get("port") is None:
-        section["port"] = env.get(PORT_ENV) or DEFAULT_PORT
-    if section.get("final_scrape_s") is None:
-        section["final_scrape_s"] = env.get(FINAL_SCRAPE_ENV) or DEFAULT_FINAL_SCRAPE_S
+    for key, name, default in (("host", HOST_ENV, DEFAULT_HOST), ("port", PORT_ENV, DEFAULT_PORT),
+                               ("final_scrape_s", FINAL_SCRAPE_ENV, DEFAULT_FINAL_SCRAPE_S)):
+        if section.get(key) is None:
+            section[key] = (env or {}).get(name) or default
     _number_from_text(section, "port", int, "a port number (0-65535)")
     _number_from_text(section, "final_scrape_s", float, "a number of seconds >= 0")
     return PrometheusConfig(**section)

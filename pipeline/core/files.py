@@ -1,4 +1,5 @@
-"""Files replaced whole: a reader (or a process that starts after a kill) sees the old content or the new, never a part."""
+"""Files replaced whole (a reader, or a process that starts after a kill, sees the old content or the new, never a
+part), and whether a path still names an open file."""
 
 from __future__ import annotations
 
@@ -13,3 +14,12 @@ def write_atomically(path: str, data: bytes, mode: int = 0o600) -> None:
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
     os.replace(tmp, path)
+
+
+def same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        opened, named = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (opened.st_dev, opened.st_ino) == (named.st_dev, named.st_ino)

@@ -35,10 +35,7 @@ def plain_config(config: Any) -> dict[str, Any]:
 
 
 def _to_container(config: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # omegaconf is a core dependency; stay usable without it all the same
-        return config
+    from omegaconf import DictConfig, ListConfig, OmegaConf
     if isinstance(config, (DictConfig, ListConfig)):
         try:
             return OmegaConf.to_container(config, resolve=True)

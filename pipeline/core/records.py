@@ -8,10 +8,11 @@ is for, from ``log(..., backend=...)``; None means all).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Union, get_args
 
 import numpy as np
 
@@ -261,8 +262,7 @@ BULK_KINDS = frozenset({Generations.kind, Trajectories.kind, Image.kind, Artifac
 """Kinds that travel in a lane's bulk stream (rollout dumps, tables, media, rollout traces): small records (metrics, params, text,
 histograms, the run's health keys) overtake them, and a full buffer never evicts a small record for them."""
 
-RECORD_TYPES: dict[str, type] = {cls.kind: cls for cls in (Metrics, Generations, Trajectories, Histogram, Text,
-                                                            Alert, Image, Artifact, Trace, Reduction)}
+RECORD_TYPES: dict[str, type] = {cls.kind: cls for cls in get_args(Record)}
 """Kind tag on the wire -> record class."""
 
 
@@ -293,8 +293,7 @@ class RunSpec:
 
     def to_plain(self) -> dict[str, Any]:
         """Its fields as a msgpack-able map (a lane actor's opening, a spool's manifest); ``from_plain`` reads it."""
-        return {"project": self.project, "experiment": self.experiment, "params": self.params,
-                "run_id": self.run_id, "resume": self.resume}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_plain(cls, data: Any) -> RunSpec:
@@ -302,10 +301,9 @@ class RunSpec:
         (``resume``, a bool, may be missing: a manifest written before it was kept reads as False)."""
         if not isinstance(data, dict):
             raise CodecError(f"a run must be a map, got {type(data).__name__}")
-        for name, kind in (("project", str), ("experiment", str), ("params", dict), ("run_id", str)):
-            if not isinstance(data.get(name), kind):
-                raise CodecError(f"a run's {name} must be a {kind.__name__}, got {type(data.get(name)).__name__}")
-        if not isinstance(data.get("resume", False), bool):
-            raise CodecError(f"a run's resume must be a bool, got {type(data['resume']).__name__}")
+        for name, kind in (("project", str), ("experiment", str), ("params", dict), ("run_id", str), ("resume", bool)):
+            value = data.get(name, False if name == "resume" else None)
+            if not isinstance(value, kind):
+                raise CodecError(f"a run's {name} must be a {kind.__name__}, got {type(value).__name__}")
         return cls(project=data["project"], experiment=data["experiment"], params=data["params"],
                    run_id=data["run_id"], resume=data.get("resume", False))

@@ -87,8 +87,7 @@ class TrajectoryLines(Sequence[Trajectory]):
     def __getitem__(self, index: slice) -> list[Trajectory]: ...
 
     def __getitem__(self, index: int | slice) -> Trajectory | list[Trajectory]:
-        rows = list(self)
-        return rows[index]
+        return list(self)[index]
 
     def __iter__(self) -> Iterator[Trajectory]:
         for line in bytes(self.lines).splitlines():

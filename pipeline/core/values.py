@@ -96,17 +96,13 @@ def as_number(value: Any) -> float | int | None:
     if isinstance(value, (float, int)):  # subclasses
         return as_number(float(value) if isinstance(value, float) else int(value))
     if isinstance(value, np.ndarray) or _is_tensor(value):
-        return as_number(value.item()) if _size(value) == 1 else None
+        return as_number(value.item()) if (value.size if isinstance(value, np.ndarray) else value.numel()) == 1 else None
     return None
 
 
 def _is_tensor(value: Any) -> bool:
     torch = sys.modules.get("torch")  # never import torch ourselves: it costs seconds and may be absent
     return torch is not None and isinstance(value, torch.Tensor)
-
-
-def _size(value: Any) -> int:
-    return value.size if isinstance(value, np.ndarray) else value.numel()
 
 
 def _describe(value: Any) -> str:

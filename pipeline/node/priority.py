@@ -20,9 +20,9 @@ one-time cost of seconds of CPU, and at SCHED_IDLE on a saturated node it took m
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Any
 
 log = logging.getLogger("tracklane")
 
@@ -38,14 +38,16 @@ def lower_priority(setting: str | int) -> None:
     if setting == "idle" and hasattr(os, "SCHED_IDLE"):
         try:
             for tid in tids:
-                _quietly(os.sched_setscheduler, tid, os.SCHED_IDLE, os.sched_param(0))
+                with contextlib.suppress(ProcessLookupError):  # a thread may end between listing and setting it
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
             return
         except OSError as exc:
             log.debug("tracklane: SCHED_IDLE refused (%s); nice 19 instead", exc)
     level = 19 if setting == "idle" else int(setting)
     try:
         for tid in tids:
-            _quietly(os.setpriority, os.PRIO_PROCESS, tid, max(level, os.getpriority(os.PRIO_PROCESS, tid)))
+            with contextlib.suppress(ProcessLookupError):
+                os.setpriority(os.PRIO_PROCESS, tid, max(level, os.getpriority(os.PRIO_PROCESS, tid)))
     except OSError as exc:
         log.debug("tracklane: cannot lower this process's priority (%s)", exc)
 
@@ -66,11 +68,3 @@ def _children() -> list[int]:
         return [child.pid for child in psutil.Process().children(recursive=True)]
     except psutil.Error:
         return []
-
-
-def _quietly(call: Any, *args: Any) -> None:
-    """A thread may end between listing and setting it; only that is ignored."""
-    try:
-        call(*args)
-    except ProcessLookupError:
-        pass

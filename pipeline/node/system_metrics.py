@@ -8,6 +8,7 @@ about once; nothing here raises into the training process.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Any
 import psutil
 
 from tracklane.core.errors import ConfigError
+from tracklane.core.files import same_file
 
 log = logging.getLogger("tracklane")
 
@@ -56,10 +58,8 @@ class NodeClaim:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
-        try:
+        with contextlib.suppress(OSError):  # already gone; closing still frees the slot
             os.unlink(self.path)
-        except OSError:
-            pass  # already gone; closing still frees the slot
         os.close(fd)
 
 
@@ -73,7 +73,7 @@ def claim_node(run_id: str, node: str) -> NodeClaim | None:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             if not _lock(fd):
                 return None
-            if _same_file(fd, path):
+            if same_file(fd, path):
                 return NodeClaim(fd, path)
             os.close(fd)
     except OSError:  # e.g. the file is another user's: no metrics from here, but no crash either
@@ -97,13 +97,6 @@ def _lock(fd: int) -> bool:
         raise
 
 
-def _same_file(fd: int, path: str) -> bool:
-    try:
-        return os.fstat(fd).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-        return False
-
-
 class SystemSampler:
     """Samples this node on a daemon thread and calls ``emit(values, elapsed_s)``.
 
@@ -113,7 +106,7 @@ class SystemSampler:
     """
 
     def __init__(self, emit: Callable[[dict[str, float], int], None], node: str, interval_s: float,
-                 started: float, disk_path: str = ".") -> None:
+                 started: float, disk_path: str = ".", claim: NodeClaim | None = None) -> None:
         """The first sample at once, though the run's trackers may not be open yet (the spool holds it): a node
         that is slow to open them is what its samples should show."""
         if not interval_s > 0:
@@ -123,16 +116,19 @@ class SystemSampler:
         self._interval = float(interval_s)
         self._started = started
         self._disk_path = disk_path
+        self._claim = claim  # the node's slot, given back by stop()
         self._warned: set[str] = set()
         self._emit_failed = False
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._process = psutil.Process()
         self._take_reference_points()
-        self._readers: list[tuple[str, Callable[[], dict[str, float]]]] = [
-            ("cpu/percent", self._cpu), ("cpu/load_1m", self._load), ("memory", self._memory),
-            ("disk/percent", self._disk_usage), ("disk", self._disk_io), ("network", self._net_io),
-            ("process/rss_gb", self._rss), *_gpu_readers()]
+        self._readers: list[_Reader] = [
+            ("cpu/percent", self._cpu), _one("cpu/load_1m", lambda: os.getloadavg()[0]), ("memory", self._memory),
+            _one("disk/percent", lambda: psutil.disk_usage(self._disk_path).percent),
+            ("disk", lambda: self._rates("disk", _disk_bytes, "disk/read_mb_s", "disk/write_mb_s")),
+            ("network", lambda: self._rates("network", _net_bytes, "network/sent_mb_s", "network/recv_mb_s")),
+            _one("process/rss_gb", lambda: self._process.memory_info().rss / _GB), *_gpu_readers()]
 
     def _take_reference_points(self) -> None:
         """What the first sample's rates are measured from (CPU times, disk and network counters)."""
@@ -177,6 +173,8 @@ class SystemSampler:
             thread.join(timeout)
             if thread.is_alive():
                 log.warning("tracklane: system metrics emit still running after %.1fs; left behind", timeout)
+        if self._claim is not None:
+            self._claim.release()
 
     # -- the thread ----------------------------------------------------------------------------
     def _run(self, stopping: threading.Event) -> None:
@@ -206,37 +204,19 @@ class SystemSampler:
         idle = (now.idle + getattr(now, "iowait", 0.0)) - (before.idle + getattr(before, "iowait", 0.0))
         return {"cpu/percent": 100.0 * max(0.0, total - idle) / total if total > 0 else 0.0}  # 0.0: no tick yet
 
-    def _load(self) -> dict[str, float]:
-        return {"cpu/load_1m": float(os.getloadavg()[0])}
-
     def _memory(self) -> dict[str, float]:
         memory = psutil.virtual_memory()
         return {"memory/used_gb": memory.used / _GB, "memory/available_gb": memory.available / _GB,
                 "memory/percent": float(memory.percent)}
 
-    def _disk_usage(self) -> dict[str, float]:
-        return {"disk/percent": float(psutil.disk_usage(self._disk_path).percent)}
-
-    def _rss(self) -> dict[str, float]:
-        return {"process/rss_gb": self._process.memory_info().rss / _GB}
-
-    def _disk_io(self) -> dict[str, float]:
-        rates = self._rates("disk", _disk_bytes)
-        return {"disk/read_mb_s": rates[0], "disk/write_mb_s": rates[1]} if rates else {}
-
-    def _net_io(self) -> dict[str, float]:
-        rates = self._rates("network", _net_bytes)
-        return {"network/sent_mb_s": rates[0], "network/recv_mb_s": rates[1]} if rates else {}
-
-    def _rates(self, group: str, read: Callable[[], tuple[int, int] | None]) -> tuple[float, float] | None:
-        """MB/s of two byte counters since their last reading; None on the first, or without counters."""
+    def _rates(self, group: str, read: Callable[[], tuple[int, int] | None], *names: str) -> dict[str, float]:
+        """MB/s of two byte counters since their last reading, as ``names``; none on the first, or without counters."""
         before = self._counters.get(group)
         now = self._remember(group, read)
         if before is None or now is None or now[0] <= before[0]:
-            return None
+            return {}
         per_mb_s = _MB * (now[0] - before[0])
-        (first, second), (first_before, second_before) = now[1], before[1]
-        return max(0, first - first_before) / per_mb_s, max(0, second - second_before) / per_mb_s
+        return {name: max(0, count - earlier) / per_mb_s for name, count, earlier in zip(names, now[1], before[1], strict=True)}
 
     def _remember(self, group: str, read: Callable[[], tuple[int, int] | None]) -> tuple[float, tuple[int, int]] | None:
         counters = read()
@@ -266,7 +246,16 @@ def _net_bytes() -> tuple[int, int] | None:
     return sum(c.bytes_sent for c in outside), sum(c.bytes_recv for c in outside)
 
 
-def _gpu_readers() -> list[tuple[str, Callable[[], dict[str, float]]]]:
+_Reader = tuple[str, Callable[[], dict[str, float]]]
+"""A reading's name (for its warning) and what reads it: its keys and values."""
+
+
+def _one(name: str, read: Callable[[], float]) -> _Reader:
+    """A reading of one figure, keyed ``name``."""
+    return name, lambda: {name: float(read())}
+
+
+def _gpu_readers() -> list[_Reader]:
     """A reading per GPU and figure, through NVML (the optional nvidia-ml-py); none without a driver or device."""
     try:
         import pynvml
@@ -279,49 +268,25 @@ def _gpu_readers() -> list[tuple[str, Callable[[], dict[str, float]]]]:
     except Exception:  # pynvml.NVMLError: no driver, or no device
         log.debug("tracklane: NVML is not available; no GPU system metrics", exc_info=True)
         return []
-    return [reader for index, handle in enumerate(handles) for reader in _Gpu(pynvml, handle, index).readers()]
+    return [reader for index, handle in enumerate(handles) for reader in _gpu(pynvml, handle, f"gpu/{index}/")]
 
 
-class _Gpu:
+def _gpu(nvml: Any, handle: Any, key: str) -> list[_Reader]:
     """One GPU's readings, keyed ``gpu/<NVML index>/<name>``."""
 
-    def __init__(self, nvml: Any, handle: Any, index: int) -> None:
-        self._nvml, self._handle, self._key = nvml, handle, f"gpu/{index}/"
+    def memory() -> dict[str, float]:
+        info = nvml.nvmlDeviceGetMemoryInfo(handle)
+        return {key + "memory_used_gb": info.used / _GB, key + "memory_percent": 100.0 * info.used / info.total}
 
-    def readers(self) -> list[tuple[str, Callable[[], dict[str, float]]]]:
-        return [(self._key + "util_percent", self._util), (self._key + "memory", self._memory),
-                (self._key + "temperature_c", self._temperature), (self._key + "power_w", self._power)]
-
-    def _util(self) -> dict[str, float]:
-        return {self._key + "util_percent": float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)}
-
-    def _memory(self) -> dict[str, float]:
-        info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
-        return {self._key + "memory_used_gb": info.used / _GB, self._key + "memory_percent": 100.0 * info.used / info.total}
-
-    def _temperature(self) -> dict[str, float]:
-        celsius = self._nvml.nvmlDeviceGetTemperature(self._handle, self._nvml.NVML_TEMPERATURE_GPU)
-        return {self._key + "temperature_c": float(celsius)}
-
-    def _power(self) -> dict[str, float]:
-        return {self._key + "power_w": self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0}  # from milliwatts
-
-
-class NodeSampling:
-    """This process's part in the run's system metrics: the node's sampler and its claim, if it got them."""
-
-    def __init__(self, sampler: SystemSampler, claim: NodeClaim) -> None:
-        self.sampler, self._claim = sampler, claim
-
-    def stop(self, timeout: float = 2.0) -> None:
-        self.sampler.stop(timeout)
-        self._claim.release()
+    return [_one(key + "util_percent", lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu), (key + "memory", memory),
+            _one(key + "temperature_c", lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+            _one(key + "power_w", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)]  # from milliwatts
 
 
 def start_node_sampling(put: Callable[[Any], None], run_id: str, interval_s: float, started: float,
-                        node_id: str | None) -> NodeSampling | None:
-    """Sample this node into the pipeline's buffer (``put``) every ``interval_s`` if no
-    other process of the run on this node does yet; None when off (0), or when another process has the node."""
+                        node_id: str | None) -> SystemSampler | None:
+    """Sample this node into the pipeline's buffer (``put``) every ``interval_s`` if no other process of the run on
+    this node does yet (the sampler's ``stop`` gives the node back); None when off (0), or another process has it."""
     from tracklane.capture.captured import SYSTEM_METRICS, Captured
     from tracklane.core.values import BYTES_PER_ENTRY
 
@@ -335,4 +300,4 @@ def start_node_sampling(put: Callable[[Any], None], run_id: str, interval_s: flo
     def emit(values: dict[str, float], elapsed_s: int) -> None:
         put(Captured(elapsed_s, values, time.time(), None, SYSTEM_METRICS, len(values) * BYTES_PER_ENTRY))
 
-    return NodeSampling(SystemSampler(emit, node, interval_s, started).start(), claim)
+    return SystemSampler(emit, node, interval_s, started, claim=claim).start()

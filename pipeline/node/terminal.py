@@ -13,6 +13,7 @@ the status line again below them, all under one lock: the two never share a line
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections import deque
@@ -66,10 +67,8 @@ class Terminal:
                 self._pending.wait_for(lambda: bool(self._queued))
                 text = "".join(self._queued)
                 self._queued.clear()
-            try:
+            with contextlib.suppress(OSError, ValueError):  # stdout closed or gone: nothing to print on
                 self._print(text)
-            except (OSError, ValueError):  # stdout closed or gone: nothing to print on
-                pass
             with self._pending:
                 self._queued_chars -= len(text)
                 self._pending.notify_all()

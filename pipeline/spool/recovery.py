@@ -70,7 +70,7 @@ def open_spooling(cfg: AsyncLogConfig, run: RunSpec, backends: dict[str, dict[st
     manifest.save(directory)
     copies = {name: LaneState.load(stored_copy_path(directory, name)).stored for name in manifest.backends}
     states = {name: LaneState.load(state_path(directory, name)).stored for name in manifest.backends}
-    stored = {name: _stored(states[name], copies[name]) for name in manifest.backends}
+    stored = {name: _newer(states[name], copies[name], ("", bulk_sender(""))) for name in manifest.backends}  # rank 0's
     entries = list(spool.entries())
     _forgive_delivered_gaps(spool, entries, min((min(s.values()) for s in stored.values()), default=0))
     pending = {name: lacking(entries, name, stored[name]) for name in manifest.backends}
@@ -114,13 +114,10 @@ def _earlier_backends(directory: str) -> dict[str, dict[str, Any]]:
         return {}
 
 
-def _newer(state: dict[str, int], copy: dict[str, int]) -> dict[str, int]:
-    return {sender: max(state.get(sender, 0), copy.get(sender, 0)) for sender in {*state, *copy}}
-
-
-def _stored(state: dict[str, int], copy: dict[str, int]) -> dict[str, int]:
-    """What a lane's tracker holds of rank 0's two streams: its state or rank 0's copy, whichever is ahead."""
-    return {sender: max(state.get(sender, 0), copy.get(sender, 0)) for sender in ("", bulk_sender(""))}
+def _newer(state: dict[str, int], copy: dict[str, int], senders: tuple[str, ...] = ()) -> dict[str, int]:
+    """What a lane's tracker holds of each sender (of ``senders`` only, if given): its state or rank 0's copy,
+    whichever is ahead."""
+    return {sender: max(state.get(sender, 0), copy.get(sender, 0)) for sender in senders or {*state, *copy}}
 
 
 def set_aside_stale(directory: str, run: RunSpec) -> None:

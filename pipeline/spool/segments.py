@@ -22,6 +22,7 @@ cut off); ``intact``/``restore`` notice and mend a folder removed under the writ
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 import crc32c
 
 from tracklane.core.errors import ConfigError
+from tracklane.core.files import same_file
 
 log = logging.getLogger("tracklane")
 
@@ -43,7 +45,6 @@ MAGIC_V1 = b"TLS1"
 _HEADER = struct.Struct("<4sIIQIdBH")  # magic, length, crc, seq, records, oldest log time, stream, audience length
 _CHECKED = struct.Struct("<QIdBH")  # the header fields the checksum covers
 _HEADER_V1 = struct.Struct("<4sIIQId")
-_CHECKED_V1 = struct.Struct("<QId")
 _SEGMENT = re.compile(r"seg-(\d{16})\.tls")
 MAX_FRAME_BYTES = 2**31  # a length past this is corruption, not a batch
 _LOCK = "LOCK"
@@ -69,9 +70,6 @@ class SpoolEntry:
 class SpoolStats:
     """What the spool did, and what it found damaged; cumulative since it was opened."""
 
-    appended_batches: int = 0
-    appended_bytes: int = 0
-    fsyncs: int = 0
     evicted_batches: int = 0
     """Batches deleted to stay within ``max_bytes`` (the shipper counts those a lane still needed)."""
     evicted_records: int = 0
@@ -83,8 +81,6 @@ class SpoolStats:
     """Segments that could not be read at all, renamed ``*.bad``."""
     missing_batches: int = 0
     """Sequence numbers absent between the first and the last spooled batch (corrupt or deleted)."""
-    unreadable_reads: int = 0
-    """read() calls that found the frame gone or damaged."""
 
     @property
     def damaged(self) -> int:
@@ -127,8 +123,8 @@ class Spool:
         self.stats = SpoolStats()
         self._segments: list[_Segment] = []
         self._index: dict[int, SpoolEntry] = {}
-        self._last_seq = 0  # the highest seq ever indexed (kept when its segment is deleted)
-        self._bytes = 0  # sum of the segments' sizes
+        self.last_seq = 0  # the highest seq ever indexed (kept when its segment is deleted)
+        self.nbytes = 0  # sum of the segments' sizes
         self._fd: int | None = None  # the active segment, opened for appending
         self._last_fsync = time.monotonic()
         self._dirty = False
@@ -152,13 +148,13 @@ class Spool:
 
     def _scan(self) -> None:
         self._segments = _scan_folder(self.directory, self._readonly, self.stats, self._index)
-        self._bytes = sum(segment.size for segment in self._segments)
-        self._last_seq = max(self._index, default=0)
+        self.nbytes = sum(segment.size for segment in self._segments)
+        self.last_seq = max(self._index, default=0)
 
     def _add(self, segment: _Segment, entry: SpoolEntry) -> None:
         segment.add(entry)
         self._index[entry.seq] = entry
-        self._last_seq = max(self._last_seq, entry.seq)
+        self.last_seq = max(self.last_seq, entry.seq)
 
     # -- what it holds -------------------------------------------------------------------
     def entries(self) -> list[SpoolEntry]:
@@ -170,19 +166,10 @@ class Spool:
         """How many batches it holds."""
         return len(self._index)
 
-    @property
-    def last_seq(self) -> int:
-        return self._last_seq
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
     def read(self, seq: int) -> bytes | None:
-        """The payload of batch ``seq``, or None (counted) if it is gone or damaged."""
+        """The payload of batch ``seq``, or None if it is gone or damaged."""
         entry = self._index.get(seq)
         if entry is None:
-            self.stats.unreadable_reads += 1
             return None
         try:
             with open(self._path(entry.segment), "rb") as handle:
@@ -192,7 +179,6 @@ class Spool:
             data = b""
         found = _frame_at(data, 0, entry.segment)
         if found is None:
-            self.stats.unreadable_reads += 1
             return None
         end = _frame_end(data, found)
         return data[end - found.nbytes:end]
@@ -218,10 +204,8 @@ class Spool:
         entry = SpoolEntry(seq=seq, records=records, oldest_log_time=oldest_log_time, nbytes=len(payload),
                            segment=segment.first, offset=segment.size, bulk=bulk, audience=audience or None)
         segment.size += len(header) + len(payload)
-        self._bytes += len(header) + len(payload)
+        self.nbytes += len(header) + len(payload)
         self._add(segment, entry)
-        self.stats.appended_batches += 1
-        self.stats.appended_bytes += len(header) + len(payload)
         self._dirty = True
         self.sync_if_due()
         return self._evict()
@@ -267,13 +251,12 @@ class Spool:
     def _delete(self, segment: _Segment) -> None:
         if self.before_forget is not None:
             self.before_forget()
-        self._bytes -= segment.size
+        self.nbytes -= segment.size
         for entry in segment.entries:
             self._index.pop(entry.seq, None)
-        try:
+        # gone already, or a read-only disk keeps it: a resume skips what every lane's tracker stored
+        with contextlib.suppress(OSError):
             os.remove(segment.path)
-        except OSError:  # gone already, or a read-only disk keeps it: a resume skips what every lane's tracker stored
-            pass
 
     def sync_if_due(self) -> None:
         if self._dirty and time.monotonic() - self._last_fsync >= self._fsync_s:
@@ -283,7 +266,6 @@ class Spool:
         """fsync the active segment (for power loss; a process crash needs none)."""
         if self._fd is not None and (self._dirty or force):
             os.fdatasync(self._fd)
-            self.stats.fsyncs += 1
         self._dirty = False
         self._last_fsync = time.monotonic()
 
@@ -308,25 +290,23 @@ class Spool:
 
     def _drop_fd(self) -> None:
         if self._fd is not None:
-            try:
+            with contextlib.suppress(OSError):  # a failing disk may report a lost write here too; it is closed anyway
                 os.close(self._fd)
-            except OSError:  # a failing disk may report a lost write here too; the descriptor is closed anyway
-                pass
             self._fd = None
 
     def intact(self) -> bool:
         """False once the folder, its lock or the segment being written was removed (or another disk was mounted
         over them): writes would go nowhere."""
-        return (self._fd is None or _same_file(self._fd, self._segments[-1].path)) \
-            and (self._lock_fd is None or _same_file(self._lock_fd, os.path.join(self.directory, _LOCK)))
+        return (self._fd is None or same_file(self._fd, self._segments[-1].path)) \
+            and (self._lock_fd is None or same_file(self._lock_fd, os.path.join(self.directory, _LOCK)))
 
     def restore(self) -> list[SpoolEntry]:
         """After (part of) the folder was removed: make it again and take its lock again; the segments that are
         gone are forgotten, and their batches returned (lost from disk, like evicted ones)."""
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        if self._fd is not None and not _same_file(self._fd, self._segments[-1].path):
+        if self._fd is not None and not same_file(self._fd, self._segments[-1].path):
             self._drop_fd()
-        if self._lock_fd is None or not _same_file(self._lock_fd, os.path.join(self.directory, _LOCK)):
+        if self._lock_fd is None or not same_file(self._lock_fd, os.path.join(self.directory, _LOCK)):
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
@@ -361,18 +341,15 @@ def _scan_folder(directory: str, readonly: bool, stats: SpoolStats, index: dict[
         except OSError as exc:
             _quarantine(path, exc, readonly, stats)
             continue
-        good_end = _parse(segment, data, index, stats)
-        tail = len(data) - good_end
+        segment.size = _parse(segment, data, index, stats)
+        tail = len(data) - segment.size
         if tail and i == len(names) - 1:  # the writer died inside its last write
             stats.torn_bytes += tail
             if not readonly:
-                os.truncate(path, good_end)
-            data_size = good_end
-        else:
-            data_size = len(data)
-            if tail:
-                stats.corrupt_frames += 1
-        segment.size = data_size
+                os.truncate(path, segment.size)
+        elif tail:
+            segment.size = len(data)
+            stats.corrupt_frames += 1
         if not segment.entries and not readonly:  # nothing usable: its name must not block a new one
             os.remove(path)
             continue
@@ -417,21 +394,20 @@ def _quarantine(path: str, exc: OSError, readonly: bool, stats: SpoolStats) -> N
     stats.quarantined_segments += 1
     log.warning("tracklane: spool segment %s cannot be read (%s); set aside", path, exc)
     if not readonly:
-        try:
+        with contextlib.suppress(OSError):
             os.replace(path, path + ".bad")
-        except OSError:
-            pass
 
 
 def _frame_at(data: bytes, pos: int, segment: int) -> SpoolEntry | None:
-    """The frame starting at ``pos`` if it is whole and its checksum holds, else None."""
+    """The frame (of either format: TLS1's header is TLS2's without stream and audience) starting at ``pos`` if it
+    is whole and its checksum holds, else None."""
     magic = data[pos:pos + 4]
-    if magic == MAGIC_V1:
-        return _frame_v1_at(data, pos, segment)
-    if magic != MAGIC or pos + _HEADER.size > len(data):
+    header = _HEADER if magic == MAGIC else _HEADER_V1 if magic == MAGIC_V1 else None
+    if header is None or pos + header.size > len(data):
         return None
-    _, length, crc, seq, records, oldest, stream, names = _HEADER.unpack_from(data, pos)
-    start = pos + _HEADER.size + names
+    _, length, crc, seq, records, oldest, *more = header.unpack_from(data, pos)
+    stream, names = more or (0, 0)
+    start = pos + header.size + names
     end = start + length
     if length > MAX_FRAME_BYTES or stream > 1 or end > len(data):
         return None
@@ -439,24 +415,11 @@ def _frame_at(data: bytes, pos: int, segment: int) -> SpoolEntry | None:
     if crc32c.crc32c(memoryview(data)[start:end], crc32c.crc32c(checked)) != crc:
         return None
     try:
-        audience = frozenset(bytes(data[pos + _HEADER.size:start]).decode().split("\n")) if names else None
+        audience = frozenset(bytes(data[pos + header.size:start]).decode().split("\n")) if names else None
     except UnicodeDecodeError:
         return None
     return SpoolEntry(seq=seq, records=records, oldest_log_time=oldest, nbytes=length, segment=segment, offset=pos,
                       bulk=bool(stream), audience=audience)
-
-
-def _frame_v1_at(data: bytes, pos: int, segment: int) -> SpoolEntry | None:
-    if pos + _HEADER_V1.size > len(data):
-        return None
-    _, length, crc, seq, records, oldest = _HEADER_V1.unpack_from(data, pos)
-    end = pos + _HEADER_V1.size + length
-    if length > MAX_FRAME_BYTES or end > len(data):
-        return None
-    payload = memoryview(data)[pos + _HEADER_V1.size:end]
-    if crc32c.crc32c(payload, crc32c.crc32c(data[pos + 12:pos + _HEADER_V1.size])) != crc:
-        return None
-    return SpoolEntry(seq=seq, records=records, oldest_log_time=oldest, nbytes=length, segment=segment, offset=pos)
 
 
 def _frame_end(data: bytes, entry: SpoolEntry) -> int:
@@ -472,17 +435,7 @@ def _write_all(fd: int | None, header: bytes, payload: bytes) -> None:
     written = os.writev(fd, [header, payload])
     total = len(header) + len(payload)
     while written < total:  # a short write (rare: signals, a full disk about to fail)
-        rest = (header + payload)[written:]
-        written += os.write(fd, rest)
-
-
-def _same_file(fd: int, path: str) -> bool:
-    """Whether ``path`` still names the file open as ``fd``."""
-    try:
-        opened, named = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (opened.st_dev, opened.st_ino) == (named.st_dev, named.st_ino)
+        written += os.write(fd, (header + payload)[written:])
 
 
 def _sync_dir(directory: str) -> None:

@@ -27,11 +27,13 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from tracklane.shipping import run_post
@@ -74,12 +76,12 @@ class _StartTimes:
         return starts[-1]
 
 
+@dataclass(slots=True)
 class _Kept:
     """verl's ``trackio.Trace(messages=..., metadata=...)``, kept as given."""
 
-    def __init__(self, messages: Any = None, metadata: Any = None) -> None:
-        self.messages = messages
-        self.metadata = metadata
+    messages: Any = None
+    metadata: Any = None
 
 
 class _KeepingClient:
@@ -115,7 +117,7 @@ class TraceForwarder:
         self.lost = 0
         self.producer: Any = None
         self._only: list[str] = []
-        self._pending: deque[tuple] = deque()
+        self._pending: deque[dict[str, Any]] = deque()
         self._first_wait: float | None = None
         self._next_try = 0.0
         self._lock = threading.Lock()
@@ -137,8 +139,8 @@ class TraceForwarder:
             messages: Any, metadata: dict, key: str) -> None:
         if isinstance(step, int):
             self.last_step = step
-        trace = (name, step if isinstance(step, int) else self.last_step, start_ns, end_ns, status, attributes,
-                 messages, metadata, key)
+        trace = dict(name=name, step=step if isinstance(step, int) else self.last_step, start_ns=start_ns,
+                     end_ns=end_ns, status=status, attributes=attributes, messages=messages, metadata=metadata, key=key)
         with self._lock:
             if self._take_producer():
                 self._send(trace)
@@ -167,15 +169,13 @@ class TraceForwarder:
             self._send(self._pending.popleft())
         return True
 
-    def _send(self, trace: tuple) -> None:
-        name, step, start_ns, end_ns, status, attributes, messages, metadata, key = trace
+    def _send(self, trace: dict[str, Any]) -> None:
         if not self._only:
             self.lost += 1
             return
-        self.producer.log_trace(name, step, start_ns, end_ns, status=status, attributes=attributes,
-                                messages=messages, metadata=metadata, key=key, backend=self._only)
+        self.producer.log_trace(**trace, backend=self._only)
 
-    def _wait(self, trace: tuple) -> None:
+    def _wait(self, trace: dict[str, Any]) -> None:
         now = time.monotonic()
         self._first_wait = self._first_wait or now
         if now - self._first_wait > WAIT_S:
@@ -314,8 +314,6 @@ def _span_forwarder() -> TraceForwarder | None:
     if not _in_ray_worker():
         return None
     if _SPANS is None:
-        import sys
-
         module = sys.modules.get(TRACE_MODULE)
         if module is None:
             return None
@@ -327,8 +325,6 @@ def _span_forwarder() -> TraceForwarder | None:
 
 
 def _in_ray_worker() -> bool:
-    import sys
-
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return False
