@@ -246,7 +246,7 @@ class Stream:
             self._probe = self._ready()
 
     def _ready(self) -> Any:
-        return self.actor.ready.remote(self._sender) if self._sender else self.actor.ready.remote()
+        return self.actor.ready.remote(self._sender)
 
     def _send_again(self) -> None:
         self._calls.clear()
@@ -273,8 +273,7 @@ class Stream:
         final = self.outage.final(now)
         for entry in self.window.to_send():
             previous = self.window.sent
-            ref = self.actor.apply.remote(entry.seq, previous, entry.ref, final, self._sender) if self._sender \
-                else self.actor.apply.remote(entry.seq, previous, entry.ref, *((True,) if final else ()))
+            ref = self.actor.apply.remote(entry.seq, previous, entry.ref, final, self._sender)
             self._calls[ref] = entry.seq
             self.window.sent_through(entry.seq)
             if len(self._calls) >= self._settings.max_inflight:

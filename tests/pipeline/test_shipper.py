@@ -46,7 +46,7 @@ class FakeTracker:
     def ready(self, sender: str = "") -> bytes:  # the lane's bulk stream asks too: it never sends anything here
         return self._ack()
 
-    def apply(self, seq: int, prev: int, blob: bytes) -> bytes:
+    def apply(self, seq: int, prev: int, blob: bytes, final: bool = False, sender: str = "") -> bytes:
         self.events.append(("apply", seq, prev))
         time.sleep(self._apply_sleep)
         if seq <= self.applied:
@@ -280,7 +280,7 @@ class SlowTracker:
     def ready(self, sender=""):
         return pack_ack(Ack(handed=0))
 
-    def apply(self, seq, prev, blob):
+    def apply(self, seq, prev, blob, final=False, sender=""):
         time.sleep(1.0)
         self.applied = seq
         return pack_ack(Ack(handed=seq))

@@ -64,11 +64,11 @@ class FakeSink:
         return pack_ack(Ack(handed=self.applied, gap=gap, pid=os.getpid(), node_id="fake-node",
                    counts=SinkCounts(failed_records=self._failed_per_batch * len(self.order))))
 
-    def ready(self) -> bytes:
+    def ready(self, sender: str = "") -> bytes:
         time.sleep(self._ready_sleep)
         return self._ack()
 
-    def apply(self, seq: int, prev: int, blob: bytes) -> bytes:
+    def apply(self, seq: int, prev: int, blob: bytes, final: bool = False, sender: str = "") -> bytes:
         self.calls.append((seq, prev))
         time.sleep(self._apply_sleep)
         if self._down_for:
@@ -350,10 +350,10 @@ def test_a_recovered_tracker_is_reported_as_recovered_not_broken():
 class RaisingReady:
     """ready() raises inside the actor every time (a tracker whose start-up code crashes)."""
 
-    def ready(self):
+    def ready(self, sender=""):
         raise ValueError("tracker init exploded")
 
-    def apply(self, seq, prev, blob):
+    def apply(self, seq, prev, blob, final=False, sender=""):
         return pack_ack(Ack(handed=seq))
 
 
@@ -410,10 +410,10 @@ class LaggingStore:
     def _ack(self, gap: bool = False) -> bytes:
         return pack_ack(Ack(handed=self.handed, stored=self.durable, gap=gap, pid=os.getpid()))
 
-    def ready(self) -> bytes:
+    def ready(self, sender: str = "") -> bytes:
         return self._ack()
 
-    def apply(self, seq: int, prev: int, blob: bytes) -> bytes:
+    def apply(self, seq: int, prev: int, blob: bytes, final: bool = False, sender: str = "") -> bytes:
         if seq <= self.handed:
             return self._ack()
         if prev != self.handed:
@@ -483,10 +483,10 @@ def test_lane_gives_up_after_repeated_actor_errors(ray_session):
     """A lane whose actor raises on every call re-sends a few times, then counts its records as dropped."""
     @ray.remote(num_cpus=0)
     class Broken:
-        def ready(self):
+        def ready(self, sender=""):
             return pack_ack(Ack(handed=0))
 
-        def apply(self, seq, prev, blob):
+        def apply(self, seq, prev, blob, final=False, sender=""):
             raise OSError("disk full")
 
     settings = StreamSettings(max_bytes=1 << 20, max_inflight=1)
