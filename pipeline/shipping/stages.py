@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tracklane")
 
+
 class Loop(Protocol):
     """What a stage may ask of the shipper's loop."""
 
