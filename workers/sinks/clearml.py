@@ -105,7 +105,7 @@ from typing import Any
 from tracklane.core.errors import SinkError
 from tracklane.core.records import Alert, Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from tracklane.host.sink import Sink, import_sdk
-from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, trajectory_rows
+from tracklane.workers.sinks import media
 from tracklane.workers.sinks.steps import records_by_step
 
 log = logging.getLogger("tracklane")
@@ -115,7 +115,6 @@ RUN_TAG = "tracklane.run_id:"
 EXIT_TAG = "tracklane.exit_code="
 ALERT_TAG = "tracklane.alert="
 """A task tag per rule that fired (the task list filters on tags), as the exit code is tagged."""
-HISTOGRAM_STATS = ("mean", "std", "min", "max", "count")
 KEEP_ALL_SAMPLES = -1
 FLUSH_ROUNDS = 2  # see the module docstring: one reporter cycle may end without the newest events
 # Task.init's auto_connect_frameworks: a key left out counts as True (task.py, should_connect), so all are named.
@@ -239,22 +238,18 @@ class ClearmlSink(Sink):
 
     # -- rich records --------------------------------------------------------------------
     def write_generations(self, records: Sequence[Generations]) -> None:
-        self._tables(records, GENERATION_COLUMNS, generation_rows)
+        self._tables(records, media.GENERATION_COLUMNS, media.generation_rows)
 
     def write_trajectories(self, records: Sequence[Trajectories]) -> None:
-        self._tables(records, TRAJECTORY_COLUMNS, trajectory_rows)
+        self._tables(records, media.TRAJECTORY_COLUMNS, media.trajectory_rows)
 
     def _tables(self, records: Sequence[Any], columns: list[str], rows_of: Callable[[Any], list[list[Any]]]) -> None:
         """One table per key and step, holding that step's rows; a step without rows reports nothing."""
         logger = self._logger()
-        for step, group in records_by_step(records):
-            rows: dict[str, list[list[Any]]] = {}
-            for record in group:
-                rows.setdefault(record.key, []).extend([_cell(value) for value in row] for row in rows_of(record))
+        for step, rows in media.tables_by_step(records, rows_of, _cell):
             for key, key_rows in rows.items():
-                if key_rows:
-                    title, series = _split(key)
-                    logger.report_table(title, series, iteration=step, table_plot=[list(columns), *key_rows])
+                title, series = _split(key)
+                logger.report_table(title, series, iteration=step, table_plot=[list(columns), *key_rows])
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         logger = self._logger()
@@ -262,9 +257,8 @@ class ClearmlSink(Sink):
             figures = record.summary()
             if figures.nonfinite:
                 self.counts.add(self.counts.cuts, "histogram_nonfinite", figures.nonfinite)
-            stats = HISTOGRAM_STATS if figures.count else ("count",)
-            for stat in stats:
-                self._scalar(logger, f"{record.name}/{stat}", float(getattr(figures, stat)), record.step)
+            for stat, value in media.histogram_stats(figures).items():
+                self._scalar(logger, f"{record.name}/{stat}", value, record.step)
             if figures.count:
                 edges = figures.bin_edges
                 centres = [(low + high) / 2 for low, high in zip(edges[:-1], edges[1:], strict=True)]
@@ -533,8 +527,4 @@ def _split(key: str) -> tuple[str, str]:
     return (title, series) if title and series else (key, key)
 
 
-def _cell(value: Any) -> Any:
-    """A table cell as ClearML writes non-finite numbers of a DataFrame: "NaN", "Inf", "-Inf"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if value != value else ("Inf" if value > 0 else "-Inf")
-    return value
+_cell = functools.partial(media.named_nonfinite, infinity="Inf")  # as ClearML writes a DataFrame's: "NaN", "Inf", "-Inf"

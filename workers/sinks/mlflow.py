@@ -81,7 +81,7 @@ from tracklane.core.records import (
     Trajectories,
 )
 from tracklane.host.sink import Sink, exception_chain, import_sdk
-from tracklane.workers.sinks.media import safe_name
+from tracklane.workers.sinks.media import histogram_stats, safe_name
 from tracklane.workers.sinks.mlflow_traces import TRACE_ID_TAG as TRACE_ID_TAG  # re-exported: tests read traces by it
 from tracklane.workers.sinks.mlflow_traces import MlflowTraces
 from tracklane.workers.sinks.mlflow_traces import trace_record_id as trace_record_id  # re-exported, as TRACE_ID_TAG
@@ -388,7 +388,7 @@ class MlflowSink(Sink):
                 self._log_json(_histogram_json(record, figures), "histograms", record.name, record.step)
                 timestamp = int(record.time * 1000)
                 metrics += [Metric(self._key(f"{record.name}/{stat}"), value, timestamp, record.step)
-                            for stat, value in _summary(figures).items()]
+                            for stat, value in histogram_stats(figures).items()]
             self._log_metrics(metrics)
 
     def write_text(self, records: Sequence[Text]) -> None:
@@ -503,14 +503,6 @@ def _histogram_json(record: Histogram, figures: HistogramFigures) -> dict[str, A
     """Bin edges and counts of the finite values (numpy's bins), and how many values were not finite."""
     return {"step": record.step, "name": record.name, "bin_edges": figures.bin_edges, "counts": figures.counts,
             "count": figures.count, "nonfinite": {"nan": figures.nan, "+inf": figures.posinf, "-inf": figures.neginf}}
-
-
-def _summary(figures: HistogramFigures) -> dict[str, float]:
-    """count, and mean / std (population) / min / max when there is any finite value."""
-    if not figures.count:
-        return {"count": 0.0}
-    return {"mean": figures.mean, "std": figures.std, "min": figures.min, "max": figures.max,
-            "count": float(figures.count)}
 
 
 @contextlib.contextmanager

@@ -48,7 +48,6 @@ import contextlib
 import glob
 import io
 import logging
-import math
 import os
 import re
 import shutil
@@ -60,12 +59,10 @@ from typing import Any
 from tracklane.core.errors import SinkError
 from tracklane.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from tracklane.host.sink import Sink, import_sdk
-from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
+from tracklane.workers.sinks import media
 from tracklane.workers.sinks.steps import R, merged_values, records_by_step
 
 log = logging.getLogger("tracklane")
-
-HISTOGRAM_STATS = ("mean", "std", "min", "max", "count")
 
 # verl's defaults (verl/utils/tracking.py); "cloud" is SwanLab's old name for "online".
 DEFAULT_MODE = "cloud"
@@ -154,10 +151,10 @@ class SwanlabSink(Sink):
             self._log(merged_values([record]), record.step)
 
     def write_generations(self, records: Sequence[Generations]) -> None:
-        self._log_tables(records, GENERATION_COLUMNS, generation_rows)
+        self._log_tables(records, media.GENERATION_COLUMNS, media.generation_rows)
 
     def write_trajectories(self, records: Sequence[Trajectories]) -> None:
-        self._log_tables(records, TRAJECTORY_COLUMNS, trajectory_rows)
+        self._log_tables(records, media.TRAJECTORY_COLUMNS, media.trajectory_rows)
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         swanlab = import_sdk(type(self))
@@ -165,8 +162,7 @@ class SwanlabSink(Sink):
             values: dict[str, Any] = {}
             for record in group:
                 figures = record.summary()
-                stats = HISTOGRAM_STATS if figures.count else ("count",)
-                values.update({f"{record.name}/{stat}": float(getattr(figures, stat)) for stat in stats})
+                values.update({f"{record.name}/{stat}": value for stat, value in media.histogram_stats(figures).items()})
                 if figures.count:
                     bar = swanlab.echarts.Bar()
                     bar.add_xaxis([f"{edge:.6g}" for edge in figures.bin_edges[:-1]])
@@ -192,7 +188,7 @@ class SwanlabSink(Sink):
         for record in records:
             if files is None:
                 continue
-            folder = files / "artifacts" / safe_name(record.type) / safe_name(record.name) / f"step_{record.step}"
+            folder = files / "artifacts" / media.safe_name(record.type) / media.safe_name(record.name) / f"step_{record.step}"
             copy = folder / os.path.basename(os.path.normpath(record.path))
             if os.path.isdir(record.path):
                 shutil.copytree(record.path, copy, dirs_exist_ok=True)
@@ -204,13 +200,10 @@ class SwanlabSink(Sink):
                 self._run.save(glob.escape(str(path)), base_path=str(files), policy="now")
 
     def _log_tables(self, records: Sequence[Any], columns: list[str], rows_of: Callable[[Any], list[list[Any]]]) -> None:
-        """One echarts Table per key and step, holding that step's rows."""
+        """One echarts Table per key and step, holding that step's rows (a NaN cell as "NaN": swanlab's JSON: null)."""
         swanlab = import_sdk(type(self))
-        for step, group in records_by_step(self._live(records)):
-            rows: dict[str, list[list[Any]]] = {}
-            for record in group:
-                rows.setdefault(record.key, []).extend([_cell(value) for value in row] for row in rows_of(record))
-            values = {key: swanlab.echarts.Table().add(columns, key_rows) for key, key_rows in rows.items() if key_rows}
+        for step, rows in media.tables_by_step(self._live(records), rows_of, media.named_nonfinite):
+            values = {key: swanlab.echarts.Table().add(columns, key_rows) for key, key_rows in rows.items()}
             if values:
                 self._log(values, step)
 
@@ -389,13 +382,6 @@ def _store_writer(run: Any) -> Any:
     if writer is None or not hasattr(writer, "ensure_flushed"):
         raise SinkError("swanlab: this version has no run-store writer to flush (written against 0.10.3)")
     return writer
-
-
-def _cell(value: Any) -> Any:
-    """A table cell swanlab's JSON keeps: a non-finite float as its JSON-style name, not null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-    return value
 
 
 def _describe(run: Any, logdir: str) -> str:
