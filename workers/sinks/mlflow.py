@@ -266,7 +266,7 @@ class MlflowSink(Sink):
         self._client: Any = None
         self._keys: dict[str, str] = {}  # metric name -> sanitised name, warned once each
         self._closed = False
-        self._pending: list[Any] | None = None  # metrics held until the end of write()
+        self._pending: list[Any] = []  # the batch's metrics, sent at the end of write()
         self._stamps: dict[tuple[str, int], int] = {}  # (name, step) -> its last timestamp in this write
         self._traces: MlflowTraces | None = None  # the run's traces, from the first written
 
@@ -324,15 +324,12 @@ class MlflowSink(Sink):
         # The batch's metrics (scalars and histogram summaries, every step in it) go in as few log_batch requests
         # as fit: a request costs the server ~14 ms of CPU before its first metric (measured on a local server),
         # and the hooks are called once per run of one kind, so a step at a time.
-        self._pending = []
-        self._stamps = {}
-        try:
-            super().write(records)
-            pending, self._pending = self._pending, None
-            with _translate(f"log metrics to MLflow run {self.run_id}"):
-                self._log_metrics(pending)
-        finally:
-            self._pending = None
+        self._pending, self._stamps = [], {}
+        super().write(records)
+        with _translate(f"log metrics to MLflow run {self.run_id}"):
+            for start in range(0, len(self._pending), MAX_METRICS_PER_REQUEST):
+                self._client.log_batch(self.run_id, metrics=self._pending[start:start + MAX_METRICS_PER_REQUEST],
+                                       synchronous=True)
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         from mlflow.entities import Metric
@@ -342,8 +339,7 @@ class MlflowSink(Sink):
         # repeat of (name, step) in the batch gets a timestamp 1 ms past the one before, so every point logged is a
         # row. Only from the batch itself: a batch written again (after a restart) gets the same timestamps, and
         # the store keeps it once.
-        metrics = []
-        stamps = self._stamps if self._pending is not None else {}
+        stamps = self._stamps
         for record in records:
             timestamp = int(record.time * 1000)
             for key, value in record.values.items():
@@ -353,17 +349,7 @@ class MlflowSink(Sink):
                 if last is not None and at <= last:
                     at = last + 1
                 stamps[name, record.step] = at
-                metrics.append(Metric(name, float(value), at, record.step))
-        with _translate(f"log metrics to MLflow run {self.run_id}"):
-            self._log_metrics(metrics)
-
-    def _log_metrics(self, metrics: list[Any]) -> None:
-        if self._pending is not None:  # inside write(): sent at its end
-            self._pending += metrics
-            return
-        for start in range(0, len(metrics), MAX_METRICS_PER_REQUEST):
-            self._client.log_batch(self.run_id, metrics=metrics[start:start + MAX_METRICS_PER_REQUEST],
-                                   synchronous=True)
+                self._pending.append(Metric(name, float(value), at, record.step))
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         with _translate(f"log generations to MLflow run {self.run_id}"):
@@ -381,15 +367,13 @@ class MlflowSink(Sink):
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         from mlflow.entities import Metric
 
-        metrics = []
         with _translate(f"log histograms to MLflow run {self.run_id}"):
             for record in records:
                 figures = record.summary()
                 self._log_json(_histogram_json(record, figures), "histograms", record.name, record.step)
                 timestamp = int(record.time * 1000)
-                metrics += [Metric(self._key(f"{record.name}/{stat}"), value, timestamp, record.step)
-                            for stat, value in histogram_stats(figures).items()]
-            self._log_metrics(metrics)
+                self._pending += [Metric(self._key(f"{record.name}/{stat}"), value, timestamp, record.step)
+                                  for stat, value in histogram_stats(figures).items()]
 
     def write_text(self, records: Sequence[Text]) -> None:
         with _translate(f"log text to MLflow run {self.run_id}"):

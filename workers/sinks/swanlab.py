@@ -143,11 +143,9 @@ class SwanlabSink(Sink):
         self._run.log(values, step=step)
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
-        if self._run is None:
-            raise SinkError("swanlab sink written to before open() or after close()")
         # A log call a record, as verl logs each call: swanlab keeps a key's first value at a step and skips a later
         # one ("duplicate or too old"). Merged, records of one step in one batch stored the later value instead.
-        for record in records:  # swanlab reports its own logging errors, never raises
+        for record in self._live(records):  # swanlab reports its own logging errors, never raises
             self._log(merged_values([record]), record.step)
 
     def write_generations(self, records: Sequence[Generations]) -> None:

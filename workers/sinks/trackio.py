@@ -79,7 +79,7 @@ import sqlite3
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -242,20 +242,23 @@ class TrackioSink(Sink):
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         trackio = import_sdk(type(self))
+        self._add_traces(records, lambda r, n: [_generation_trace(trackio, s, n + i) for i, s in enumerate(r.samples)])
+
+    def write_trajectories(self, records: Sequence[Trajectories]) -> None:
+        trackio = import_sdk(type(self))
+        self._add_traces(records, lambda r, n: [_trajectory_trace(trackio, t) for t in r.trajectories])
+
+    def _add_traces(self, records: Sequence[Any], traces_of: Callable[[Any, int], list[Any]]) -> None:
+        """A row per step: key -> the stored form of its traces (``traces_of(record, traces of its key so far)``);
+        keys without any left out, so a step with no samples logs nothing."""
         for step, group in records_by_step(records):
             traces: dict[str, list[Any]] = {}
             for record in group:
                 listed = traces.setdefault(record.key, [])
-                listed += [_generation_trace(trackio, sample, len(listed) + i) for i, sample in enumerate(record.samples)]
-            self._add(step, self._traces(traces, step), group)
-
-    def write_trajectories(self, records: Sequence[Trajectories]) -> None:
-        trackio = import_sdk(type(self))
-        for step, group in records_by_step(records):
-            traces: dict[str, list[Any]] = {}
-            for record in group:
-                traces.setdefault(record.key, []).extend(_trajectory_trace(trackio, t) for t in record.trajectories)
-            self._add(step, self._traces(traces, step), group)
+                listed += traces_of(record, len(listed))
+            self._add(step, {self._key(key): [trace._to_dict(project=self.run.project, run=self.run.experiment,
+                                                             step=step) for trace in listed]
+                             for key, listed in traces.items() if listed}, group)
 
     def write_traces(self, records: Sequence[Trace]) -> None:
         trackio = import_sdk(type(self))
@@ -267,11 +270,6 @@ class TrackioSink(Sink):
             self._add(record.step, {self._key(record.key): trace._to_dict(project=self.run.project,
                                                                           run=self.run.experiment, step=record.step)},
                       [record])
-
-    def _traces(self, traces: dict[str, list[Any]], step: int) -> dict[str, Any]:
-        """key -> the stored form of its traces (keys without any left out: a step with no samples logs nothing)."""
-        return {self._key(key): [trace._to_dict(project=self.run.project, run=self.run.experiment, step=step)
-                                 for trace in listed] for key, listed in traces.items() if listed}
 
     def _key(self, key: str) -> str:
         return next(iter(self._keys({key: None})))

@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tracklane.core.errors import SinkError
@@ -153,9 +153,9 @@ class WandbSink(Sink):
             records = [r for r in records if not self._resent.stored_artifact(r)]
         super().write(records)
 
-    def _fresh(self, group: Sequence[Any]) -> bool:
-        """False if the run's earlier files hold this row already (a batch sent again after a takeover)."""
-        return self._resent.fresh(group, self._run)
+    def _fresh_steps(self, records: Sequence[R]) -> Iterator[tuple[int, list[R]]]:
+        """(step, its records), leaving out rows the run's earlier files hold (a batch sent again after a takeover)."""
+        return ((step, group) for step, group in records_by_step(records) if self._resent.fresh(group, self._run))
 
     def _log(self, values: dict[str, Any], step: int, group: Sequence[Any]) -> None:
         """One history row: ``values`` at ``step`` of the group's axis, tagged with its last record's position."""
@@ -185,9 +185,8 @@ class WandbSink(Sink):
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         # wandb keeps the newest row open, so a record of the same step in the next batch still merges into it.
-        for step, group in records_by_step(records):
-            if self._fresh(group):
-                self._log(merged_values(group), step, group)
+        for step, group in self._fresh_steps(records):
+            self._log(merged_values(group), step, group)
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         self._log_rows(records, GENERATION_COLUMNS, lambda r: r.key, generation_rows)
@@ -202,16 +201,14 @@ class WandbSink(Sink):
         """The text ``alert/<rule>`` in the run's table, and wandb's own alert (offline: an alert record in the run
         file, sent when it is synced; online: to the user's Slack or email as their wandb settings say)."""
         for record in records:
-            if self._fresh([record]):
+            if self._resent.fresh([record], self._run):
                 self._run.alert(title=f"{ALERT_TITLE}{record.rule}", text=f"step {record.step}: {record.text}",
                                 level=record.level, wait_duration=1)
         super().write_alert(records)
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         wandb = import_sdk(type(self))
-        for step, group in records_by_step(records):
-            if not self._fresh(group):
-                continue
+        for step, group in self._fresh_steps(records):
             values = {}
             for record in group:
                 figures = record.summary()
@@ -235,9 +232,7 @@ class WandbSink(Sink):
 
     def write_image(self, records: Sequence[Image]) -> None:
         wandb = import_sdk(type(self))
-        for step, group in records_by_step(records):
-            if not self._fresh(group):
-                continue
+        for step, group in self._fresh_steps(records):
             # wandb.Image(path) copies the file as given (no decode-and-encode: ~5x cheaper than from PIL);
             # with media symlinks on it would link to our temporary file, so go through PIL then.
             via_file = not self._run.settings.allow_media_symlink
@@ -264,9 +259,7 @@ class WandbSink(Sink):
     def _log_rows(self, records: Sequence[R], columns: list[str], key_of: Callable[[R], str],
                   rows_of: Callable[[R], list[list[Any]]]) -> None:
         """Add each step's rows to the key's incremental table and log them at that step."""
-        for step, group in records_by_step(records):
-            if not self._fresh(group):  # before the rows join a table
-                continue
+        for step, group in self._fresh_steps(records):  # before the rows join a table
             values = {}
             for record in group:
                 key, rows = key_of(record), rows_of(record)
@@ -282,7 +275,7 @@ class WandbSink(Sink):
                 self._tables.release(values)
 
     def close(self, exit_code: int) -> None:
-        self._tables.clear()
+        self._tables = IncrementalTables()
         run, self._run = self._run, None
         if run is not None:
             run.finish(exit_code=exit_code)
@@ -338,10 +331,6 @@ class IncrementalTables:
     def drop(self, keys: Iterable[str]) -> None:
         for key in keys:
             self._tables.pop(key, None)
-
-    def clear(self) -> None:
-        self._tables.clear()
-        self._released.clear()
 
 
 def _png_file(folder: str, index: int, png: bytes) -> str:
