@@ -8,8 +8,8 @@ text at its step). Added by ``Tracking`` while ``trainer.health.enabled`` is tru
 
 Its rules' state lives in the actor: one that Ray restarts judges the steps from there on; an alert it says again
 for a step an earlier actor emitted is left out by its emitter (shipping/judge_emitter.py). What fired is on disk
-after every batch (``state_path``, set by the pipeline), after what it emitted, so the run's report lists every
-alert of the run. It is written only when it changed since the last write (most batches fire nothing).
+(``state_path``, judge.py) after each batch that fired, so the run's report lists every alert of the run; a batch
+that fired nothing writes nothing (most batches).
 """
 
 from __future__ import annotations

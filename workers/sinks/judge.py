@@ -1,8 +1,5 @@
-"""What the judges (reduce.py, health.py) share: where they emit, and their state file.
-
-A judge's state is loaded at ``open`` and saved at ``flush``, after ``Emitter.keep``: what it emitted is on disk
-before the state that says so, so a restarted judge neither loses an emission nor repeats one (its emitter leaves
-out what an earlier one emitted: shipping/judge_emitter.py).
+"""What the judges (reduce.py, health.py) share: where they emit, and their state file, saved after ``Emitter.keep``
+so that what they emitted is on disk before the state that says so (a restarted judge neither loses nor repeats it).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ class JudgeSink(Sink):
 
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         super().__init__(run, settings)
-        self._path = str(self.settings.get("state_path") or "")  # set by the pipeline; "" keeps it in memory
+        self._path = str(self.settings.get("state_path") or "")  # set by the pipeline; "": in memory only
         self._emitter: Emitter | None = None
 
     def judge_into(self, emitter: Emitter) -> None:
@@ -35,10 +32,10 @@ class JudgeSink(Sink):
 
     def _load_state(self) -> Any:
         """What an earlier actor of this judge saved (plain values), None if nothing."""
-        if not (self._path and os.path.exists(self._path)):
-            return None
-        with open(self._path, "rb") as handle:
-            return msgpack.unpackb(handle.read(), raw=False)
+        if self._path and os.path.exists(self._path):
+            with open(self._path, "rb") as handle:
+                return msgpack.unpackb(handle.read(), raw=False)
+        return None
 
     def _save_state(self, plain: Any) -> None:
         if self._emitter is not None:

@@ -1,12 +1,8 @@
-"""How rich records look in trackers, shaped once for every sink: table rows, JSON, safe names.
+"""How rich records look in trackers, shaped once for every sink: table rows, cells, histogram scalars, JSON, safe names.
 
-Tables (wandb, SwanLab, TensorBoard's markdown) use one row shape per kind:
-
-    GENERATION_COLUMNS   step, input, output, score
-    TRAJECTORY_COLUMNS   step, sample_index, rollout_index, validation, score, rewards, messages,
-                         tool_calls, num_tokens, meta   (nested parts as JSON text)
-
-Trackers that store documents instead (MLflow, the file logger) write ``Trajectory.as_dict()``.
+Tables (wandb, SwanLab, ClearML, TensorBoard's markdown) use one row shape per kind (``GENERATION_COLUMNS``,
+``TRAJECTORY_COLUMNS``: nested parts as JSON text); trackers that store documents instead (MLflow, the file logger)
+write ``Trajectory.as_dict()``.
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ Not a tracker but a judge (host/sink.py ``Judging``): its store is the reducer's
 after every batch (``flush``), so what it was handed survives its actor. It keeps the last batch of every sender it
 was handed in that state and skips a batch sent again, so a batch lands once even when its actor died between the
 file and the lane's own acknowledgement state. Each step it completes it emits into every tracker, as a sender of
-its own (``Emitter``): on disk before the state that says so, so a restarted judge neither loses a step nor emits
-it twice (its emitter leaves out what an earlier one emitted: shipping/judge_emitter.py).
+its own (judge.py: on disk before the state that says so).
 
 Selected by ``trainer.async_log.reductions: true`` (the trainer adds it to the run's backends), never by
 ``trainer.logger``. Settings: ``timeout_s`` (``trainer.async_log.reduce_timeout_s``) and ``state_path`` (set by

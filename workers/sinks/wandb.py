@@ -20,12 +20,9 @@ rollout worker a step behind the trainer, a producer on its own axis). So the si
 step metric (``define_metric``): ``STEP_AXIS`` for the trainer's step, a producer's axis
 (``Metrics.axis``) for its own. Every point is kept, in any order, and charts use the true step.
 
-Durability: wandb-core writes its transaction log in 32 KiB blocks and a step's row only once a later
-step is logged, so a batch is stored once the file holds a row of the step that was open when the batch
-ended (``written``/``stored``, read from the file itself: ``workers/sinks/wandb_store.py``). Each row carries a
-hidden tag (``ROW_TAG``: sender, batch, position of its last record). A sink that takes over a run (actor
-restart, resumed run) reads the run's earlier files and skips the re-sent records their newest tag per
-sender covers (and artifacts already logged), so nothing lands twice (``workers/sinks/wandb_resent.py``).
+Durability: a batch is stored once the run file holds a row of the step open when it ended (``written``/``stored``,
+read from the file itself: ``workers/sinks/wandb_store.py`` says why). A sink that takes over a run skips the re-sent
+records the run's earlier files hold, by each row's ``ROW_TAG``, so nothing lands twice (``workers/sinks/wandb_resent.py``).
 
 Records of one key at one step in one batch become one log call; a step with no samples logs nothing.
 Logged table rows are released (set to None) so the lane's memory stays flat over a long run. A log
