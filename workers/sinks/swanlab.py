@@ -96,11 +96,12 @@ class SwanlabSink(Sink):
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         super().__init__(run, settings)
         self._run: Any = None  # swanlab Run, None until open() and after close()
+        self._swanlab: Any = None  # the swanlab module once open
         self._where = f"swanlab: {self.settings.get('mode')} run (not started)"
         self._handed = _HandedOver()
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
-        swanlab = import_sdk(type(self))
+        swanlab = self._swanlab = import_sdk(type(self))
         run_id = (resume or {}).get("id") or self.run.run_id or None
         self._handed = _HandedOver()  # counts belong to one swanlab run
         if run_id and self.settings["mode"] != "disabled":
@@ -155,30 +156,27 @@ class SwanlabSink(Sink):
         self._log_tables(records, media.TRAJECTORY_COLUMNS, media.trajectory_rows)
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
-        swanlab = import_sdk(type(self))
         for step, group in records_by_step(self._live(records)):
             values: dict[str, Any] = {}
             for record in group:
                 figures = record.summary()
                 values.update({f"{record.name}/{stat}": value for stat, value in media.histogram_stats(figures).items()})
                 if figures.count:
-                    bar = swanlab.echarts.Bar()
+                    bar = self._swanlab.echarts.Bar()
                     bar.add_xaxis([f"{edge:.6g}" for edge in figures.bin_edges[:-1]])
                     bar.add_yaxis("count", figures.counts)
                     values[record.name] = bar
             self._log(values, step)
 
     def write_text(self, records: Sequence[Text]) -> None:
-        swanlab = import_sdk(type(self))
         for step, group in records_by_step(self._live(records)):
-            self._log({record.name: swanlab.Text(record.text) for record in group}, step)
+            self._log({record.name: self._swanlab.Text(record.text) for record in group}, step)
 
     def write_image(self, records: Sequence[Image]) -> None:
-        swanlab = import_sdk(type(self))
         from PIL import Image as PILImage  # installed with swanlab
 
         for step, group in records_by_step(self._live(records)):
-            self._log({record.name: swanlab.Image(PILImage.open(io.BytesIO(record.png))) for record in group}, step)
+            self._log({record.name: self._swanlab.Image(PILImage.open(io.BytesIO(record.png))) for record in group}, step)
 
     def write_artifact(self, records: Sequence[Artifact]) -> None:
         self._live(records)
@@ -199,9 +197,8 @@ class SwanlabSink(Sink):
 
     def _log_tables(self, records: Sequence[Any], columns: list[str], rows_of: Callable[[Any], list[list[Any]]]) -> None:
         """One echarts Table per key and step, holding that step's rows (a NaN cell as "NaN": swanlab's JSON: null)."""
-        swanlab = import_sdk(type(self))
         for step, rows in media.tables_by_step(self._live(records), rows_of, media.named_nonfinite):
-            values = {key: swanlab.echarts.Table().add(columns, key_rows) for key, key_rows in rows.items()}
+            values = {key: self._swanlab.echarts.Table().add(columns, key_rows) for key, key_rows in rows.items()}
             if values:
                 self._log(values, step)
 

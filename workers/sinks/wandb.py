@@ -86,6 +86,7 @@ class WandbSink(Sink):
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         super().__init__(run, settings)
         self._run: Any = None  # the wandb Run; kept, since wandb.run is only the latest one
+        self._wandb: Any = None  # the wandb module once open
         self._run_dir: str | None = None
         self._tables = IncrementalTables()  # key -> the run's INCREMENTAL wandb.Table
         self._tail: LogTail | None = None  # follows this run file on disk
@@ -96,7 +97,7 @@ class WandbSink(Sink):
         self._tail_warned = False
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
-        wandb = import_sdk(type(self))
+        wandb = self._wandb = import_sdk(type(self))
         proxy = self.settings.get("proxy")
         kwargs: dict[str, Any] = {
             "project": self.run.project,
@@ -204,7 +205,6 @@ class WandbSink(Sink):
         super().write_alert(records)
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
-        wandb = import_sdk(type(self))
         for step, group in self._fresh_steps(records):
             values = {}
             for record in group:
@@ -212,7 +212,7 @@ class WandbSink(Sink):
                 if figures.nonfinite:  # wandb.Histogram needs finite values
                     self.counts.add(self.counts.cuts, "histogram_nonfinite", figures.nonfinite)
                 if figures.count:  # nothing finite: an empty histogram would only mislead
-                    values[record.name] = wandb.Histogram(np_histogram=self._at_most_512_bins(figures))
+                    values[record.name] = self._wandb.Histogram(np_histogram=self._at_most_512_bins(figures))
             if values:
                 self._log(values, step, group)
 
@@ -228,7 +228,6 @@ class WandbSink(Sink):
             [edges[-1]] if (len(edges) - 1) % width else [])
 
     def write_image(self, records: Sequence[Image]) -> None:
-        wandb = import_sdk(type(self))
         for step, group in self._fresh_steps(records):
             # wandb.Image(path) copies the file as given (no decode-and-encode: ~5x cheaper than from PIL);
             # with media symlinks on it would link to our temporary file, so go through PIL then.
@@ -236,16 +235,15 @@ class WandbSink(Sink):
             with tempfile.TemporaryDirectory(prefix="tracklane-wandb-") as folder:
                 values = {}
                 for index, record in enumerate(group):
-                    values[record.name] = wandb.Image(_png_file(folder, index, record.png) if via_file
-                                                      else _pil_image(record.png))
+                    values[record.name] = self._wandb.Image(_png_file(folder, index, record.png) if via_file
+                                                            else _pil_image(record.png))
                 self._log(values, step, group)
 
     def write_artifact(self, records: Sequence[Artifact]) -> None:
-        wandb = import_sdk(type(self))
         for record in records:
             # wandb allows only alphanumerics, dashes, underscores and dots in artifact names and types
-            artifact = wandb.Artifact(safe_name(record.name, "-"), type=safe_name(record.type, "-"),
-                                      metadata={"step": record.step, "source": record.path})
+            artifact = self._wandb.Artifact(safe_name(record.name, "-"), type=safe_name(record.type, "-"),
+                                            metadata={"step": record.step, "source": record.path})
             if os.path.isdir(record.path):
                 artifact.add_dir(record.path)
             else:
@@ -281,11 +279,10 @@ class WandbSink(Sink):
     def _wait_for_files(self) -> None:
         """finish() returns before wandb-core has flushed and closed the run file; its teardown
         waits for that. Skipped while another wandb run of this process is still active."""
-        wandb = import_sdk(type(self))
-        if wandb.setup().most_recent_active_run is not None:
+        if self._wandb.setup().most_recent_active_run is not None:
             return
         try:
-            wandb.teardown()
+            self._wandb.teardown()
         except SystemExit as exc:  # wandb exits when its service process failed
             raise SinkError(f"wandb service ended with status {exc.code}") from exc
 
