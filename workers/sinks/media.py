@@ -7,8 +7,10 @@ write ``Trajectory.as_dict()``.
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -62,6 +64,23 @@ def named_nonfinite(value: Any, infinity: str = "Infinity") -> Any:
 def histogram_stats(figures: HistogramFigures) -> dict[str, float]:
     """A histogram's summary scalars: count, and mean / std (population) / min / max when a value is finite."""
     return {stat: float(getattr(figures, stat)) for stat in (HISTOGRAM_STATS if figures.count else ("count",))}
+
+
+def png_file(folder: str, name: str, png: bytes) -> str:
+    """The PNG bytes as the file ``<folder>/<name>.png`` (for SDKs that take a path and copy it as given)."""
+    path = os.path.join(folder, f"{name}.png")
+    with open(path, "wb") as handle:
+        handle.write(png)
+    return path
+
+
+def pil_image(png: bytes) -> Any:
+    """The PNG decoded by PIL, pixels as stored (loaded: the bytes may go)."""
+    from PIL import Image as PILImage
+
+    image = PILImage.open(io.BytesIO(png))
+    image.load()
+    return image
 
 
 def as_json(value: Any, strict: bool = False) -> str:

@@ -49,7 +49,6 @@ and a run whose folder is missing lists no artifacts.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import posixpath
@@ -81,7 +80,7 @@ from tracklane.core.records import (
     Trajectories,
 )
 from tracklane.host.sink import Sink, exception_chain, import_sdk
-from tracklane.workers.sinks.media import histogram_stats, safe_name
+from tracklane.workers.sinks.media import histogram_stats, pil_image, safe_name
 from tracklane.workers.sinks.mlflow_traces import TRACE_ID_TAG as TRACE_ID_TAG  # re-exported: tests read traces by it
 from tracklane.workers.sinks.mlflow_traces import MlflowTraces
 from tracklane.workers.sinks.mlflow_traces import trace_record_id as trace_record_id  # re-exported, as TRACE_ID_TAG
@@ -390,12 +389,9 @@ class MlflowSink(Sink):
         super().write_alert(records)
 
     def write_image(self, records: Sequence[Image]) -> None:
-        from PIL import Image as PILImage
-
         with _translate(f"log images to MLflow run {self.run_id}"):
             for record in records:
-                image = PILImage.open(io.BytesIO(record.png))
-                image.load()  # decoded as stored: MLflow writes it back as PNG, pixels unchanged
+                image = pil_image(record.png)  # decoded as stored: MLflow writes it back as PNG, pixels unchanged
                 key = _INVALID_IMAGE_KEY_CHARS.sub("_", mlflow_key(record.name))
                 self._client.log_image(self.run_id, image, key=key, step=record.step,
                                        timestamp=int(record.time * 1000), synchronous=True)

@@ -103,6 +103,7 @@ from tracklane.core.records import (
     Trajectory,
 )
 from tracklane.host.sink import Sink, exception_chain, import_sdk
+from tracklane.workers.sinks.media import png_file
 from tracklane.workers.sinks.steps import merged_values, records_by_step
 
 log = logging.getLogger("tracklane")
@@ -305,10 +306,7 @@ class TrackioSink(Sink):
             for step, group in records_by_step(records):
                 values = {}
                 for index, record in enumerate(group):
-                    path = os.path.join(folder, f"{step}-{index}.png")
-                    with open(path, "wb") as handle:
-                        handle.write(record.png)
-                    image = self._trackio.Image(path)
+                    image = self._trackio.Image(png_file(folder, f"{step}-{index}", record.png))
                     image._save(self.run.project, self.run.experiment, step)
                     values[self._key(record.name)] = image._to_dict()
                 self._add(step, values, group)

@@ -52,6 +52,7 @@ from tracklane.core.records import (
     Trajectories,
 )
 from tracklane.host.sink import Sink, import_sdk
+from tracklane.workers.sinks import media
 from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
 from tracklane.workers.sinks.steps import R, merged_values, records_by_step
 from tracklane.workers.sinks.wandb_resent import ResentRows
@@ -235,8 +236,8 @@ class WandbSink(Sink):
             with tempfile.TemporaryDirectory(prefix="tracklane-wandb-") as folder:
                 values = {}
                 for index, record in enumerate(group):
-                    values[record.name] = self._wandb.Image(_png_file(folder, index, record.png) if via_file
-                                                            else _pil_image(record.png))
+                    values[record.name] = self._wandb.Image(media.png_file(folder, str(index), record.png) if via_file
+                                                            else media.pil_image(record.png))
                 self._log(values, step, group)
 
     def write_artifact(self, records: Sequence[Artifact]) -> None:
@@ -325,20 +326,3 @@ class IncrementalTables:
     def drop(self, keys: Iterable[str]) -> None:
         for key in keys:
             self._tables.pop(key, None)
-
-
-def _png_file(folder: str, index: int, png: bytes) -> str:
-    path = os.path.join(folder, f"{index}.png")
-    with open(path, "wb") as handle:
-        handle.write(png)
-    return path
-
-
-def _pil_image(png: bytes) -> Any:
-    import io
-
-    from PIL import Image as PILImage
-
-    image = PILImage.open(io.BytesIO(png))
-    image.load()
-    return image
