@@ -222,8 +222,7 @@ class ClearmlSink(Sink):
             if names is None:
                 self.counts.add(self.counts.cuts, "scalar_name_clash", 1)
             return names
-        title, _, series = key.partition("/")
-        pair = (title, series) if title and series else (key, key)
+        pair = _split(key)
         owner = self._owners.setdefault(pair, key)
         self._names[key] = pair if owner == key else None
         if owner != key:
@@ -522,7 +521,7 @@ def _events(path: Path) -> list[dict[str, Any]]:
 
 
 def _split(key: str) -> tuple[str, str]:
-    """A rich record's name as title and series (verl's split; a name without "/" is both)."""
+    """A key or name as title and series (verl's split; one without "/" is both)."""
     title, _, series = key.partition("/")
     return (title, series) if title and series else (key, key)
 
