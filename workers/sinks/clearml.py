@@ -197,22 +197,17 @@ class ClearmlSink(Sink):
         before the merge. Skipped after it, a NaN following a finite value would drop both when one batch holds
         the two, and not when two batches do (ClearML's server keeps a step's last report): what the key shows
         would depend on the batching. (verl's shows 0.0 there: ClearML's NaN.)"""
-        values: dict[str, float | int] = {}
-        for record in group:
-            for key, value in record.values.items():
-                if math.isfinite(value):
-                    values[key] = value
-                else:
-                    self._cut("scalar_nonfinite", f"{key} = {value} (ClearML would store 0.0)")
-        return values
+        return {key: value for record in group for key, value in record.values.items() if self._finite_value(key, value)}
 
     def _scalar(self, logger: Any, key: str, value: float | int, step: int) -> None:
-        if not math.isfinite(value):
-            self._cut("scalar_nonfinite", f"{key} = {value} (ClearML would store 0.0)")
-            return
-        names = self._title_series(key)
+        names = self._title_series(key) if self._finite_value(key, value) else None
         if names is not None:
             logger.report_scalar(names[0], names[1], float(value), iteration=step)
+
+    def _finite_value(self, key: str, value: float | int) -> bool:
+        if not math.isfinite(value):
+            self._cut("scalar_nonfinite", f"{key} = {value} (ClearML would store 0.0)")
+        return math.isfinite(value)
 
     def _title_series(self, key: str) -> tuple[str, str] | None:
         """verl's split at the first "/"; a key without one is its own title and series. None: the pair
