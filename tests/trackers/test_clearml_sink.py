@@ -38,7 +38,8 @@ from tests.rich_setup import (
 from tracklane.core.errors import SinkError
 from tracklane.core.params import REDACTED, plain_config
 from tracklane.core.records import Image, Metrics, RunSpec
-from tracklane.workers.sinks.clearml import CONFIG_NAME, GENERATION_COLUMNS, ClearmlSink
+from tracklane.workers.sinks.clearml import CONFIG_NAME, ClearmlSink
+from tracklane.workers.sinks.media import GENERATION_COLUMNS
 from tracklane.workers.testing.readers.clearml_reader import read_clearml_run, read_clearml_session
 
 # clearml 2.1.12 bundles a pyhocon that calls pyparsing's old names: ~25 warnings per config it reads or writes.

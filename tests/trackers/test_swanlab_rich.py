@@ -21,7 +21,8 @@ from tests.rich_setup import (
     write_generations,
     write_trajectories,
 )
-from tracklane.workers.sinks.swanlab import GENERATION_COLUMNS, SwanlabSink
+from tracklane.workers.sinks.media import GENERATION_COLUMNS
+from tracklane.workers.sinks.swanlab import SwanlabSink
 from tracklane.workers.testing.readers.swanlab_reader import read_swanlab_media, read_swanlab_run
 
 

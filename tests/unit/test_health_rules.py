@@ -112,3 +112,41 @@ def test_rank_zero_rules_judge_the_pace_and_the_lanes():
     assert sorted((a.rule, a.key) for a in alerts) == [("lane_behind", "file"), ("tracker_down", "file")]
     assert rules.look(now + 11, 6, down) == []
     assert rules.look(now + 11.5, 6, healthy) == [] and len(rules.look(now + 12, 6, down)) == 2  # a new episode
+
+
+def test_the_health_judge_writes_its_state_only_when_an_alert_fired(tmp_path):
+    """The judge's state file is written after the batch that fired an alert (after its emitter's keep), and left
+    alone by flushes with nothing new; a judge opened on it takes those alerts back."""
+    from tracklane.core.records import Metrics, RunSpec
+    from tracklane.workers.sinks.health import HealthSink
+
+    class Emitter:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def emit(self, records) -> None:
+            self.calls.append("emit")
+
+        def keep(self) -> None:
+            self.calls.append("keep")
+
+    path, run = tmp_path / "health.judge", RunSpec(project="p", experiment="e", run_id="r")
+    judge, emitter = HealthSink(run, {"rules": {}, "state_path": str(path)}), Emitter()
+    judge.judge_into(emitter)
+    judge.open(None)
+    judge.write([Metrics(step=1, values=_healthy(1), time=0.0)])
+    judge.flush()
+    assert not path.exists()  # nothing fired: nothing to keep
+    judge.write([Metrics(step=2, values={**_healthy(2), "actor/pg_loss": math.nan}, time=0.0)])
+    judge.flush()
+    assert emitter.calls == ["emit", "keep"] and path.exists()
+    written = path.stat()
+    for step in (3, 4):
+        judge.write([Metrics(step=step, values=_healthy(step), time=0.0)])
+        judge.flush()
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+    again = HealthSink(run, {"rules": {}, "state_path": str(path)})
+    again.open({})
+    again.flush()
+    assert again.judged() == judge.judged() and len(judge.judged()["alerts"]) == 1
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (written.st_ino, written.st_mtime_ns)

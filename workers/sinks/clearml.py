@@ -105,7 +105,7 @@ from typing import Any
 from tracklane.core.errors import SinkError
 from tracklane.core.records import Alert, Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from tracklane.host.sink import Sink, import_sdk
-from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, trajectory_rows
+from tracklane.workers.sinks import media
 from tracklane.workers.sinks.steps import records_by_step
 
 log = logging.getLogger("tracklane")
@@ -115,7 +115,6 @@ RUN_TAG = "tracklane.run_id:"
 EXIT_TAG = "tracklane.exit_code="
 ALERT_TAG = "tracklane.alert="
 """A task tag per rule that fired (the task list filters on tags), as the exit code is tagged."""
-HISTOGRAM_STATS = ("mean", "std", "min", "max", "count")
 KEEP_ALL_SAMPLES = -1
 FLUSH_ROUNDS = 2  # see the module docstring: one reporter cycle may end without the newest events
 # Task.init's auto_connect_frameworks: a key left out counts as True (task.py, should_connect), so all are named.
@@ -198,22 +197,17 @@ class ClearmlSink(Sink):
         before the merge. Skipped after it, a NaN following a finite value would drop both when one batch holds
         the two, and not when two batches do (ClearML's server keeps a step's last report): what the key shows
         would depend on the batching. (verl's shows 0.0 there: ClearML's NaN.)"""
-        values: dict[str, float | int] = {}
-        for record in group:
-            for key, value in record.values.items():
-                if math.isfinite(value):
-                    values[key] = value
-                else:
-                    self._cut("scalar_nonfinite", f"{key} = {value} (ClearML would store 0.0)")
-        return values
+        return {key: value for record in group for key, value in record.values.items() if self._finite_value(key, value)}
 
     def _scalar(self, logger: Any, key: str, value: float | int, step: int) -> None:
-        if not math.isfinite(value):
-            self._cut("scalar_nonfinite", f"{key} = {value} (ClearML would store 0.0)")
-            return
-        names = self._title_series(key)
+        names = self._title_series(key) if self._finite_value(key, value) else None
         if names is not None:
             logger.report_scalar(names[0], names[1], float(value), iteration=step)
+
+    def _finite_value(self, key: str, value: float | int) -> bool:
+        if not math.isfinite(value):
+            self._cut("scalar_nonfinite", f"{key} = {value} (ClearML would store 0.0)")
+        return math.isfinite(value)
 
     def _title_series(self, key: str) -> tuple[str, str] | None:
         """verl's split at the first "/"; a key without one is its own title and series. None: the pair
@@ -223,8 +217,7 @@ class ClearmlSink(Sink):
             if names is None:
                 self.counts.add(self.counts.cuts, "scalar_name_clash", 1)
             return names
-        title, _, series = key.partition("/")
-        pair = (title, series) if title and series else (key, key)
+        pair = _split(key)
         owner = self._owners.setdefault(pair, key)
         self._names[key] = pair if owner == key else None
         if owner != key:
@@ -239,22 +232,18 @@ class ClearmlSink(Sink):
 
     # -- rich records --------------------------------------------------------------------
     def write_generations(self, records: Sequence[Generations]) -> None:
-        self._tables(records, GENERATION_COLUMNS, generation_rows)
+        self._tables(records, media.GENERATION_COLUMNS, media.generation_rows)
 
     def write_trajectories(self, records: Sequence[Trajectories]) -> None:
-        self._tables(records, TRAJECTORY_COLUMNS, trajectory_rows)
+        self._tables(records, media.TRAJECTORY_COLUMNS, media.trajectory_rows)
 
     def _tables(self, records: Sequence[Any], columns: list[str], rows_of: Callable[[Any], list[list[Any]]]) -> None:
         """One table per key and step, holding that step's rows; a step without rows reports nothing."""
         logger = self._logger()
-        for step, group in records_by_step(records):
-            rows: dict[str, list[list[Any]]] = {}
-            for record in group:
-                rows.setdefault(record.key, []).extend([_cell(value) for value in row] for row in rows_of(record))
+        for step, rows in media.tables_by_step(records, rows_of, _cell):
             for key, key_rows in rows.items():
-                if key_rows:
-                    title, series = _split(key)
-                    logger.report_table(title, series, iteration=step, table_plot=[list(columns), *key_rows])
+                title, series = _split(key)
+                logger.report_table(title, series, iteration=step, table_plot=[list(columns), *key_rows])
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         logger = self._logger()
@@ -262,9 +251,8 @@ class ClearmlSink(Sink):
             figures = record.summary()
             if figures.nonfinite:
                 self.counts.add(self.counts.cuts, "histogram_nonfinite", figures.nonfinite)
-            stats = HISTOGRAM_STATS if figures.count else ("count",)
-            for stat in stats:
-                self._scalar(logger, f"{record.name}/{stat}", float(getattr(figures, stat)), record.step)
+            for stat, value in media.histogram_stats(figures).items():
+                self._scalar(logger, f"{record.name}/{stat}", value, record.step)
             if figures.count:
                 edges = figures.bin_edges
                 centres = [(low + high) / 2 for low, high in zip(edges[:-1], edges[1:], strict=True)]
@@ -528,13 +516,9 @@ def _events(path: Path) -> list[dict[str, Any]]:
 
 
 def _split(key: str) -> tuple[str, str]:
-    """A rich record's name as title and series (verl's split; a name without "/" is both)."""
+    """A key or name as title and series (verl's split; one without "/" is both)."""
     title, _, series = key.partition("/")
     return (title, series) if title and series else (key, key)
 
 
-def _cell(value: Any) -> Any:
-    """A table cell as ClearML writes non-finite numbers of a DataFrame: "NaN", "Inf", "-Inf"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if value != value else ("Inf" if value > 0 else "-Inf")
-    return value
+_cell = functools.partial(media.named_nonfinite, infinity="Inf")  # as ClearML writes a DataFrame's: "NaN", "Inf", "-Inf"

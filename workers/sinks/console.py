@@ -94,10 +94,8 @@ class ConsoleSink(Sink):
                   for r in records)
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
-        for r in records:
-            figures = r.summary()
-            self._say([f"step:{r.step} - {r.name}: histogram of {figures.count} values, "
-                       f"mean {figures.mean:.4g}, min {figures.min:.4g}, max {figures.max:.4g}"])
+        self._say(f"step:{r.step} - {r.name}: histogram of {f.count} values, mean {f.mean:.4g}, min {f.min:.4g}, "
+                  f"max {f.max:.4g}" for r in records for f in [r.summary()])
 
     def write_text(self, records: Sequence[Text]) -> None:
         self._say(f"step:{r.step} - {r.name}: {_text_line(r.text)}" for r in records)

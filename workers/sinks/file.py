@@ -111,20 +111,14 @@ class FileSink(Sink):
             rows = record.trajectories
             lines = rows.lines if isinstance(rows, TrajectoryLines) and rows.step == record.step \
                 else b"".join(trajectory_line(t, record.step) for t in rows)
-            path = os.path.join(self.settings["rollout_dir"], f"{record.step}.jsonl")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "ab") as handle:
-                handle.write(lines)
+            self._put(os.path.join(self.settings["rollout_dir"], f"{record.step}.jsonl"), lines)
 
     def write_traces(self, records: Sequence[Trace]) -> None:
         by_step: dict[int, list[bytes]] = {}
         for record in records:
             by_step.setdefault(record.step, []).append(trace_line(record))
         for step, lines in by_step.items():
-            path = self._traces_file(step)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "ab") as handle:
-                handle.write(b"".join(lines))
+            self._put(self._traces_file(step), b"".join(lines))
 
     def _traces_file(self, step: int) -> str:
         folder = self.settings.get("traces_dir") or f"{os.path.splitext(self.settings['path'])[0]}_traces"  # older spools
@@ -136,11 +130,11 @@ class FileSink(Sink):
 
     def write_text(self, records: Sequence[Text]) -> None:
         for record in records:
-            self._write_file(("text", safe_name(record.name), f"{record.step}.txt"), record.text.encode("utf-8"))
+            self._put(self._media("text", record.name, f"{record.step}.txt"), record.text.encode("utf-8"), "wb")
 
     def write_image(self, records: Sequence[Image]) -> None:
         for record in records:
-            self._write_file(("images", safe_name(record.name), f"{record.step}.png"), record.png)
+            self._put(self._media("images", record.name, f"{record.step}.png"), record.png, "wb")
 
     def write_artifact(self, records: Sequence[Artifact]) -> None:
         for record in records:
@@ -154,15 +148,16 @@ class FileSink(Sink):
                 shutil.copy2(record.path, copy)
 
     def _append_lines(self, path: str, lines: list[dict[str, Any]]) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "ab") as handle:
-            handle.write(b"".join(map(_line, lines)))
+        self._put(path, b"".join(map(_line, lines)))
 
-    def _write_file(self, parts: tuple[str, ...], data: bytes) -> None:
-        path = os.path.join(self.settings["media_dir"], *parts)
+    def _put(self, path: str, data: bytes | memoryview, mode: str = "ab") -> None:
+        """``data`` appended to the file at ``path`` (``mode="wb"``: the file's whole content), its folder made."""
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as handle:
+        with open(path, mode) as handle:
             handle.write(data)
+
+    def _media(self, kind: str, name: str, file: str) -> str:
+        return os.path.join(self.settings["media_dir"], kind, safe_name(name), file)
 
     # -- exactly once: the files a batch appends to are cut back to where they stood --------
     def mark(self, records: Sequence[Record]) -> dict[str, Any]:

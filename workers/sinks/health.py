@@ -8,30 +8,25 @@ text at its step). Added by ``Tracking`` while ``trainer.health.enabled`` is tru
 
 Its rules' state lives in the actor: one that Ray restarts judges the steps from there on; an alert it says again
 for a step an earlier actor emitted is left out by its emitter (shipping/judge_emitter.py). What fired is on disk
-after every batch (``state_path``, set by the pipeline), after what it emitted, so the run's report lists every
-alert of the run.
+(``state_path``, judge.py) after each batch that fired, so the run's report lists every alert of the run; a batch
+that fired nothing writes nothing (most batches).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import msgpack
-
 from tracklane.core.alerts import Alerts
-from tracklane.core.files import write_atomically
 from tracklane.core.health_rules import LANE, HealthRules, rule_settings
 from tracklane.core.records import Metrics, Record, RunSpec
-from tracklane.host.sink import Emitter, Sink
+from tracklane.workers.sinks.judge import JudgeSink
 from tracklane.workers.sinks.steps import merge_by_axis_step
 
 
-class HealthSink(Sink):
+class HealthSink(JudgeSink):
     name = LANE
-    judges = True
 
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
@@ -41,17 +36,14 @@ class HealthSink(Sink):
         super().__init__(run, settings)
         self.rules = HealthRules(rule_settings(self.settings.get("rules")))
         self._alerts = Alerts()
-        self._emitter: Emitter | None = None
-        self._path = str(self.settings.get("state_path") or "")
+        self._saved = 0  # alerts in the state on disk: the state only grows, so more means changed
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
-        if self._path and os.path.exists(self._path):
-            with open(self._path, "rb") as handle:
-                self._alerts = Alerts.from_plain(msgpack.unpackb(handle.read(), raw=False))
+        saved = self._load_state()
+        if saved is not None:
+            self._alerts = Alerts.from_plain(saved)
+        self._saved = len(self._alerts.fired)
         return {}
-
-    def judge_into(self, emitter: Emitter) -> None:
-        self._emitter = emitter
 
     def write(self, records: Sequence[Record]) -> None:
         self.write_metrics([r for r in records if isinstance(r, Metrics)])  # it judges metrics; the rest is no news
@@ -59,15 +51,12 @@ class HealthSink(Sink):
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         fired = [alert for axis, step, values in merge_by_axis_step(records) if axis is None  # the trainer's steps
                  for alert in self.rules.observe(step, values)]
-        out = self._alerts.records(fired, time.time())
-        if out and self._emitter is not None:
-            self._emitter.emit(out)
+        self._emit(self._alerts.records(fired, time.time()))
 
     def flush(self) -> None:
-        if self._emitter is not None:
-            self._emitter.keep()  # what was emitted is on disk before the state says it fired
-        if self._path:
-            write_atomically(self._path, msgpack.packb(self._alerts.to_plain(), use_bin_type=True))
+        if len(self._alerts.fired) != self._saved:  # an alert fired (and was emitted) since the last write
+            self._save_state(self._alerts.to_plain())
+            self._saved = len(self._alerts.fired)
 
     def judged(self) -> dict[str, Any]:
         return {"alerts": self._alerts.lines()}

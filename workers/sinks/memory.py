@@ -75,11 +75,10 @@ class MemorySink(Sink):
             raise ConnectionError(f"memory sink down while {self.settings['down_while']} exists")
         if self.settings["discard"]:
             self._count(records)
-            self._writes += 1
-            return
-        blob = encode_batch(Batch(seq=0, created=time.time(), records=list(records)))
-        with open(self._path, "ab") as handle:
-            handle.write(FRAME_HEADER.pack(len(blob)) + blob)
+        else:
+            blob = encode_batch(Batch(seq=0, created=time.time(), records=list(records)))
+            with open(self._path, "ab") as handle:
+                handle.write(FRAME_HEADER.pack(len(blob)) + blob)
         self._writes += 1
 
     def _count(self, records: Sequence[Record]) -> None:

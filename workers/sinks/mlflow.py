@@ -49,7 +49,6 @@ and a run whose folder is missing lists no artifacts.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import posixpath
@@ -81,7 +80,7 @@ from tracklane.core.records import (
     Trajectories,
 )
 from tracklane.host.sink import Sink, exception_chain, import_sdk
-from tracklane.workers.sinks.media import safe_name
+from tracklane.workers.sinks.media import histogram_stats, pil_image, safe_name
 from tracklane.workers.sinks.mlflow_traces import TRACE_ID_TAG as TRACE_ID_TAG  # re-exported: tests read traces by it
 from tracklane.workers.sinks.mlflow_traces import MlflowTraces
 from tracklane.workers.sinks.mlflow_traces import trace_record_id as trace_record_id  # re-exported, as TRACE_ID_TAG
@@ -266,7 +265,7 @@ class MlflowSink(Sink):
         self._client: Any = None
         self._keys: dict[str, str] = {}  # metric name -> sanitised name, warned once each
         self._closed = False
-        self._pending: list[Any] | None = None  # metrics held until the end of write()
+        self._pending: list[Any] = []  # the batch's metrics, sent at the end of write()
         self._stamps: dict[tuple[str, int], int] = {}  # (name, step) -> its last timestamp in this write
         self._traces: MlflowTraces | None = None  # the run's traces, from the first written
 
@@ -324,15 +323,12 @@ class MlflowSink(Sink):
         # The batch's metrics (scalars and histogram summaries, every step in it) go in as few log_batch requests
         # as fit: a request costs the server ~14 ms of CPU before its first metric (measured on a local server),
         # and the hooks are called once per run of one kind, so a step at a time.
-        self._pending = []
-        self._stamps = {}
-        try:
-            super().write(records)
-            pending, self._pending = self._pending, None
-            with _translate(f"log metrics to MLflow run {self.run_id}"):
-                self._log_metrics(pending)
-        finally:
-            self._pending = None
+        self._pending, self._stamps = [], {}
+        super().write(records)
+        with _translate(f"log metrics to MLflow run {self.run_id}"):
+            for start in range(0, len(self._pending), MAX_METRICS_PER_REQUEST):
+                self._client.log_batch(self.run_id, metrics=self._pending[start:start + MAX_METRICS_PER_REQUEST],
+                                       synchronous=True)
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         from mlflow.entities import Metric
@@ -342,8 +338,7 @@ class MlflowSink(Sink):
         # repeat of (name, step) in the batch gets a timestamp 1 ms past the one before, so every point logged is a
         # row. Only from the batch itself: a batch written again (after a restart) gets the same timestamps, and
         # the store keeps it once.
-        metrics = []
-        stamps = self._stamps if self._pending is not None else {}
+        stamps = self._stamps
         for record in records:
             timestamp = int(record.time * 1000)
             for key, value in record.values.items():
@@ -353,17 +348,7 @@ class MlflowSink(Sink):
                 if last is not None and at <= last:
                     at = last + 1
                 stamps[name, record.step] = at
-                metrics.append(Metric(name, float(value), at, record.step))
-        with _translate(f"log metrics to MLflow run {self.run_id}"):
-            self._log_metrics(metrics)
-
-    def _log_metrics(self, metrics: list[Any]) -> None:
-        if self._pending is not None:  # inside write(): sent at its end
-            self._pending += metrics
-            return
-        for start in range(0, len(metrics), MAX_METRICS_PER_REQUEST):
-            self._client.log_batch(self.run_id, metrics=metrics[start:start + MAX_METRICS_PER_REQUEST],
-                                   synchronous=True)
+                self._pending.append(Metric(name, float(value), at, record.step))
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         with _translate(f"log generations to MLflow run {self.run_id}"):
@@ -381,15 +366,13 @@ class MlflowSink(Sink):
     def write_histogram(self, records: Sequence[Histogram]) -> None:
         from mlflow.entities import Metric
 
-        metrics = []
         with _translate(f"log histograms to MLflow run {self.run_id}"):
             for record in records:
                 figures = record.summary()
                 self._log_json(_histogram_json(record, figures), "histograms", record.name, record.step)
                 timestamp = int(record.time * 1000)
-                metrics += [Metric(self._key(f"{record.name}/{stat}"), value, timestamp, record.step)
-                            for stat, value in _summary(figures).items()]
-            self._log_metrics(metrics)
+                self._pending += [Metric(self._key(f"{record.name}/{stat}"), value, timestamp, record.step)
+                                  for stat, value in histogram_stats(figures).items()]
 
     def write_text(self, records: Sequence[Text]) -> None:
         with _translate(f"log text to MLflow run {self.run_id}"):
@@ -406,12 +389,9 @@ class MlflowSink(Sink):
         super().write_alert(records)
 
     def write_image(self, records: Sequence[Image]) -> None:
-        from PIL import Image as PILImage
-
         with _translate(f"log images to MLflow run {self.run_id}"):
             for record in records:
-                image = PILImage.open(io.BytesIO(record.png))
-                image.load()  # decoded as stored: MLflow writes it back as PNG, pixels unchanged
+                image = pil_image(record.png)  # decoded as stored: MLflow writes it back as PNG, pixels unchanged
                 key = _INVALID_IMAGE_KEY_CHARS.sub("_", mlflow_key(record.name))
                 self._client.log_image(self.run_id, image, key=key, step=record.step,
                                        timestamp=int(record.time * 1000), synchronous=True)
@@ -503,14 +483,6 @@ def _histogram_json(record: Histogram, figures: HistogramFigures) -> dict[str, A
     """Bin edges and counts of the finite values (numpy's bins), and how many values were not finite."""
     return {"step": record.step, "name": record.name, "bin_edges": figures.bin_edges, "counts": figures.counts,
             "count": figures.count, "nonfinite": {"nan": figures.nan, "+inf": figures.posinf, "-inf": figures.neginf}}
-
-
-def _summary(figures: HistogramFigures) -> dict[str, float]:
-    """count, and mean / std (population) / min / max when there is any finite value."""
-    if not figures.count:
-        return {"count": 0.0}
-    return {"mean": figures.mean, "std": figures.std, "min": figures.min, "max": figures.max,
-            "count": float(figures.count)}
 
 
 @contextlib.contextmanager

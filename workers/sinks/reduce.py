@@ -4,8 +4,7 @@ Not a tracker but a judge (host/sink.py ``Judging``): its store is the reducer's
 after every batch (``flush``), so what it was handed survives its actor. It keeps the last batch of every sender it
 was handed in that state and skips a batch sent again, so a batch lands once even when its actor died between the
 file and the lane's own acknowledgement state. Each step it completes it emits into every tracker, as a sender of
-its own (``Emitter``): on disk before the state that says so, so a restarted judge neither loses a step nor emits
-it twice (its emitter leaves out what an earlier one emitted: shipping/judge_emitter.py).
+its own (judge.py: on disk before the state that says so).
 
 Selected by ``trainer.async_log.reductions: true`` (the trainer adds it to the run's backends), never by
 ``trainer.logger``. Settings: ``timeout_s`` (``trainer.async_log.reduce_timeout_s``) and ``state_path`` (set by
@@ -14,27 +13,20 @@ the pipeline: the spool's lanes folder, or in memory only on the synchronous pat
 
 from __future__ import annotations
 
-import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import msgpack
-
-from tracklane.core.files import write_atomically
 from tracklane.core.records import Metrics, Record, Reduction, RunSpec
 from tracklane.core.reduction import PART, Reducer
-from tracklane.host.sink import Emitter, Sink
-
-log = logging.getLogger("tracklane")
+from tracklane.workers.sinks.judge import JudgeSink
 
 DEFAULT_TIMEOUT_S = 60.0
 
 
-class ReduceSink(Sink):
+class ReduceSink(JudgeSink):
     name = "reduce"
-    judges = reduces = True
+    reduces = True
 
     @classmethod
     def resolve(cls, run: RunSpec, env: Mapping[str, str], trainer: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,19 +35,13 @@ class ReduceSink(Sink):
 
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         super().__init__(run, settings)
-        self._path = str(self.settings.get("state_path") or "")
         self.reducer = Reducer(float(self.settings.get("timeout_s", DEFAULT_TIMEOUT_S)))
         self._sender, self._apply = "", True  # the synchronous path has no batches: rank 0's, every time
-        self._emitter: Emitter | None = None
-
-    def judge_into(self, emitter: Emitter) -> None:
-        self._emitter = emitter
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
-        if self._path and os.path.exists(self._path):
-            with open(self._path, "rb") as handle:
-                self.reducer = Reducer.from_plain(msgpack.unpackb(handle.read(), raw=False),
-                                                  self.reducer.timeout_s)
+        saved = self._load_state()
+        if saved is not None:
+            self.reducer = Reducer.from_plain(saved, self.reducer.timeout_s)
         return {}
 
     def begin_batch(self, sender: str, seq: int, records: Sequence[Record]) -> None:
@@ -73,21 +59,16 @@ class ReduceSink(Sink):
                     reducer.notice(record.role, record.step, record.values)
             elif not isinstance(record, Metrics) or record.axis is None:  # anything on the trainer's step
                 reducer.saw(sender, record.step)
-        self._emit()
+        self._emit_complete()
         self._sender, self._apply = "", True
 
-    def _emit(self) -> None:
+    def _emit_complete(self) -> None:
         now = time.time()
-        points = [Metrics(step=step, values=values, time=now) for step, values in self.reducer.complete()]
-        if points and self._emitter is not None:
-            self._emitter.emit(points)
+        self._emit([Metrics(step=step, values=values, time=now) for step, values in self.reducer.complete()])
 
     def flush(self) -> None:
-        self._emit()  # a timeout may have passed
-        if self._emitter is not None:
-            self._emitter.keep()  # what was emitted is on disk before the state says it was
-        if self._path:
-            write_atomically(self._path, msgpack.packb(self.reducer.to_plain(), use_bin_type=True))
+        self._emit_complete()  # a timeout may have passed
+        self._save_state(self.reducer.to_plain())
 
     def judged(self) -> dict[str, Any]:
         return self.reducer.figures()

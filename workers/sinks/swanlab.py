@@ -48,7 +48,6 @@ import contextlib
 import glob
 import io
 import logging
-import math
 import os
 import re
 import shutil
@@ -60,12 +59,10 @@ from typing import Any
 from tracklane.core.errors import SinkError
 from tracklane.core.records import Artifact, Generations, Histogram, Image, Metrics, Record, RunSpec, Text, Trajectories
 from tracklane.host.sink import Sink, import_sdk
-from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
+from tracklane.workers.sinks import media
 from tracklane.workers.sinks.steps import R, merged_values, records_by_step
 
 log = logging.getLogger("tracklane")
-
-HISTOGRAM_STATS = ("mean", "std", "min", "max", "count")
 
 # verl's defaults (verl/utils/tracking.py); "cloud" is SwanLab's old name for "online".
 DEFAULT_MODE = "cloud"
@@ -99,11 +96,12 @@ class SwanlabSink(Sink):
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         super().__init__(run, settings)
         self._run: Any = None  # swanlab Run, None until open() and after close()
+        self._swanlab: Any = None  # the swanlab module once open
         self._where = f"swanlab: {self.settings.get('mode')} run (not started)"
         self._handed = _HandedOver()
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
-        swanlab = import_sdk(type(self))
+        swanlab = self._swanlab = import_sdk(type(self))
         run_id = (resume or {}).get("id") or self.run.run_id or None
         self._handed = _HandedOver()  # counts belong to one swanlab run
         if run_id and self.settings["mode"] != "disabled":
@@ -146,45 +144,39 @@ class SwanlabSink(Sink):
         self._run.log(values, step=step)
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
-        if self._run is None:
-            raise SinkError("swanlab sink written to before open() or after close()")
         # A log call a record, as verl logs each call: swanlab keeps a key's first value at a step and skips a later
         # one ("duplicate or too old"). Merged, records of one step in one batch stored the later value instead.
-        for record in records:  # swanlab reports its own logging errors, never raises
+        for record in self._live(records):  # swanlab reports its own logging errors, never raises
             self._log(merged_values([record]), record.step)
 
     def write_generations(self, records: Sequence[Generations]) -> None:
-        self._log_tables(records, GENERATION_COLUMNS, generation_rows)
+        self._log_tables(records, media.GENERATION_COLUMNS, media.generation_rows)
 
     def write_trajectories(self, records: Sequence[Trajectories]) -> None:
-        self._log_tables(records, TRAJECTORY_COLUMNS, trajectory_rows)
+        self._log_tables(records, media.TRAJECTORY_COLUMNS, media.trajectory_rows)
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
-        swanlab = import_sdk(type(self))
         for step, group in records_by_step(self._live(records)):
             values: dict[str, Any] = {}
             for record in group:
                 figures = record.summary()
-                stats = HISTOGRAM_STATS if figures.count else ("count",)
-                values.update({f"{record.name}/{stat}": float(getattr(figures, stat)) for stat in stats})
+                values.update({f"{record.name}/{stat}": value for stat, value in media.histogram_stats(figures).items()})
                 if figures.count:
-                    bar = swanlab.echarts.Bar()
+                    bar = self._swanlab.echarts.Bar()
                     bar.add_xaxis([f"{edge:.6g}" for edge in figures.bin_edges[:-1]])
                     bar.add_yaxis("count", figures.counts)
                     values[record.name] = bar
             self._log(values, step)
 
     def write_text(self, records: Sequence[Text]) -> None:
-        swanlab = import_sdk(type(self))
         for step, group in records_by_step(self._live(records)):
-            self._log({record.name: swanlab.Text(record.text) for record in group}, step)
+            self._log({record.name: self._swanlab.Text(record.text) for record in group}, step)
 
     def write_image(self, records: Sequence[Image]) -> None:
-        swanlab = import_sdk(type(self))
         from PIL import Image as PILImage  # installed with swanlab
 
         for step, group in records_by_step(self._live(records)):
-            self._log({record.name: swanlab.Image(PILImage.open(io.BytesIO(record.png))) for record in group}, step)
+            self._log({record.name: self._swanlab.Image(PILImage.open(io.BytesIO(record.png))) for record in group}, step)
 
     def write_artifact(self, records: Sequence[Artifact]) -> None:
         self._live(records)
@@ -192,7 +184,7 @@ class SwanlabSink(Sink):
         for record in records:
             if files is None:
                 continue
-            folder = files / "artifacts" / safe_name(record.type) / safe_name(record.name) / f"step_{record.step}"
+            folder = files / "artifacts" / media.safe_name(record.type) / media.safe_name(record.name) / f"step_{record.step}"
             copy = folder / os.path.basename(os.path.normpath(record.path))
             if os.path.isdir(record.path):
                 shutil.copytree(record.path, copy, dirs_exist_ok=True)
@@ -204,13 +196,9 @@ class SwanlabSink(Sink):
                 self._run.save(glob.escape(str(path)), base_path=str(files), policy="now")
 
     def _log_tables(self, records: Sequence[Any], columns: list[str], rows_of: Callable[[Any], list[list[Any]]]) -> None:
-        """One echarts Table per key and step, holding that step's rows."""
-        swanlab = import_sdk(type(self))
-        for step, group in records_by_step(self._live(records)):
-            rows: dict[str, list[list[Any]]] = {}
-            for record in group:
-                rows.setdefault(record.key, []).extend([_cell(value) for value in row] for row in rows_of(record))
-            values = {key: swanlab.echarts.Table().add(columns, key_rows) for key, key_rows in rows.items() if key_rows}
+        """One echarts Table per key and step, holding that step's rows (a NaN cell as "NaN": swanlab's JSON: null)."""
+        for step, rows in media.tables_by_step(self._live(records), rows_of, media.named_nonfinite):
+            values = {key: self._swanlab.echarts.Table().add(columns, key_rows) for key, key_rows in rows.items()}
             if values:
                 self._log(values, step)
 
@@ -389,13 +377,6 @@ def _store_writer(run: Any) -> Any:
     if writer is None or not hasattr(writer, "ensure_flushed"):
         raise SinkError("swanlab: this version has no run-store writer to flush (written against 0.10.3)")
     return writer
-
-
-def _cell(value: Any) -> Any:
-    """A table cell swanlab's JSON keeps: a non-finite float as its JSON-style name, not null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-    return value
 
 
 def _describe(run: Any, logdir: str) -> str:

@@ -87,46 +87,40 @@ class TensorboardSink(Sink):
         summary = text_pb(PARAMS_TAG, "\n".join(rows))
         self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=summary))
 
+    def write(self, records: Sequence[Record]) -> None:
+        super().write(records)
+        self._writer.flush()  # in the OS's hands before the batch counts as handed
+
     def write_metrics(self, records: Sequence[Metrics]) -> None:
-        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.compat.proto import summary_pb2
 
         # An event a record, as verl's add_scalar a value: two calls logging one key at one step are two points
         # (merged, the later one would hide the earlier)
         for record in records:
             values = record.values
-            summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=key, simple_value=value)
-                                                 for key, value in values.items()])
-            self._writer.add_event(event_pb2.Event(wall_time=record.time, step=record.step, summary=summary))
+            self._add(record, summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=key, simple_value=value)
+                                                         for key, value in values.items()]))
             changed = sum(map(_beyond_float32, values.values()))
             if changed:  # simple_value is a float32: 1e300 is shown as Infinity, 1e-300 as 0
                 self.counts.add(self.counts.cuts, "float32_out_of_range", changed)
-        self._writer.flush()  # in the OS's hands before the batch counts as handed
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         for record in records:
-            table = _table(GENERATION_COLUMNS, generation_rows(record), "no samples")
-            self._add_text(record.step, record.time, record.key, table)
-        self._writer.flush()
+            self._add(record, _text(record.key, _table(GENERATION_COLUMNS, generation_rows(record), "no samples")))
 
     def write_trajectories(self, records: Sequence[Trajectories]) -> None:
         for record in records:
-            table = _table(TRAJECTORY_COLUMNS, trajectory_rows(record), "no trajectories")
-            self._add_text(record.step, record.time, record.key, table)
-        self._writer.flush()
+            self._add(record, _text(record.key, _table(TRAJECTORY_COLUMNS, trajectory_rows(record), "no trajectories")))
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
-        from tensorboard.compat.proto import summary_pb2
-
         for record in records:
             histogram = _histogram_proto(record.summary())
             if histogram is not None:
-                self._add_value(record.step, record.time, summary_pb2.Summary.Value(tag=record.name, histo=histogram))
-        self._writer.flush()
+                self._add(record, _value(tag=record.name, histo=histogram))
 
     def write_text(self, records: Sequence[Text]) -> None:
         for record in records:
-            self._add_text(record.step, record.time, record.name, record.text)
-        self._writer.flush()
+            self._add(record, _text(record.name, record.text))
 
     def write_image(self, records: Sequence[Image]) -> None:
         from tensorboard.compat.proto import summary_pb2
@@ -135,23 +129,12 @@ class TensorboardSink(Sink):
             width, height, colour_type = struct.unpack(">IIxB", record.png[16:26])  # the IHDR chunk
             image = summary_pb2.Summary.Image(height=height, width=width, encoded_image_string=record.png,
                                               colorspace=_PNG_COLORSPACE.get(colour_type, 3))
-            self._add_value(record.step, record.time, summary_pb2.Summary.Value(tag=record.name, image=image))
-        self._writer.flush()
+            self._add(record, _value(tag=record.name, image=image))
 
-    def _add_text(self, step: int, wall_time: float, name: str, text: str) -> None:
-        from tensorboard.plugins.text.summary_v2 import text_pb
-
-        self._add_summary(step, wall_time, text_pb(name + TEXT_SUFFIX, text))
-
-    def _add_value(self, step: int, wall_time: float, value: Any) -> None:
-        from tensorboard.compat.proto import summary_pb2
-
-        self._add_summary(step, wall_time, summary_pb2.Summary(value=[value]))
-
-    def _add_summary(self, step: int, wall_time: float, summary: Any) -> None:
+    def _add(self, record: Record, summary: Any) -> None:
         from tensorboard.compat.proto import event_pb2
 
-        self._writer.add_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
+        self._writer.add_event(event_pb2.Event(wall_time=record.time, step=record.step, summary=summary))
 
     def flush(self) -> None:
         if self._writer is not None:
@@ -176,6 +159,18 @@ class TensorboardSink(Sink):
 
     def where(self) -> str:
         return f"tensorboard: {self.logdir} (view: tensorboard --logdir {self.logdir})"
+
+
+def _text(name: str, text: str) -> Any:
+    from tensorboard.plugins.text.summary_v2 import text_pb
+
+    return text_pb(name + TEXT_SUFFIX, text)
+
+
+def _value(**value: Any) -> Any:
+    from tensorboard.compat.proto import summary_pb2
+
+    return summary_pb2.Summary(value=[summary_pb2.Summary.Value(**value)])
 
 
 def _beyond_float32(value: float | int) -> bool:

@@ -79,7 +79,7 @@ import sqlite3
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -103,6 +103,7 @@ from tracklane.core.records import (
     Trajectory,
 )
 from tracklane.host.sink import Sink, exception_chain, import_sdk
+from tracklane.workers.sinks.media import png_file
 from tracklane.workers.sinks.steps import merged_values, records_by_step
 
 log = logging.getLogger("tracklane")
@@ -149,6 +150,7 @@ class TrackioSink(Sink):
         super().__init__(run, settings)
         self.dir = Path(self.settings["dir"])
         self.run_id = ""
+        self._trackio: Any = None  # the trackio module once open
         self._storage: Any = None  # trackio's SQLiteStorage class once open
         self._open = False
         self._config_pending = False  # the run holds no config yet: it goes with the next rows
@@ -159,7 +161,7 @@ class TrackioSink(Sink):
         self._renamed: set[str] = set()
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
-        import_sdk(type(self))
+        self._trackio = import_sdk(type(self))
         remote = remote_variables(os.environ)
         if remote:  # in this process trackio's store would download from the Hub on first use
             raise SinkError(f"trackio: this process has {', '.join(remote)} set; the trackio backend writes a local "
@@ -241,43 +243,37 @@ class TrackioSink(Sink):
         return out
 
     def write_generations(self, records: Sequence[Generations]) -> None:
-        trackio = import_sdk(type(self))
+        self._add_traces(records, lambda r, n: [_generation_trace(self._trackio, s, n + i) for i, s in enumerate(r.samples)])
+
+    def write_trajectories(self, records: Sequence[Trajectories]) -> None:
+        self._add_traces(records, lambda r, n: [_trajectory_trace(self._trackio, t) for t in r.trajectories])
+
+    def _add_traces(self, records: Sequence[Any], traces_of: Callable[[Any, int], list[Any]]) -> None:
+        """A row per step: key -> the stored form of its traces (``traces_of(record, traces of its key so far)``);
+        keys without any left out, so a step with no samples logs nothing."""
         for step, group in records_by_step(records):
             traces: dict[str, list[Any]] = {}
             for record in group:
                 listed = traces.setdefault(record.key, [])
-                listed += [_generation_trace(trackio, sample, len(listed) + i) for i, sample in enumerate(record.samples)]
-            self._add(step, self._traces(traces, step), group)
-
-    def write_trajectories(self, records: Sequence[Trajectories]) -> None:
-        trackio = import_sdk(type(self))
-        for step, group in records_by_step(records):
-            traces: dict[str, list[Any]] = {}
-            for record in group:
-                traces.setdefault(record.key, []).extend(_trajectory_trace(trackio, t) for t in record.trajectories)
-            self._add(step, self._traces(traces, step), group)
+                listed += traces_of(record, len(listed))
+            self._add(step, {self._key(key): [trace._to_dict(project=self.run.project, run=self.run.experiment,
+                                                             step=step) for trace in listed]
+                             for key, listed in traces.items() if listed}, group)
 
     def write_traces(self, records: Sequence[Trace]) -> None:
-        trackio = import_sdk(type(self))
         for record in records:  # a row each, as verl's trackio.log per traced call
             metadata = record.metadata_object()
             metadata["tracklane"] = {"start_ns": record.start_ns, "end_ns": record.end_ns,
                                      "worker": record.attributes.get("worker")}
-            trace = trackio.Trace(messages=record.messages, metadata=metadata)
+            trace = self._trackio.Trace(messages=record.messages, metadata=metadata)
             self._add(record.step, {self._key(record.key): trace._to_dict(project=self.run.project,
                                                                           run=self.run.experiment, step=record.step)},
                       [record])
-
-    def _traces(self, traces: dict[str, list[Any]], step: int) -> dict[str, Any]:
-        """key -> the stored form of its traces (keys without any left out: a step with no samples logs nothing)."""
-        return {self._key(key): [trace._to_dict(project=self.run.project, run=self.run.experiment, step=step)
-                                 for trace in listed] for key, listed in traces.items() if listed}
 
     def _key(self, key: str) -> str:
         return next(iter(self._keys({key: None})))
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
-        trackio = import_sdk(type(self))
         for step, group in records_by_step(records):
             values = {}
             for record in group:
@@ -285,14 +281,13 @@ class TrackioSink(Sink):
                 if figures.nonfinite:  # trackio bins finite values only (Histogram drops the others itself)
                     self.counts.add(self.counts.cuts, "histogram_nonfinite", figures.nonfinite)
                 if figures.count:
-                    histogram = trackio.Histogram(np_histogram=(figures.counts, figures.bin_edges))
+                    histogram = self._trackio.Histogram(np_histogram=(figures.counts, figures.bin_edges))
                     values[self._key(record.name)] = histogram._to_dict()
             self._add(step, values, group)
 
     def write_text(self, records: Sequence[Text]) -> None:
-        trackio = import_sdk(type(self))
         for step, group in records_by_step(records):
-            self._add(step, {self._key(r.name): trackio.Markdown(r.text)._to_dict() for r in group}, group)
+            self._add(step, {self._key(r.name): self._trackio.Markdown(r.text)._to_dict() for r in group}, group)
 
     def write_alert(self, records: Sequence[Alert]) -> None:
         """trackio's own alert (its Alerts panel, ``trackio.Api().alerts``; its webhooks are the ``trackio.alert``
@@ -306,25 +301,20 @@ class TrackioSink(Sink):
         super().write_alert(records)
 
     def write_image(self, records: Sequence[Image]) -> None:
-        trackio = import_sdk(type(self))
         # Staged inside the store folder: trackio copies the file into media/<project>/<run>/<step>/.
         with tempfile.TemporaryDirectory(prefix=".tracklane-staging-", dir=self.dir) as folder:
             for step, group in records_by_step(records):
                 values = {}
                 for index, record in enumerate(group):
-                    path = os.path.join(folder, f"{step}-{index}.png")
-                    with open(path, "wb") as handle:
-                        handle.write(record.png)
-                    image = trackio.Image(path)
+                    image = self._trackio.Image(png_file(folder, f"{step}-{index}", record.png))
                     image._save(self.run.project, self.run.experiment, step)
                     values[self._key(record.name)] = image._to_dict()
                 self._add(step, values, group)
 
     def write_artifact(self, records: Sequence[Artifact]) -> None:
-        trackio = import_sdk(type(self))
         with _translate(f"log artifacts to trackio run {self.run_id}"):
             for record in records:
-                artifact = trackio.Artifact(artifact_name(record.name), type=record.type or "unspecified",
+                artifact = self._trackio.Artifact(artifact_name(record.name), type=record.type or "unspecified",
                                             metadata={"step": record.step, "source": record.path})
                 if os.path.isdir(record.path):
                     artifact.add_dir(record.path)
@@ -337,9 +327,6 @@ class TrackioSink(Sink):
                     aliases=[f"step-{record.step}"], run_name=self.run.experiment, run_id=self.run_id)
 
     # -- the rest of the protocol -------------------------------------------------------------
-    def flush(self) -> None:
-        """Nothing to do: ``write()`` returned with its rows committed to the store."""
-
     def close(self, exit_code: int) -> None:
         """Record how the trainer ended as an alert (trackio 0.43 keeps no run status); once."""
         if not self._open:

@@ -20,12 +20,9 @@ rollout worker a step behind the trainer, a producer on its own axis). So the si
 step metric (``define_metric``): ``STEP_AXIS`` for the trainer's step, a producer's axis
 (``Metrics.axis``) for its own. Every point is kept, in any order, and charts use the true step.
 
-Durability: wandb-core writes its transaction log in 32 KiB blocks and a step's row only once a later
-step is logged, so a batch is stored once the file holds a row of the step that was open when the batch
-ended (``written``/``stored``, read from the file itself: ``workers/sinks/wandb_store.py``). Each row carries a
-hidden tag (``ROW_TAG``: sender, batch, position of its last record). A sink that takes over a run (actor
-restart, resumed run) reads the run's earlier files and skips the re-sent records their newest tag per
-sender covers (and artifacts already logged), so nothing lands twice (``workers/sinks/wandb_resent.py``).
+Durability: a batch is stored once the run file holds a row of the step open when it ended (``written``/``stored``,
+read from the file itself: ``workers/sinks/wandb_store.py`` says why). A sink that takes over a run skips the re-sent
+records the run's earlier files hold, by each row's ``ROW_TAG``, so nothing lands twice (``workers/sinks/wandb_resent.py``).
 
 Records of one key at one step in one batch become one log call; a step with no samples logs nothing.
 Logged table rows are released (set to None) so the lane's memory stays flat over a long run. A log
@@ -38,7 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tracklane.core.errors import SinkError
@@ -55,6 +52,7 @@ from tracklane.core.records import (
     Trajectories,
 )
 from tracklane.host.sink import Sink, import_sdk
+from tracklane.workers.sinks import media
 from tracklane.workers.sinks.media import GENERATION_COLUMNS, TRAJECTORY_COLUMNS, generation_rows, safe_name, trajectory_rows
 from tracklane.workers.sinks.steps import R, merged_values, records_by_step
 from tracklane.workers.sinks.wandb_resent import ResentRows
@@ -89,6 +87,7 @@ class WandbSink(Sink):
     def __init__(self, run: RunSpec, settings: Mapping[str, Any]) -> None:
         super().__init__(run, settings)
         self._run: Any = None  # the wandb Run; kept, since wandb.run is only the latest one
+        self._wandb: Any = None  # the wandb module once open
         self._run_dir: str | None = None
         self._tables = IncrementalTables()  # key -> the run's INCREMENTAL wandb.Table
         self._tail: LogTail | None = None  # follows this run file on disk
@@ -99,7 +98,7 @@ class WandbSink(Sink):
         self._tail_warned = False
 
     def open(self, resume: Mapping[str, Any] | None) -> dict[str, Any]:
-        wandb = import_sdk(type(self))
+        wandb = self._wandb = import_sdk(type(self))
         proxy = self.settings.get("proxy")
         kwargs: dict[str, Any] = {
             "project": self.run.project,
@@ -153,9 +152,9 @@ class WandbSink(Sink):
             records = [r for r in records if not self._resent.stored_artifact(r)]
         super().write(records)
 
-    def _fresh(self, group: Sequence[Any]) -> bool:
-        """False if the run's earlier files hold this row already (a batch sent again after a takeover)."""
-        return self._resent.fresh(group, self._run)
+    def _fresh_steps(self, records: Sequence[R]) -> Iterator[tuple[int, list[R]]]:
+        """(step, its records), leaving out rows the run's earlier files hold (a batch sent again after a takeover)."""
+        return ((step, group) for step, group in records_by_step(records) if self._resent.fresh(group, self._run))
 
     def _log(self, values: dict[str, Any], step: int, group: Sequence[Any]) -> None:
         """One history row: ``values`` at ``step`` of the group's axis, tagged with its last record's position."""
@@ -185,9 +184,8 @@ class WandbSink(Sink):
 
     def write_metrics(self, records: Sequence[Metrics]) -> None:
         # wandb keeps the newest row open, so a record of the same step in the next batch still merges into it.
-        for step, group in records_by_step(records):
-            if self._fresh(group):
-                self._log(merged_values(group), step, group)
+        for step, group in self._fresh_steps(records):
+            self._log(merged_values(group), step, group)
 
     def write_generations(self, records: Sequence[Generations]) -> None:
         self._log_rows(records, GENERATION_COLUMNS, lambda r: r.key, generation_rows)
@@ -202,23 +200,20 @@ class WandbSink(Sink):
         """The text ``alert/<rule>`` in the run's table, and wandb's own alert (offline: an alert record in the run
         file, sent when it is synced; online: to the user's Slack or email as their wandb settings say)."""
         for record in records:
-            if self._fresh([record]):
+            if self._resent.fresh([record], self._run):
                 self._run.alert(title=f"{ALERT_TITLE}{record.rule}", text=f"step {record.step}: {record.text}",
                                 level=record.level, wait_duration=1)
         super().write_alert(records)
 
     def write_histogram(self, records: Sequence[Histogram]) -> None:
-        wandb = import_sdk(type(self))
-        for step, group in records_by_step(records):
-            if not self._fresh(group):
-                continue
+        for step, group in self._fresh_steps(records):
             values = {}
             for record in group:
                 figures = record.summary()
                 if figures.nonfinite:  # wandb.Histogram needs finite values
                     self.counts.add(self.counts.cuts, "histogram_nonfinite", figures.nonfinite)
                 if figures.count:  # nothing finite: an empty histogram would only mislead
-                    values[record.name] = wandb.Histogram(np_histogram=self._at_most_512_bins(figures))
+                    values[record.name] = self._wandb.Histogram(np_histogram=self._at_most_512_bins(figures))
             if values:
                 self._log(values, step, group)
 
@@ -234,26 +229,22 @@ class WandbSink(Sink):
             [edges[-1]] if (len(edges) - 1) % width else [])
 
     def write_image(self, records: Sequence[Image]) -> None:
-        wandb = import_sdk(type(self))
-        for step, group in records_by_step(records):
-            if not self._fresh(group):
-                continue
+        for step, group in self._fresh_steps(records):
             # wandb.Image(path) copies the file as given (no decode-and-encode: ~5x cheaper than from PIL);
             # with media symlinks on it would link to our temporary file, so go through PIL then.
             via_file = not self._run.settings.allow_media_symlink
             with tempfile.TemporaryDirectory(prefix="tracklane-wandb-") as folder:
                 values = {}
                 for index, record in enumerate(group):
-                    values[record.name] = wandb.Image(_png_file(folder, index, record.png) if via_file
-                                                      else _pil_image(record.png))
+                    values[record.name] = self._wandb.Image(media.png_file(folder, str(index), record.png) if via_file
+                                                            else media.pil_image(record.png))
                 self._log(values, step, group)
 
     def write_artifact(self, records: Sequence[Artifact]) -> None:
-        wandb = import_sdk(type(self))
         for record in records:
             # wandb allows only alphanumerics, dashes, underscores and dots in artifact names and types
-            artifact = wandb.Artifact(safe_name(record.name, "-"), type=safe_name(record.type, "-"),
-                                      metadata={"step": record.step, "source": record.path})
+            artifact = self._wandb.Artifact(safe_name(record.name, "-"), type=safe_name(record.type, "-"),
+                                            metadata={"step": record.step, "source": record.path})
             if os.path.isdir(record.path):
                 artifact.add_dir(record.path)
             else:
@@ -264,9 +255,7 @@ class WandbSink(Sink):
     def _log_rows(self, records: Sequence[R], columns: list[str], key_of: Callable[[R], str],
                   rows_of: Callable[[R], list[list[Any]]]) -> None:
         """Add each step's rows to the key's incremental table and log them at that step."""
-        for step, group in records_by_step(records):
-            if not self._fresh(group):  # before the rows join a table
-                continue
+        for step, group in self._fresh_steps(records):  # before the rows join a table
             values = {}
             for record in group:
                 key, rows = key_of(record), rows_of(record)
@@ -282,7 +271,7 @@ class WandbSink(Sink):
                 self._tables.release(values)
 
     def close(self, exit_code: int) -> None:
-        self._tables.clear()
+        self._tables = IncrementalTables()
         run, self._run = self._run, None
         if run is not None:
             run.finish(exit_code=exit_code)
@@ -291,11 +280,10 @@ class WandbSink(Sink):
     def _wait_for_files(self) -> None:
         """finish() returns before wandb-core has flushed and closed the run file; its teardown
         waits for that. Skipped while another wandb run of this process is still active."""
-        wandb = import_sdk(type(self))
-        if wandb.setup().most_recent_active_run is not None:
+        if self._wandb.setup().most_recent_active_run is not None:
             return
         try:
-            wandb.teardown()
+            self._wandb.teardown()
         except SystemExit as exc:  # wandb exits when its service process failed
             raise SinkError(f"wandb service ended with status {exc.code}") from exc
 
@@ -338,24 +326,3 @@ class IncrementalTables:
     def drop(self, keys: Iterable[str]) -> None:
         for key in keys:
             self._tables.pop(key, None)
-
-    def clear(self) -> None:
-        self._tables.clear()
-        self._released.clear()
-
-
-def _png_file(folder: str, index: int, png: bytes) -> str:
-    path = os.path.join(folder, f"{index}.png")
-    with open(path, "wb") as handle:
-        handle.write(png)
-    return path
-
-
-def _pil_image(png: bytes) -> Any:
-    import io
-
-    from PIL import Image as PILImage
-
-    image = PILImage.open(io.BytesIO(png))
-    image.load()
-    return image
