@@ -352,7 +352,7 @@ def sigkill_trainer(work: Path, mlflow_uri: str, steps: int = 600, keys: int = 1
 
 # -- reduce: the trainer SIGKILLed while 4 producers' values are reduced, then resumed ---------------
 def sigkill_reductions(work: Path, mlflow_uri: str, steps: int = 300, workers: int = 4, trackers: list[str] = TRACKERS,
-                       flush_interval_s: float = 0.2) -> dict[str, Any]:
+                       flush_interval_s: float = 0.2, pause: float = 0.02) -> dict[str, Any]:
     """Four Ray actors log REDUCED's keys at every step (``reduce=``), the trainer after them; the trainer is
     SIGKILLed (its actors and lanes die with its Ray) and resumed with new actors under the same names. Every
     reduced step must be in every tracker once: exactly the op over the four for the steps logged well before
@@ -362,15 +362,18 @@ def sigkill_reductions(work: Path, mlflow_uri: str, steps: int = 300, workers: i
     async_log = json.dumps({"spool_dir": str(work / "spool"), "flush_interval_s": flush_interval_s,
                             "reductions": True, "ray_init": {"num_cpus": os.cpu_count() or 1}})
     common = ["--run-id", run_id, "--experiment", experiment, "--backends", ",".join(trackers),
-              "--async-log", async_log, "--keys", "1", "--pause", "0.02", "--reduce-workers", str(workers)]
+              "--async-log", async_log, "--keys", "1", "--pause", str(pause), "--reduce-workers", str(workers)]
     kill_at = int(steps * 0.7)
     first, killed_at = _run_then_kill(common, env, work, steps, kill_at)
     # A worker logs a step before the trainer does; its shipper spools it within flush_interval_s (later on a
     # loaded machine), and its process outlives the trainer's by ~2 s: 2 s more is ample.
     must = {step for step, when in first.logged.items() if when < killed_at - (flush_interval_s + 2.0)}
-    # The workers log a step before the trainer does (ray.get, then its own log()): a kill between the two leaves one
-    # step the trainer never logged with every worker's value spooled, which the resumed run reduces.
-    may = set(first.logged) - must | {max(first.logged, default=0) + 1}
+    # Steps the trainer logged after the line the kill waited for (the kill's lag let them through; a step takes at
+    # least --pause), and the one the workers log before the trainer does (ray.get, then its own log()): every
+    # worker's value for them is spooled, and the resumed run reduces them.
+    last = max(first.logged, default=0)
+    lagged = int(max(0.0, killed_at - first.logged.get(last, killed_at)) / pause) + 1
+    may = set(first.logged) - must | set(range(last + 1, last + 2 + lagged))
     resumed = _resume_to_the_end(common, env, work)
     must |= set(range(10_001, 10_021))
     per_tracker = {}
