@@ -47,6 +47,13 @@ def lane_dead(lane: LaneStreams) -> bool:
     return any(stream.dead for stream in lane)
 
 
+def pump_lane(lane: LaneStreams) -> None:
+    """Pump each stream (stream.py ``Stream.pump``); one that gave up on the actor takes the other with it."""
+    for stream in lane:
+        stream.pump()
+    give_up_together(lane)
+
+
 def give_up_together(lane: LaneStreams) -> None:
     """One stream gave up on the actor: so does the other (what it lacks stays on disk)."""
     if lane_dead(lane):

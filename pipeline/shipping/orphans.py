@@ -32,13 +32,13 @@ from tracklane.shipping.hub import is_judge
 from tracklane.shipping.lane import (
     Lanes,
     all_streams,
-    give_up_together,
     lane_dead,
     lane_handed,
     lane_preload,
     lane_settled,
     lane_stored,
     open_lane,
+    pump_lane,
 )
 from tracklane.shipping.spool_keeper import SpoolReloader
 from tracklane.shipping.stream import StreamSettings
@@ -89,9 +89,7 @@ class _Adoption:
 
     def pump(self) -> None:
         for name, lane in self.lanes.items():
-            for stream in lane:
-                stream.pump()
-            give_up_together(lane)
+            pump_lane(lane)
             if lane[0].answered and name not in self.figures.lost and not lane_dead(lane):
                 # Before anything is re-sent: how far its batches got, so the refused ones past it are lost.
                 self.figures.lost[name] = sum(records for seq, records in self._unspooled

@@ -34,7 +34,7 @@ from tracklane.node.busy import ThreadBusy
 from tracklane.shipping.barrier import ANSWER_S, Barrier, Requests
 from tracklane.shipping.buffer import RecordBuffer
 from tracklane.shipping.bulk_queue import BULK_BYTES, BulkQueue
-from tracklane.shipping.lane import Lanes, all_streams, give_up_together, lane_report, lane_settled, lane_stored
+from tracklane.shipping.lane import Lanes, all_streams, lane_report, lane_settled, lane_stored, pump_lane
 from tracklane.shipping.spool_keeper import SpoolKeeper
 from tracklane.shipping.stages import DeadLanesStage, Stage
 from tracklane.shipping.stream import Entry, Stream
@@ -116,9 +116,7 @@ class Shipper:
                 self._sleep()
                 self._ship(force=bool(self._requests))
                 for lane in self._lanes.values():
-                    for stream in lane:
-                        stream.pump()
-                    give_up_together(lane)
+                    pump_lane(lane)
                 for stage in self._stages:
                     stage.round(self)
                 self._release()
